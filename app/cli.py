@@ -1,0 +1,239 @@
+"""``specchat`` command line: generate and bench (scripting and measurements), chat in the terminal."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+
+from .engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, Round
+from .engine import SamplingParams, TextDelta
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line instead of a usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("models")
+    src.add_argument("--pair", help="a pair from models.toml (e.g. starter)")
+    src.add_argument("--target", "-m", type=Path, help="target GGUF file")
+    src.add_argument("--draft", "-md", type=Path, help="draft GGUF file (same tokenizer as the target)")
+    src.add_argument("--drafter", choices=DRAFTERS, help="model (default with a draft), ngram (prompt lookup), none")
+    src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
+    src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
+    src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
+    src.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, default=0, help="draft layers on the GPU")
+    d = p.add_argument_group("speculation (llama.cpp's flags; defaults from the pair)")
+    d.add_argument("--draft-max", type=int, help="most tokens drafted per round")
+    d.add_argument("--draft-min", type=int, help="drafts shorter than this are not verified")
+    d.add_argument("--draft-p-min", type=float, help="stop drafting when the draft's top probability is lower")
+    d.add_argument("--adaptive", action="store_true", help="tune the draft length from measured acceptance and cost")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specchat", description="Local chat with speculative decoding on llama.cpp.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text for one prompt and report speculation stats")
+    _model_flags(g)
+    g.add_argument("--prompt", "-p", help="prompt text")
+    g.add_argument("--prompt-file", "-f", type=Path, help="read the prompt from a file")
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template (prompt = one user turn)")
+    g.add_argument("--system", help="system message (with --chat)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _sampling_flags(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+    b = sub.add_parser("bench", help="speculation off vs on over a JSONL file of prompts (greedy)")
+    _model_flags(b)
+    b.add_argument("--prompts", type=Path, required=True, help="JSONL: {\"prompt\": ..., \"category\": ...} per line")
+    b.add_argument("--max-tokens", "-n", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=1, help="runs of each prompt per mode (interleaved)")
+    b.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    c = sub.add_parser("chat", help="chat in the terminal")
+    _model_flags(c)
+    c.add_argument("--system", help="system message")
+    _sampling_flags(c, max_tokens=1024)
+    return parser
+
+
+def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", "-n", type=int, default=max_tokens)
+    s.add_argument("--temperature", "--temp", type=float, default=0.0, help="0: greedy (default)")
+    s.add_argument("--top-k", type=int, default=40)
+    s.add_argument("--top-p", type=float, default=0.95)
+    s.add_argument("--min-p", type=float, default=0.05)
+    s.add_argument("--seed", "-s", type=int, default=-1)
+
+
+# --- shared set-up -------------------------------------------------------------------------------------------
+def build_engine(args) -> tuple[Engine, str, DraftParams]:
+    """Resolve --pair / --target / --draft, load the engine, pick the drafter and the draft settings."""
+    pair_params = DraftParams()
+    if args.pair:
+        if args.target or args.draft:
+            raise EngineError("Give either --pair or --target/--draft, not both.")
+        from .catalog import get_pair, local_path
+
+        pair = get_pair(args.pair)
+        target, draft = local_path(pair.target), local_path(pair.draft)
+        pair_params = pair.draft_params
+    elif args.target:
+        target, draft = args.target, args.draft
+    else:
+        raise EngineError("Choose models: --pair NAME (e.g. --pair starter) or --target PATH [--draft PATH].")
+    drafter = args.drafter or ("model" if draft else "ngram")
+    if drafter == "model" and not draft:
+        raise EngineError("--drafter model needs a draft model: add --draft PATH, or use --drafter ngram.")
+    dp = DraftParams(
+        draft_max=pair_params.draft_max if args.draft_max is None else args.draft_max,
+        draft_min=pair_params.draft_min if args.draft_min is None else args.draft_min,
+        draft_p_min=pair_params.draft_p_min if args.draft_p_min is None else args.draft_p_min,
+        adaptive=args.adaptive,
+    )
+    dp.validate()
+    common = dict(n_ctx=args.ctx, n_threads=args.threads)
+    engine = Engine(
+        ModelSettings(Path(target), n_gpu_layers=args.ngl, **common),
+        ModelSettings(Path(draft), n_gpu_layers=args.ngld, **common) if draft and drafter == "model" else None,
+    )
+    return engine, drafter, dp
+
+
+def _generation_params(args, dp: DraftParams) -> GenerationParams:
+    return GenerationParams(
+        max_tokens=args.max_tokens,
+        stop=tuple(getattr(args, "stop", ()) or ()),
+        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
+        draft=dp,
+    )
+
+
+def summary_line(stats) -> str:
+    return (
+        f"[{stats.n_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, drafter {stats.drafter}, "
+        f"acceptance {stats.acceptance_rate:.1%} ({stats.n_accepted}/{stats.n_drafted}), "
+        f"{stats.mean_accepted_per_round:.2f} accepted/round, first token {stats.time_to_first_token_s * 1000:.0f} ms]"
+    )
+
+
+# --- commands ------------------------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise EngineError("Give the prompt with exactly one of --prompt TEXT or --prompt-file PATH.")
+    try:
+        prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EngineError(f"Cannot read the prompt file: {exc}") from exc
+    if args.system and not args.chat:
+        raise EngineError("--system only applies with --chat.")
+    engine, drafter, dp = build_engine(args)
+    params = _generation_params(args, dp)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        ids = engine.chat_tokens(messages)
+    else:
+        ids = engine.tokenize(prompt)
+    done = None
+    for ev in engine.generate(ids, params, drafter):
+        if isinstance(ev, TextDelta) and not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif isinstance(ev, Done):
+            done = ev
+    s = done.stats
+    if args.json:
+        print(json.dumps({
+            "text": done.text, "token_ids": done.token_ids, "n_tokens": s.n_tokens, "n_drafted": s.n_drafted,
+            "n_accepted": s.n_accepted, "acceptance_rate": s.acceptance_rate,
+            "tokens_per_second": s.tokens_per_second, "time_to_first_token_s": s.time_to_first_token_s,
+            "decode_seconds": s.decode_seconds, "finish_reason": done.finish_reason, "drafter": s.drafter,
+            "n_rounds": s.n_rounds, "mean_accepted_per_round": s.mean_accepted_per_round,
+            "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
+            "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags,
+        }))
+    else:
+        print("\n" + summary_line(s))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import load_prompts, print_report, run_bench
+
+    prompts = load_prompts(args.prompts)
+    if args.max_tokens < 1 or args.repeats < 1:
+        raise EngineError("--max-tokens and --repeats must be at least 1.")
+    engine, drafter, dp = build_engine(args)
+    if drafter == "none":
+        raise EngineError("bench compares speculation on and off: choose --drafter model or ngram.")
+    report = run_bench(engine, drafter, dp, prompts, args.max_tokens, args.repeats,
+                       progress=None if args.json else sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    engine, drafter, dp = build_engine(args)
+    params = _generation_params(args, dp)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("SpecChat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not line:
+            continue
+        if line == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        cancel = threading.Event()
+        reply = ""
+        try:
+            for ev in engine.generate(engine.chat_tokens(messages), params, drafter, cancel):
+                if isinstance(ev, TextDelta):
+                    reply += ev.text
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+                elif isinstance(ev, Done):
+                    print("\n" + summary_line(ev.stats), file=sys.stderr)
+        except KeyboardInterrupt:  # stop this answer, keep the conversation
+            cancel.set()
+            print("\n[stopped]", file=sys.stderr)
+        except EngineError as exc:
+            messages.pop()
+            print(f"\nspecchat: error: {exc}", file=sys.stderr)
+            continue
+        messages.append({"role": "assistant", "content": reply})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        # The Gradio app arrives with the chat-app issue; until then plain `specchat` chats in the terminal.
+        args = parser.parse_args(["chat", "--pair", "starter"] + list(argv if argv is not None else sys.argv[1:]))
+    try:
+        return {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat}[args.command](args)
+    except EngineError as exc:
+        print(f"specchat: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("specchat: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

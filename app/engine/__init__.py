@@ -1,0 +1,13 @@
+"""SpecChat's speculative decoding engine over llama.cpp. No UI code may be imported below this package."""
+from .draft_control import DraftParams
+from .engine import DRAFTERS, Engine
+from .errors import EngineError
+from .events import Done, Event, Round, Stats, TextDelta
+from .llama import ModelSettings, quantize, supports_gpu_offload
+from .loop import GenerationParams
+from .sampling import SamplingParams
+
+__all__ = [
+    "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "ModelSettings",
+    "Round", "SamplingParams", "Stats", "TextDelta", "quantize", "supports_gpu_offload",
+]

@@ -1,0 +1,126 @@
+"""Drafters propose tokens for the target to verify. One loop serves them all; ``NoDrafter`` is speculation off.
+
+A drafter sees the committed history (prompt + accepted output, ending with the newest token, which the target
+has not evaluated yet) and proposes up to ``n_max`` continuation tokens. When sampling, it also returns the
+distribution each token was drawn from (``None`` = a deterministic proposal, treated as one-hot).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .llama import Context
+from .sampling import SamplingParams, distribution, greedy_token, sample, top_probability
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] | None = None  # q per token when the drafter sampled from a distribution
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """A generation starts from this prompt (the drafter may prefill or index it)."""
+
+    def propose(
+        self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        """Up to ``n_max`` tokens that may follow ``history``."""
+
+
+class NoDrafter:
+    """Speculation off: the same loop, verifying one token per round."""
+
+    name = "none"
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, history, n_max, sp, rng) -> Draft:
+        return Draft()
+
+
+class ModelDrafter:
+    """A small GGUF model with the target's vocabulary drafts autoregressively in its own context.
+
+    Greedy drafting stops early when the draft's top probability falls under ``p_min`` (llama.cpp's
+    ``--draft-p-min``): a token it is unsure of is likely to be rejected and costs a draft step for nothing.
+    """
+
+    name = "model"
+
+    def __init__(self, ctx: Context, p_min: float = 0.0):
+        self.ctx = ctx
+        self.p_min = p_min
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        # Prefill all but the last prompt token; the first propose() evaluates it with logits.
+        n = self.ctx.reuse_prefix(prompt_ids[:-1])
+        self.ctx.decode(prompt_ids[n:-1], n_logits=0)
+
+    def propose(self, history, n_max, sp, rng) -> Draft:
+        ctx = self.ctx
+        n = ctx.reuse_prefix(history)
+        if n == len(history):  # everything cached, but we need fresh logits for the last token
+            ctx.truncate(n - 1)
+            n -= 1
+        ctx.decode(history[n:], n_logits=1)
+        draft = Draft(probs=None if sp.greedy else [])
+        n_vocab = ctx.model.n_vocab
+        for i in range(n_max):
+            logits = ctx.logits(-1)
+            if sp.greedy:
+                if self.p_min > 0.0 and top_probability(logits) < self.p_min:
+                    break
+                tok = greedy_token(logits)
+            else:
+                q = distribution(logits, sp, n_vocab)
+                if self.p_min > 0.0 and q.max() < self.p_min:
+                    break
+                tok = sample(q, rng)
+                draft.probs.append(q)
+            draft.tokens.append(tok)
+            if i + 1 < n_max:
+                ctx.decode([tok], n_logits=1)
+        return draft
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the history's last n tokens (longest n first) and
+    propose what followed it. Model-free, so drafting costs microseconds; it pays when the answer repeats text
+    from the prompt or from itself (code edits, quoting, summaries with names)."""
+
+    name = "ngram"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        self.n_min, self.n_max = n_min, n_max
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in the index
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        # Within one generation the history only grows, so the index is built incrementally from here.
+        self._index.clear()
+        self._indexed = 0
+
+    def _extend_index(self, history: list[int]) -> None:
+        # Index n-grams that have a continuation (end position j < len-1); later occurrences overwrite earlier.
+        for j in range(self._indexed, len(history) - 1):
+            for n in range(self.n_min, self.n_max + 1):
+                if j + 1 >= n:
+                    self._index[tuple(history[j + 1 - n : j + 1])] = j + 1
+        self._indexed = max(self._indexed, len(history) - 1)
+
+    def propose(self, history, n_max, sp, rng) -> Draft:
+        self._extend_index(history)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(history) < n:
+                continue
+            start = self._index.get(tuple(history[-n:]))
+            if start is not None:
+                return Draft(tokens=list(history[start : start + n_max]))
+        return Draft()

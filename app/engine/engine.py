@@ -1,0 +1,130 @@
+"""The engine: a target (and optional draft) model loaded once, chat prompts, and generation with any drafter."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+from .chat import render_chat
+from .compat import check_pair
+from .draft_control import MAX_DRAFT
+from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .errors import EngineError
+from .events import Event
+from .llama import Context, Model, ModelSettings, default_threads
+from .loop import GenerationParams, speculative_generate
+
+DRAFTERS = ("model", "ngram", "none")
+DEFAULT_CTX = 4096
+
+
+@dataclass
+class _Loaded:
+    model: Model
+    ctx: Context
+
+
+class Engine:
+    """Owns the llama.cpp models and contexts. One generation at a time (others wait on the lock), and the KV
+    caches persist between generations so a chat turn only evaluates what is new."""
+
+    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None):
+        self._lock = threading.Lock()
+        if draft is not None:
+            # Judge the pair from vocabularies alone before spending time and memory on weights.
+            t_vocab, d_vocab = Model(target.path, vocab_only=True), Model(draft.path, vocab_only=True)
+            try:
+                check_pair(t_vocab, d_vocab)
+            finally:
+                t_vocab.close()
+                d_vocab.close()
+        self.target = self._load(target, n_outputs_max=MAX_DRAFT + 1)
+        self.draft = self._load(draft, n_outputs_max=1, n_ctx=self.target.ctx.n_ctx) if draft else None
+
+    @staticmethod
+    def _load(s: ModelSettings, n_outputs_max: int, n_ctx: int = 0) -> _Loaded:
+        for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
+            if value < 0:
+                raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
+        model = Model(s.path, n_gpu_layers=s.n_gpu_layers)
+        try:
+            n_ctx = n_ctx or s.n_ctx or min(model.n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
+            ctx = Context(model, n_ctx, s.n_threads or default_threads(), s.n_batch, n_outputs_max)
+        except Exception:
+            model.close()
+            raise
+        return _Loaded(model, ctx)
+
+    @property
+    def model(self) -> Model:
+        return self.target.model
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.ctx.n_ctx
+
+    # --- prompts --------------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed."""
+        return self.model.tokenize(text, add_special=True, parse_special=True)
+
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        """A conversation rendered with the model's chat template, ready for the assistant's reply."""
+        m = self.model
+        bos = m.piece_special(m.bos) if m.bos >= 0 else ""
+        eos = m.piece_special(m.eos) if m.eos >= 0 else ""
+        text = render_chat(m.chat_template(), messages, bos_token=bos, eos_token=eos)
+        add_bos = m.add_bos and not (bos and text.startswith(bos))  # the template may already write BOS
+        return m.tokenize(text, add_special=add_bos, parse_special=True)
+
+    # --- generation -----------------------------------------------------------------------------------------
+    def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
+        if kind not in DRAFTERS:
+            raise EngineError(f"Unknown drafter {kind!r}: choose one of {', '.join(DRAFTERS)}.")
+        if kind != "none" and not self.model.can_drop_tail:
+            raise EngineError(
+                f"{self.model.path.name} is a recurrent/hybrid model whose cache cannot roll back rejected "
+                "draft tokens; speculation is not supported for it yet. Use --drafter none."
+            )
+        if kind == "model":
+            if self.draft is None:
+                raise EngineError("The model drafter needs a draft model (--draft PATH); or use --drafter ngram.")
+            if not self.draft.model.can_drop_tail:
+                raise EngineError(
+                    f"{self.draft.model.path.name} is a recurrent/hybrid model and cannot be used as a draft."
+                )
+            return ModelDrafter(self.draft.ctx, params.draft.draft_p_min)
+        if kind == "ngram":
+            return NgramDrafter()
+        return NoDrafter()
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams | None = None,
+        drafter: str = "model",
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream events for one generation. Validates everything before the first token is computed."""
+        params = params or GenerationParams()
+        params.validate()
+        d = self.make_drafter(drafter, params)
+        return self._run(d, prompt_ids, params, cancel)
+
+    def _run(self, d, prompt_ids, params, cancel) -> Iterator[Event]:
+        with self._lock:
+            yield from speculative_generate(self.target.ctx, d, prompt_ids, params, cancel)
+
+    def reset(self) -> None:
+        """Forget the cached conversation (both KV caches)."""
+        with self._lock:
+            for loaded in (self.target, self.draft):
+                if loaded:
+                    loaded.ctx.truncate(0)
+
+    def close(self) -> None:
+        for loaded in (self.draft, self.target):
+            if loaded:
+                loaded.ctx.close()
+                loaded.model.close()
+        self.draft = None

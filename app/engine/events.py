@@ -1,0 +1,79 @@
+"""Typed events the speculative loop emits; the CLI and the UI render these and nothing else."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Stats:
+    """Running, measured numbers for one generation (never estimated)."""
+
+    drafter: str = "none"
+    prompt_tokens: int = 0  # tokens the target had to evaluate for the prompt (after prefix reuse)
+    prompt_cached: int = 0  # prompt tokens reused from the previous turn's KV cache
+    n_tokens: int = 0  # generated tokens committed to the output
+    n_drafted: int = 0  # draft tokens sent to the target for verification
+    n_accepted: int = 0  # of those, how many the target accepted
+    n_rounds: int = 0  # verification passes of the target (one per committed target token)
+    time_to_first_token_s: float = 0.0
+    decode_seconds: float = 0.0  # from the first token to the last
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode speed: tokens after the first, over the time since the first (prompt processing excluded)."""
+        return (self.n_tokens - 1) / self.decode_seconds if self.n_tokens > 1 and self.decode_seconds > 0 else 0.0
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        return self.n_accepted / self.n_rounds if self.n_rounds else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_second=self.tokens_per_second,
+            mean_accepted_per_round=self.mean_accepted_per_round,
+        )
+        return d
+
+
+@dataclass
+class TextDelta:
+    """New output text. ``from_draft`` is true when the token that completed it was a draft token the target
+    accepted. Text is UTF-8 safe: a character split across tokens arrives whole, with its last token."""
+
+    text: str
+    token_ids: list[int]
+    from_draft: bool
+
+
+@dataclass
+class Round:
+    """One draft-and-verify round."""
+
+    n_drafted: int
+    n_accepted: int
+    draft_seconds: float
+    verify_seconds: float
+    stats: Stats
+
+
+@dataclass
+class Done:
+    """The generation ended. ``finish_reason``: stop (EOS/EOG or stop string), length (max tokens or context
+    full), cancelled."""
+
+    finish_reason: str
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    draft_flags: list[bool] = field(default_factory=list)  # per token: came from an accepted draft token
+
+
+Event = TextDelta | Round | Done

@@ -1,0 +1,174 @@
+"""The speculative loop: draft, verify in one target batch, accept, roll back — for every drafter alike.
+
+Invariant: ``target.tokens`` (what the target's KV cache holds) is always a prefix of ``history`` and lacks at
+least its newest token, which the next round evaluates together with the draft. Rejected positions are dropped
+right after each verification, so a generation stopped at any yield leaves the cache consistent.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .draft_control import DraftLength, DraftParams
+from .drafters import Draft, Drafter
+from .errors import EngineError
+from .events import Done, Event, Round, Stats, TextDelta
+from .llama import Cancelled, Context
+from .sampling import SamplingParams, accept_or_resample, distribution, greedy_token, make_rng, sample
+from .text import TextStream
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    draft: DraftParams = field(default_factory=DraftParams)
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise EngineError(f"Invalid --max-tokens {self.max_tokens}: it must be at least 1.")
+        self.sampling.validate()
+        self.draft.validate()
+
+
+def speculative_generate(
+    target: Context,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    params: GenerationParams,
+    cancel: threading.Event | None = None,
+) -> Iterator[Event]:
+    model = target.model
+    sp = params.sampling
+    rng = make_rng(sp.seed)
+    control = DraftLength(params.draft)
+    stats = Stats(drafter=drafter.name)
+    stream = TextStream(params.stop)
+    out_ids: list[int] = []
+    flags: list[bool] = []
+    if not prompt_ids:
+        raise EngineError("The prompt is empty.")
+    if len(prompt_ids) >= target.n_ctx:
+        raise EngineError(
+            f"The prompt is {len(prompt_ids)} tokens but the context holds {target.n_ctx}. "
+            "Shorten the prompt or raise the context size (--ctx)."
+        )
+
+    def pick(logits) -> int:
+        return greedy_token(logits) if sp.greedy else sample(distribution(logits, sp), rng)
+
+    t_start = time.perf_counter()
+    target.set_cancel(cancel)
+    try:
+        # --- prefill: reuse the cached prefix, evaluate the rest, sample the first token -----------------------
+        n_cached = target.reuse_prefix(prompt_ids)
+        if n_cached == len(prompt_ids):
+            target.truncate(n_cached - 1)
+        stats.prompt_cached = len(target.tokens)
+        stats.prompt_tokens = len(prompt_ids) - stats.prompt_cached
+        target.decode(prompt_ids[len(target.tokens) :], n_logits=1)
+        drafter.begin(prompt_ids)
+        history = list(prompt_ids)
+        pending = [pick(target.logits(-1))]
+        pending_flags = [False]
+        t_first = time.perf_counter()
+        stats.time_to_first_token_s = t_first - t_start
+        finish = None
+
+        while True:
+            # --- commit the tokens this round produced, checking stop conditions token by token -------------
+            emitted: list[int] = []
+            for tok, from_draft in zip(pending, pending_flags):
+                if model.is_eog(tok):
+                    finish = "stop"
+                    break
+                history.append(tok)
+                out_ids.append(tok)
+                flags.append(from_draft)
+                emitted.append(tok)
+                text = stream.feed(model.piece(tok))
+                if text:
+                    yield TextDelta(text, emitted, from_draft)
+                    emitted = []
+                if stream.stopped:
+                    finish = "stop"
+                    break
+                if len(out_ids) >= params.max_tokens:
+                    finish = "length"
+                    break
+            stats.n_tokens = len(out_ids)
+            stats.decode_seconds = time.perf_counter() - t_first
+            if len(target.tokens) > len(history):  # stopped inside an accepted draft
+                target.truncate(len(history))
+            if finish:
+                break
+            if cancel is not None and cancel.is_set():
+                finish = "cancelled"
+                break
+            room = target.n_ctx - len(history)  # the batch [last, d1..dk] must fit in the context
+            if room < 0:
+                finish = "length"
+                break
+
+            # --- draft ----------------------------------------------------------------------------------------
+            n_max = min(control.next(), room, params.max_tokens - len(out_ids))
+            t0 = time.perf_counter()
+            draft = drafter.propose(history, n_max, sp, rng) if n_max > 0 else Draft()
+            k = _usable(draft, n_max, params.draft.draft_min, model.n_vocab)
+            t1 = time.perf_counter()
+
+            # --- verify [last, d1..dk] in one target batch ----------------------------------------------------
+            target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1)
+            pending, pending_flags = [], []
+            accepted = 0
+            for i in range(k + 1):
+                logits = target.logits(i)
+                if i == k:  # every draft token accepted: the target's own next token comes free
+                    pending.append(pick(logits))
+                    break
+                d = draft.tokens[i]
+                if sp.greedy:
+                    tok = greedy_token(logits)
+                    ok = tok == d
+                else:
+                    q = draft.probs[i] if draft.probs else None
+                    ok, tok = accept_or_resample(distribution(logits, sp), q, d, rng)
+                pending.append(tok)
+                if not ok:
+                    break
+                accepted += 1
+            pending_flags = [True] * accepted + [False]
+            target.truncate(len(history) + accepted)  # drop the rejected draft positions
+            t2 = time.perf_counter()
+
+            stats.n_rounds += 1
+            stats.n_drafted += k
+            stats.n_accepted += accepted
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            control.update(k, accepted, t1 - t0, t2 - t1)
+            yield Round(k, accepted, t1 - t0, t2 - t1, stats)
+    except Cancelled:
+        finish = "cancelled"
+    finally:
+        target.set_cancel(None)
+
+    tail = stream.flush()
+    if tail:
+        yield TextDelta(tail, [], False)
+    stats.n_tokens = len(out_ids)
+    yield Done(finish or "stop", stream.text, out_ids, stats, flags)
+
+
+def _usable(draft: Draft, n_max: int, draft_min: int, n_vocab: int) -> int:
+    """How many draft tokens to verify: at most n_max, none past a token the target's vocabulary lacks, and none
+    at all when fewer than --draft-min remain (llama.cpp's rule: a too-short draft is not worth a batch)."""
+    k = min(len(draft.tokens), n_max)
+    for i in range(k):
+        if draft.tokens[i] >= n_vocab:
+            k = i
+            break
+    return k if k >= max(draft_min, 1) else 0
