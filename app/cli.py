@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from .engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, Round
-from .engine import SamplingParams, TextDelta
+from .engine import SamplingParams, TextDelta, batch_invariant
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,6 +158,7 @@ def cmd_generate(args) -> int:
             "n_rounds": s.n_rounds, "mean_accepted_per_round": s.mean_accepted_per_round,
             "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
             "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags,
+            "batch_invariant": batch_invariant(),
         }))
     else:
         print("\n" + summary_line(s))

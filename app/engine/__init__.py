@@ -3,11 +3,12 @@ from .draft_control import DraftParams
 from .engine import DRAFTERS, Engine
 from .errors import EngineError
 from .events import Done, Event, Round, Stats, TextDelta
-from .llama import ModelSettings, quantize, supports_gpu_offload
+from .llama import ModelSettings, batch_invariant, quantize, supports_gpu_offload, system_info
 from .loop import GenerationParams
 from .sampling import SamplingParams
 
 __all__ = [
     "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "ModelSettings",
-    "Round", "SamplingParams", "Stats", "TextDelta", "quantize", "supports_gpu_offload",
+    "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant", "quantize", "supports_gpu_offload",
+    "system_info",
 ]

@@ -102,13 +102,16 @@ class Engine:
         self,
         prompt_ids: list[int],
         params: GenerationParams | None = None,
-        drafter: str = "model",
+        drafter: str | Drafter = "model",
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        """Stream events for one generation. Validates everything before the first token is computed."""
+        """Stream events for one generation. Validates everything before the first token is computed.
+
+        ``drafter`` names a built-in drafter or is any object following the ``Drafter`` protocol.
+        """
         params = params or GenerationParams()
         params.validate()
-        d = self.make_drafter(drafter, params)
+        d = self.make_drafter(drafter, params) if isinstance(drafter, str) else drafter
         return self._run(d, prompt_ids, params, cancel)
 
     def _run(self, d, prompt_ids, params, cancel) -> Iterator[Event]:

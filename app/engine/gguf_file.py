@@ -13,13 +13,21 @@ from .errors import EngineError
 GGUF_MAGIC = b"GGUF"
 
 
+_checked: set[tuple[str, int, int]] = set()
+
+
 def check_gguf_file(path: Path) -> None:
+    """Raise EngineError unless ``path`` looks like a complete GGUF file (each file is checked once per process)."""
     path = Path(path)
     if not path.exists():
         raise EngineError(f"Model file not found: {path}")
     if path.is_dir():
         raise EngineError(f"{path} is a folder; give the path of a .gguf file")
-    size = path.stat().st_size
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _checked:
+        return
+    size = st.st_size
     with open(path, "rb") as f:
         head = f.read(8)
     if head[:4] != GGUF_MAGIC:
@@ -37,6 +45,7 @@ def check_gguf_file(path: Path) -> None:
             f"{path.name} is truncated: {size:,} bytes on disk, {expected:,} expected. "
             "The download probably stopped early; download it again."
         )
+    _checked.add(key)
 
 
 def expected_size(path: Path) -> int | None:
@@ -67,6 +76,10 @@ def expected_size(path: Path) -> int | None:
                 o += 12
                 if etype in scalar:
                     return None, o + scalar[etype] * count
+                if etype == 8:  # string arrays (vocabularies, merges): the hot path, keep it tight
+                    for _ in range(count):
+                        o += 8 + struct.unpack_from("<Q", data, o)[0]
+                    return None, o
                 for _ in range(count):
                     _, o = skip_value(etype, o)
                 return None, o

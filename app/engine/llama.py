@@ -46,9 +46,9 @@ def init_backend() -> None:
 
 
 def last_llama_error() -> str:
-    """The most recent llama.cpp error line, to explain a failure in its own words."""
-    for line in reversed(_log_tail):
-        if "error" in line.lower() or "failed" in line.lower():
+    """The first llama.cpp error line since the log was last cleared: the root cause, in its own words."""
+    for line in _log_tail:
+        if "error" in line.lower():
             return line
     return _log_tail[-1] if _log_tail else ""
 
@@ -56,6 +56,21 @@ def last_llama_error() -> str:
 def supports_gpu_offload() -> bool:
     init_backend()
     return bool(ll.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    init_backend()
+    return ll.llama_print_system_info().decode("utf-8", "replace")
+
+
+def batch_invariant() -> bool:
+    """Whether a token's logits come out bit-identical whether it is decoded alone or in a verification batch.
+
+    llamafile's tinyBLAS kernels (on by default in llama.cpp builds) serve batches of 2+ tokens while single
+    tokens take ggml's dot products; the sums round differently, so a near-tie can flip greedy output. SpecChat's
+    install builds llama.cpp with GGML_LLAMAFILE=OFF, which makes speculative greedy output identical to plain.
+    """
+    return "LLAMAFILE = 1" not in system_info()
 
 
 def default_threads() -> int:
@@ -218,6 +233,10 @@ class Context:
         self._n_vocab = model.n_vocab
         self._cancel: threading.Event | None = None
         self._abort_cb = ll.ggml_abort_callback(self._should_abort)
+
+    def memory_pos_max(self) -> int:
+        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); equals len(tokens) - 1."""
+        return int(ll.llama_memory_seq_pos_max(self.mem, 0))
 
     def _should_abort(self, _data) -> bool:
         return bool(self._cancel is not None and self._cancel.is_set())

@@ -1,0 +1,161 @@
+"""``specchat bench``: speculation off vs on, same engine, same prompts, interleaved, greedy.
+
+Fairness rules: one warm-up generation per mode first; off and on alternate which goes first; both KV caches are
+cleared before every run, so no run profits from a cache another run left behind. Every number is measured in
+this run; ratios compare runs made minutes apart at most.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import TextIO
+
+from .engine import Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
+
+
+def load_prompts(path: Path) -> list[dict]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise EngineError(f"Cannot read the prompts file: {exc}") from exc
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EngineError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise EngineError(f'{path}:{n}: each line needs a non-empty "prompt" string')
+        prompts.append({"prompt": row["prompt"], "category": str(row.get("category", "default")),
+                        "chat": bool(row.get("chat", True))})
+    if not prompts:
+        raise EngineError(f"{path} holds no prompts")
+    return prompts
+
+
+def _run(engine: Engine, ids: list[int], drafter: str, params: GenerationParams) -> Done:
+    engine.reset()
+    done = None
+    for ev in engine.generate(ids, params, drafter):
+        if isinstance(ev, Done):
+            done = ev
+    return done
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict], max_tokens: int,
+              repeats: int = 1, progress: TextIO | None = None) -> dict:
+    greedy = SamplingParams(temperature=0.0)
+    on_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=dp)
+    off_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=DraftParams(draft_max=0))
+    encoded = [engine.chat_tokens([{"role": "user", "content": p["prompt"]}]) if p["chat"]
+               else engine.tokenize(p["prompt"]) for p in prompts]
+    warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
+    _run(engine, encoded[0], "none", warm)
+    _run(engine, encoded[0], drafter, warm)
+
+    rows = []
+    for i, (p, ids) in enumerate(zip(prompts, encoded)):
+        off, on = [], []
+        for r in range(repeats):
+            order = [("off", off), ("on", on)] if (i + r) % 2 == 0 else [("on", on), ("off", off)]
+            for mode, sink in order:
+                sink.append(_run(engine, ids, "none" if mode == "off" else drafter,
+                                 off_params if mode == "off" else on_params))
+        row = _row(p, off, on)
+        rows.append(row)
+        if progress:
+            progress.write(f"[{i + 1}/{len(prompts)}] {row['category']}: off {row['tps_off']:.1f} tok/s, "
+                           f"on {row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, acceptance "
+                           f"{row['acceptance']:.1%}, identical {row['identical']}\n")
+            progress.flush()
+    by_cat = defaultdict(list)
+    for row in rows:
+        by_cat[row["category"]].append(row)
+    return {
+        "drafter": drafter,
+        "draft": {"draft_max": dp.draft_max, "draft_min": dp.draft_min, "draft_p_min": dp.draft_p_min,
+                  "adaptive": dp.adaptive},
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "prompts": rows,
+        "categories": {c: _aggregate(rs) for c, rs in by_cat.items()},
+        "overall": _aggregate(rows),
+    }
+
+
+def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
+    def tps(runs):  # total decode tokens over total decode time
+        tokens = sum(max(d.stats.n_tokens - 1, 0) for d in runs)
+        secs = sum(d.stats.decode_seconds for d in runs)
+        return tokens / secs if secs else 0.0
+
+    drafted = sum(d.stats.n_drafted for d in on)
+    accepted = sum(d.stats.n_accepted for d in on)
+    rounds = sum(d.stats.n_rounds for d in on)
+    diffs = [_first_difference(a.token_ids, b.token_ids) for a in off for b in on]
+    first_diff = next((d for d in diffs if d is not None), None)
+    return {
+        "category": p["category"],
+        "prompt": p["prompt"][:80],
+        "n_tokens": on[0].stats.n_tokens,
+        "tps_off": tps(off),
+        "tps_on": tps(on),
+        "speedup": tps(on) / tps(off) if tps(off) else 0.0,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "mean_accepted_per_round": accepted / rounds if rounds else 0.0,
+        "identical": first_diff is None,
+        "first_difference_at": first_diff,
+        "_decode_tokens": [sum(max(d.stats.n_tokens - 1, 0) for d in r) for r in (off, on)],
+        "_decode_seconds": [sum(d.stats.decode_seconds for d in r) for r in (off, on)],
+        "_counts": [drafted, accepted, rounds],
+    }
+
+
+def _aggregate(rows: list[dict]) -> dict:
+    tok_off = sum(r["_decode_tokens"][0] for r in rows)
+    tok_on = sum(r["_decode_tokens"][1] for r in rows)
+    s_off = sum(r["_decode_seconds"][0] for r in rows)
+    s_on = sum(r["_decode_seconds"][1] for r in rows)
+    drafted = sum(r["_counts"][0] for r in rows)
+    accepted = sum(r["_counts"][1] for r in rows)
+    rounds = sum(r["_counts"][2] for r in rows)
+    tps_off = tok_off / s_off if s_off else 0.0
+    tps_on = tok_on / s_on if s_on else 0.0
+    return {
+        "n_prompts": len(rows),
+        "tps_off": tps_off,
+        "tps_on": tps_on,
+        "speedup": tps_on / tps_off if tps_off else 0.0,
+        "min_speedup": min(r["speedup"] for r in rows),
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "mean_accepted_per_round": accepted / rounds if rounds else 0.0,
+        "all_identical": all(r["identical"] for r in rows),
+    }
+
+
+def print_report(report: dict) -> None:
+    d = report["draft"]
+    print(f"drafter {report['drafter']}, draft-max {d['draft_max']}, draft-min {d['draft_min']}, "
+          f"draft-p-min {d['draft_p_min']}, adaptive {d['adaptive']}, {report['max_tokens']} new tokens, greedy")
+    header = f"{'':28} {'tok/s off':>9} {'tok/s on':>9} {'speedup':>8} {'accept':>7} {'acc/rnd':>7}  identical"
+    print(header)
+    line = "{:28.28} {:9.1f} {:9.1f} {:7.2f}x {:7.1%} {:7.2f}  {}"
+    for r in report["prompts"]:
+        ident = "yes" if r["identical"] else f"NO (token {r['first_difference_at']})"
+        print(line.format(r["category"] + ": " + r["prompt"], r["tps_off"], r["tps_on"], r["speedup"],
+                          r["acceptance"], r["mean_accepted_per_round"], ident))
+    print("per category:")
+    for name, c in list(report["categories"].items()) + [("OVERALL", report["overall"])]:
+        print(line.format(f"{name} ({c['n_prompts']})", c["tps_off"], c["tps_on"], c["speedup"], c["acceptance"],
+                          c["mean_accepted_per_round"], "yes" if c["all_identical"] else "NO")
+              + f"   min speedup {c['min_speedup']:.2f}x")

@@ -1,0 +1,64 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_gguf import write_model  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def specchat_home(tmp_path_factory):
+    """Keep the tests' data (the starter F32 target among it) out of the user's real data dir."""
+    home = os.environ.get("SPECCHAT_TEST_HOME") or str(tmp_path_factory.mktemp("specchat-home"))
+    os.environ["SPECCHAT_HOME"] = home
+    return Path(home)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Tiny GGUF models written by the tests: a target, drafts of it, and files that must be refused."""
+    d = tmp_path_factory.mktemp("tiny-models")
+    m = {
+        "target": write_model(d / "target.gguf", seed=1),
+        # a perturbed copy of the target: accepts some drafts, rejects others
+        "draft": write_model(d / "draft.gguf", seed=2, base_seed=1, noise=0.3),
+        # a close copy: long accepted runs (exercises full acceptance and the bonus token)
+        "close_draft": write_model(d / "close_draft.gguf", seed=3, base_seed=1, noise=0.02),
+        "other_text": write_model(d / "other_text.gguf", seed=2, rename={300: "▁zebra"}),
+        "other_size": write_model(d / "other_size.gguf", seed=2, extra_words=40 + 200),
+        "other_type": write_model(d / "other_type.gguf", seed=2, vocab_model="gpt2"),
+        "other_bos": write_model(d / "other_bos.gguf", seed=2, bos=3),
+    }
+    return m
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(models):
+    from app.engine import Engine, ModelSettings
+
+    e = Engine(ModelSettings(models["target"], n_ctx=512), ModelSettings(models["draft"], n_ctx=512))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def close_engine(models):
+    from app.engine import Engine, ModelSettings
+
+    e = Engine(ModelSettings(models["target"], n_ctx=512), ModelSettings(models["close_draft"], n_ctx=512))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def starter_engine(specchat_home):
+    from app import starter
+    from app.engine import Engine, ModelSettings
+
+    e = Engine(ModelSettings(starter.target_path(), n_ctx=2048), ModelSettings(starter.draft_path(), n_ctx=2048))
+    yield e
+    e.close()

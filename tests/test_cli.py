@@ -1,0 +1,120 @@
+"""The ``specchat`` command line, run as a user runs it (a subprocess)."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "app", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_line_error(r, words):
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert words in lines[0], lines[0]
+
+
+def test_console_script_is_installed():
+    assert shutil.which("specchat") or pytest.fail("pip install . must provide the `specchat` command")
+
+
+def test_generate_json_reports_measured_fields(models):
+    r = cli("generate", "--target", models["target"], "--draft", models["draft"], "--prompt", "the cat",
+            "--max-tokens", 40, "--draft-max", 4, "--draft-p-min", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for key in ("text", "token_ids", "n_tokens", "n_drafted", "n_accepted", "acceptance_rate",
+                "tokens_per_second", "time_to_first_token_s", "decode_seconds", "finish_reason", "drafter"):
+        assert key in d
+    assert d["n_tokens"] == len(d["token_ids"]) == 40 and d["finish_reason"] == "length"
+    assert d["drafter"] == "model" and d["n_drafted"] > 0
+    assert d["acceptance_rate"] == pytest.approx(d["n_accepted"] / d["n_drafted"])
+    assert d["tokens_per_second"] > 0 and d["decode_seconds"] > 0
+    plain = json.loads(cli("generate", "--target", models["target"], "--drafter", "none", "--prompt", "the cat",
+                           "--max-tokens", 40, "--json").stdout)
+    assert plain["token_ids"] == d["token_ids"] and plain["n_drafted"] == 0
+
+
+def test_generate_streams_text_then_a_summary(models):
+    r = cli("generate", "--target", models["target"], "--prompt", "the cat", "--max-tokens", 20)
+    assert r.returncode == 0, r.stderr
+    *text, summary = r.stdout.rstrip("\n").split("\n")
+    assert summary.startswith("[20 tokens") and "tok/s" in summary and "drafter ngram" in summary
+
+
+def test_prompt_file_and_chat(models, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("the dog ran")
+    r = cli("generate", "--target", models["target"], "--prompt-file", f, "--chat", "--system", "be brief",
+            "--max-tokens", 10, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n_tokens"] == 10
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--target", "missing.gguf", "--prompt", "x"], "not found"),
+    (["--prompt", "x"], "Choose models"),
+    (["--target", "{target}", "--draft", "{other_text}", "--prompt", "x"], "cannot draft for"),
+    (["--target", "{target}", "--prompt", "x", "--temperature", "-1"], "temperature"),
+    (["--target", "{target}", "--prompt", "x", "--top-p", "2"], "top-p"),
+    (["--target", "{target}", "--prompt", "x", "--draft-max", "100"], "draft-max"),
+    (["--target", "{target}", "--prompt", "x", "--max-tokens", "0"], "max-tokens"),
+    (["--target", "{target}", "--prompt", "x", "--ctx", "-5"], "context size"),
+    (["--target", "{target}", "--prompt", "x", "--drafter", "model"], "needs a draft model"),
+    (["--target", "{target}", "--prompt", "x" * 3000, "--ctx", "256"], "but the context holds"),
+    (["--target", "{target}"], "--prompt"),
+    (["--target", "{target}", "--prompt-file", "nowhere.txt"], "Cannot read the prompt file"),
+    (["--pair", "nosuchpair", "--prompt", "x"], "Unknown pair"),
+    (["--target", "{target}", "--prompt", "x", "--temperature", "hot"], "invalid float value"),
+])
+def test_bad_input_is_one_clear_line(models, args, words):
+    args = [a.format(**{k: str(v) for k, v in models.items()}) for a in args]
+    assert_one_line_error(cli("generate", *args), words)
+
+
+def test_bad_files_are_one_clear_line(models, tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"PK\x03\x04 not a model")
+    assert_one_line_error(cli("generate", "--target", junk, "--prompt", "x"), "not a GGUF file")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(models["target"].read_bytes()[:20000])
+    assert_one_line_error(cli("generate", "--target", cut, "--prompt", "x"), "truncated")
+
+
+def test_bench_reports_off_vs_on(models, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "the cat", "category": "a", "chat": false}\n'
+                       '{"prompt": "a dog ran", "category": "b"}\n')
+    r = cli("bench", "--target", models["target"], "--draft", models["close_draft"], "--prompts", prompts,
+            "--max-tokens", 48, "--draft-p-min", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert set(rep["categories"]) == {"a", "b"}
+    for row in rep["prompts"]:
+        assert row["identical"] and row["tps_off"] > 0 and row["tps_on"] > 0
+        assert row["speedup"] == pytest.approx(row["tps_on"] / row["tps_off"])
+        assert row["acceptance"] > 0 and row["mean_accepted_per_round"] > 0
+    assert rep["overall"]["all_identical"] and rep["overall"]["n_prompts"] == 2
+    text = cli("bench", "--target", models["target"], "--draft", models["close_draft"], "--prompts", prompts,
+               "--max-tokens", 16)
+    assert text.returncode == 0 and "OVERALL" in text.stdout and "speedup" in text.stdout
+
+
+def test_bench_rejects_bad_prompt_files(models, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"category": "x"}\n')
+    assert_one_line_error(cli("bench", "--target", models["target"], "--prompts", bad), "prompt")
+
+
+@pytest.mark.slow
+def test_starter_pair_from_the_catalog():
+    r = cli("generate", "--pair", "starter", "--chat", "--prompt", "What is 2+2?", "--max-tokens", 24, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["drafter"] == "model" and d["n_tokens"] > 0 and d["n_drafted"] > 0 and d["text"].strip()

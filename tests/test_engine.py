@@ -1,0 +1,208 @@
+"""The speculative loop on tiny GGUF models: exactness, rollback, cancellation, prefix reuse, limits, errors."""
+import threading
+
+import pytest
+
+from app.engine import Done, DraftParams, EngineError, GenerationParams, Round, SamplingParams, TextDelta
+from app.engine import batch_invariant
+
+PROMPTS = [[1, 300, 301, 302, 303], [1, 270, 280, 290, 270, 280], [1] + list(range(3, 60)), [1, 290]]
+
+
+def run(engine, ids, drafter="model", **kw):
+    draft = DraftParams(**{k: kw.pop(k) for k in list(kw) if k.startswith("draft") or k == "adaptive"})
+    params = GenerationParams(draft=draft, **kw)
+    events = list(engine.generate(ids, params, drafter))
+    done = events[-1]
+    assert isinstance(done, Done)
+    return done, events
+
+
+def assert_consistent(engine):
+    """Bookkeeping matches llama.cpp's memory for both contexts."""
+    for loaded in (engine.target, engine.draft):
+        if loaded:
+            assert loaded.ctx.memory_pos_max() == len(loaded.ctx.tokens) - 1
+
+
+def test_build_is_batch_invariant():
+    assert batch_invariant(), (
+        "llama-cpp-python was built with llamafile kernels; reinstall with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF "
+        "(see README) so greedy speculative output is bit-identical to plain decoding"
+    )
+
+
+@pytest.mark.parametrize("ids", PROMPTS)
+@pytest.mark.parametrize("drafter,draft_max,p_min", [
+    ("model", 1, 0.0), ("model", 4, 0.0), ("model", 8, 0.3), ("model", 16, 0.0), ("ngram", 8, 0.0),
+])
+def test_greedy_speculation_is_token_identical_to_plain(tiny_engine, ids, drafter, draft_max, p_min):
+    plain, _ = run(tiny_engine, ids, "none", max_tokens=80)
+    spec, events = run(tiny_engine, ids, drafter, max_tokens=80, draft_max=draft_max, draft_p_min=p_min)
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert sum(r.n_accepted for r in rounds) == spec.stats.n_accepted
+    assert len(spec.draft_flags) == len(spec.token_ids)
+    # every accepted draft token is committed, except past an EOS/stop string inside the last round
+    assert sum(spec.draft_flags) == spec.stats.n_accepted or (
+        spec.finish_reason == "stop" and sum(spec.draft_flags) < spec.stats.n_accepted
+    )
+    if drafter == "model":
+        assert 0 < spec.stats.n_accepted < spec.stats.n_drafted  # both accept and reject paths ran
+    assert_consistent(tiny_engine)
+
+
+def test_full_acceptance_and_bonus_tokens_stay_identical(close_engine):
+    ids = PROMPTS[2]
+    plain, _ = run(close_engine, ids, "none", max_tokens=120)
+    spec, events = run(close_engine, ids, "model", max_tokens=120, draft_max=6, draft_p_min=0.0)
+    assert spec.token_ids == plain.token_ids
+    assert any(isinstance(e, Round) and e.n_drafted == e.n_accepted == 6 for e in events)
+    assert spec.stats.acceptance_rate > 0.7
+    assert_consistent(close_engine)
+
+
+def test_adaptive_mode_is_exact_and_measured(tiny_engine):
+    ids = PROMPTS[0]
+    plain, _ = run(tiny_engine, ids, "none", max_tokens=100)
+    spec, events = run(tiny_engine, ids, "model", max_tokens=100, draft_max=8, draft_p_min=0.0, adaptive=True)
+    assert spec.token_ids == plain.token_ids
+    sizes = {e.n_drafted for e in events if isinstance(e, Round)}
+    assert len(sizes) > 1  # the draft length moved with the measured acceptance
+
+
+def test_events_stream_text_and_running_stats(tiny_engine):
+    done, events = run(tiny_engine, PROMPTS[0], "model", max_tokens=40, draft_max=4, draft_p_min=0.0)
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == done.text
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert rounds and all(r.verify_seconds > 0 for r in rounds)
+    s = done.stats
+    assert s.n_tokens == 40 and done.finish_reason == "length"
+    assert s.tokens_per_second > 0 and s.time_to_first_token_s > 0 and s.decode_seconds > 0
+    assert s.n_rounds == len(rounds)
+    assert abs(s.acceptance_rate - s.n_accepted / s.n_drafted) < 1e-12
+
+
+def test_cancel_mid_generation_leaves_both_caches_consistent(tiny_engine, models):
+    ids = PROMPTS[1]
+    fresh, _ = run(tiny_engine, ids, "model", max_tokens=60, draft_max=4, draft_p_min=0.0)
+    cancel = threading.Event()
+    params = GenerationParams(max_tokens=60, draft=DraftParams(draft_max=4, draft_p_min=0.0))
+    seen = []
+    for ev in tiny_engine.generate(ids, params, "model", cancel):
+        if isinstance(ev, Round) and ev.stats.n_tokens >= 10:
+            cancel.set()
+        seen.append(ev)
+    done = seen[-1]
+    assert done.finish_reason == "cancelled"
+    assert 10 <= done.stats.n_tokens < 60
+    assert done.token_ids == fresh.token_ids[: len(done.token_ids)]
+    assert_consistent(tiny_engine)
+    # the half-finished caches are reused and still give the same answer
+    again, _ = run(tiny_engine, ids, "model", max_tokens=60, draft_max=4, draft_p_min=0.0)
+    assert again.token_ids == fresh.token_ids
+
+
+def test_abandoning_the_stream_keeps_caches_consistent(tiny_engine):
+    ids = PROMPTS[0]
+    params = GenerationParams(max_tokens=60, draft=DraftParams(draft_max=5, draft_p_min=0.0))
+    gen = tiny_engine.generate(ids, params, "model")
+    for i, _ in enumerate(gen):
+        if i == 7:
+            break
+    gen.close()
+    assert_consistent(tiny_engine)
+    plain, _ = run(tiny_engine, ids, "none", max_tokens=60)
+    spec, _ = run(tiny_engine, ids, "model", max_tokens=60, draft_max=5, draft_p_min=0.0)
+    assert spec.token_ids == plain.token_ids
+
+
+def test_prefix_is_reused_across_turns(tiny_engine):
+    turn1 = tiny_engine.chat_tokens([{"role": "user", "content": "the cat sat"}])
+    first, _ = run(tiny_engine, turn1, "model", max_tokens=20, draft_max=4, draft_p_min=0.0)
+    turn2 = tiny_engine.chat_tokens([
+        {"role": "user", "content": "the cat sat"},
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "and then?"},
+    ])
+    second, _ = run(tiny_engine, turn2, "model", max_tokens=20, draft_max=4, draft_p_min=0.0)
+    assert second.stats.prompt_cached >= len(turn1) - 1
+    assert second.stats.prompt_tokens == len(turn2) - second.stats.prompt_cached
+    tiny_engine.reset()
+    cold, _ = run(tiny_engine, turn2, "none", max_tokens=20)
+    assert cold.stats.prompt_cached == 0
+    assert cold.token_ids == second.token_ids
+
+
+def test_stops_on_eos(models):
+    from app.engine import Engine, ModelSettings
+    from tiny_gguf import write_model
+
+    # A model whose EOS is the token greedy decoding picks first from this prompt.
+    probe = Engine(ModelSettings(models["target"], n_ctx=256))
+    first, _ = run(probe, PROMPTS[0], "none", max_tokens=5)
+    probe.close()
+    eos_model = write_model(models["target"].parent / "eos.gguf", seed=1, eos=first.token_ids[2])
+    e = Engine(ModelSettings(eos_model, n_ctx=256))
+    done, _ = run(e, PROMPTS[0], "ngram", max_tokens=50)
+    assert done.finish_reason == "stop" and done.token_ids == first.token_ids[:2]
+    e.close()
+
+
+def test_stop_strings_and_max_tokens(tiny_engine):
+    plain, _ = run(tiny_engine, PROMPTS[0], "none", max_tokens=60)
+    stop = plain.text[20:24]
+    assert stop.strip()
+    done, events = run(tiny_engine, PROMPTS[0], "model", max_tokens=60, stop=(stop,), draft_max=4)
+    assert done.finish_reason == "stop"
+    assert done.text == plain.text[: plain.text.find(stop)]
+    assert stop not in "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def test_context_full_ends_with_length(models):
+    from app.engine import Engine, ModelSettings
+
+    e = Engine(ModelSettings(models["target"], n_ctx=64), ModelSettings(models["draft"]))
+    done, _ = run(e, PROMPTS[0], "model", max_tokens=500, draft_max=8, draft_p_min=0.0)
+    assert done.finish_reason == "length"
+    # the last token needs no cache slot; llama.cpp may round the context up (to 256 here)
+    assert e.n_ctx - 8 <= len(PROMPTS[0]) + done.stats.n_tokens <= e.n_ctx + 1
+    assert_consistent(e)
+    e.close()
+
+
+def test_prompt_longer_than_context_is_refused(models):
+    from app.engine import Engine, ModelSettings
+
+    e = Engine(ModelSettings(models["target"], n_ctx=64))
+    with pytest.raises(EngineError, match=f"prompt is 300 tokens but the context holds {e.n_ctx}"):
+        run(e, [1] + [300] * 299, "none", max_tokens=5)
+    done, _ = run(e, PROMPTS[0], "none", max_tokens=5)  # still usable afterwards
+    assert done.stats.n_tokens == 5
+    e.close()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(max_tokens=0), "max-tokens"),
+    (dict(draft_max=-1), "draft-max"),
+    (dict(draft_max=65), "draft-max"),
+    (dict(draft_max=4, draft_min=5), "draft-min"),
+    (dict(draft_p_min=1.0), "draft-p-min"),
+    (dict(sampling=SamplingParams(temperature=-0.5)), "temperature"),
+])
+def test_invalid_settings_raise_clear_errors(tiny_engine, kw, match):
+    with pytest.raises(EngineError, match=match):
+        run(tiny_engine, PROMPTS[0], "model", **kw)
+
+
+def test_unknown_drafter_and_missing_draft(models, tiny_engine):
+    from app.engine import Engine, ModelSettings
+
+    with pytest.raises(EngineError, match="Unknown drafter"):
+        tiny_engine.generate(PROMPTS[0], None, "medusa")
+    e = Engine(ModelSettings(models["target"], n_ctx=128))
+    with pytest.raises(EngineError, match="needs a draft model"):
+        e.generate(PROMPTS[0], None, "model")
+    e.close()

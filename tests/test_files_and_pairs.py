@@ -1,0 +1,90 @@
+"""Bad files and mismatched pairs are refused before generation, in plain words."""
+import shutil
+
+import pytest
+
+from app.engine import Engine, EngineError, ModelSettings
+from app.engine.compat import compatibility_problems
+from app.engine.llama import Model
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(EngineError, match="not found"):
+        Engine(ModelSettings(tmp_path / "nope.gguf"))
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("<html>404 Not Found</html>")
+    with pytest.raises(EngineError, match="not a GGUF file"):
+        Engine(ModelSettings(bad))
+
+
+def test_folder_instead_of_file(tmp_path):
+    with pytest.raises(EngineError, match="folder"):
+        Engine(ModelSettings(tmp_path))
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.999, 0.01])
+def test_truncated_gguf(models, tmp_path, keep):
+    src = models["target"]
+    cut = tmp_path / "cut.gguf"
+    data = src.read_bytes()
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(EngineError, match="truncated|damaged"):
+        Engine(ModelSettings(cut))
+
+
+def test_corrupt_header(models, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    data = bytearray(models["target"].read_bytes())
+    data[8:24] = b"\xff" * 16  # absurd tensor and metadata counts
+    bad.write_bytes(bytes(data))
+    with pytest.raises(EngineError, match="damaged|truncated"):
+        Engine(ModelSettings(bad))
+
+
+def test_compatible_pair_has_no_problems(models):
+    t, d = Model(models["target"], vocab_only=True), Model(models["draft"], vocab_only=True)
+    assert compatibility_problems(t, d) == []
+
+
+@pytest.mark.parametrize("variant,words", [
+    ("other_text", "token 300 means"),
+    ("other_size", "differ in size by 200 tokens"),
+    ("other_type", "different tokenizer types"),
+    ("other_bos", "start text differently"),
+])
+def test_each_vocabulary_mismatch_is_explained(models, variant, words):
+    with pytest.raises(EngineError) as err:
+        Engine(ModelSettings(models["target"]), ModelSettings(models[variant]))
+    msg = str(err.value)
+    assert words in msg and "cannot draft for" in msg and "--drafter ngram" in msg
+
+
+def test_vocab_size_within_128_is_allowed(models, tmp_path):
+    from tiny_gguf import write_model
+
+    near = write_model(tmp_path / "near.gguf", seed=5, base_seed=1, noise=0.1, extra_words=40 + 100)
+    e = Engine(ModelSettings(models["target"], n_ctx=128), ModelSettings(near, n_ctx=128))
+    from app.engine import GenerationParams, DraftParams, Done
+
+    plain = [ev for ev in e.generate([1, 300, 301], GenerationParams(max_tokens=30), "none")][-1]
+    spec = [ev for ev in e.generate([1, 300, 301], GenerationParams(max_tokens=30, draft=DraftParams(draft_p_min=0)), "model")][-1]
+    assert isinstance(spec, Done) and spec.token_ids == plain.token_ids
+    e.close()
+
+
+def test_starter_draft_refuses_a_foreign_vocabulary(models):
+    from app import starter
+
+    with pytest.raises(EngineError, match="cannot draft for"):
+        Engine(ModelSettings(starter.draft_path()), ModelSettings(models["target"]))
+
+
+def test_starter_pair_is_compatible():
+    from app import starter
+
+    t, d = Model(starter.target_path(), vocab_only=True), Model(starter.draft_path(), vocab_only=True)
+    assert compatibility_problems(t, d) == []
+    assert t.n_vocab == d.n_vocab == 49152

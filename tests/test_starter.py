@@ -1,0 +1,63 @@
+"""Real-model checks on the offline starter pair (SmolLM2-135M-Instruct F32 target, Q4_1 draft)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from app.engine import Done, DraftParams, GenerationParams
+
+PROMPTS = [json.loads(line) for f in ("chat.jsonl", "repeat.jsonl")
+           for line in (Path(__file__).parent / "prompts" / f).read_text().splitlines() if line.strip()]
+
+
+def generate(engine, messages, drafter, max_tokens, **draft):
+    engine.reset()  # each run starts cold: no run profits from another's cache
+    params = GenerationParams(max_tokens=max_tokens, draft=DraftParams(**draft))
+    done = list(engine.generate(engine.chat_tokens(messages), params, drafter))[-1]
+    assert isinstance(done, Done)
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PROMPTS, ids=[f"{p['category']}{i}" for i, p in enumerate(PROMPTS)])
+def test_greedy_output_identical_with_model_and_ngram_drafting(starter_engine, case):
+    messages = [{"role": "user", "content": case["prompt"]}]
+    n = 192 if case["category"] in ("repeat", "edit", "code-edit") else 160
+    plain = generate(starter_engine, messages, "none", n)
+    assert plain.stats.n_tokens >= 64
+    model = generate(starter_engine, messages, "model", n, draft_max=8, draft_p_min=0.0)
+    assert model.token_ids == plain.token_ids
+    assert model.stats.acceptance_rate > 0.5
+    ngram = generate(starter_engine, messages, "ngram", n, draft_max=12)
+    assert ngram.token_ids == plain.token_ids
+    if case["category"] in ("repeat", "edit", "code-edit"):
+        assert ngram.stats.n_accepted > 0.3 * ngram.stats.n_tokens  # the answer repeats the prompt: lookups pay
+
+
+@pytest.mark.slow
+def test_adaptive_mode_is_identical_too(starter_engine):
+    messages = [{"role": "user", "content": PROMPTS[0]["prompt"]}]
+    plain = generate(starter_engine, messages, "none", 128)
+    for drafter in ("model", "ngram"):
+        spec = generate(starter_engine, messages, drafter, 128, draft_max=12, adaptive=True)
+        assert spec.token_ids == plain.token_ids
+
+
+@pytest.mark.slow
+def test_second_chat_turn_reuses_the_cache_and_matches_a_cold_run(starter_engine):
+    turn1 = [{"role": "user", "content": "Name three primary colors."}]
+    first = generate(starter_engine, turn1, "model", 48)
+    turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Now three more."}]
+    params = GenerationParams(max_tokens=48)
+    warm = list(starter_engine.generate(starter_engine.chat_tokens(turn2), params, "model"))[-1]
+    assert warm.stats.prompt_cached > 0.6 * len(starter_engine.chat_tokens(turn1))
+    cold = generate(starter_engine, turn2, "none", 48)
+    assert warm.token_ids == cold.token_ids
+
+
+@pytest.mark.slow
+def test_chat_template_comes_from_the_gguf(starter_engine):
+    ids = starter_engine.chat_tokens([{"role": "user", "content": "Hi"}])
+    text = "".join(starter_engine.model.piece_special(t) for t in ids)
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert "SmolLM" in text  # the template's own default system prompt

@@ -1,0 +1,106 @@
+"""Write tiny but real llama-architecture GGUF models (random weights) that llama.cpp loads in milliseconds.
+
+The vocabulary is SentencePiece-style: <unk> <s> </s>, 256 byte tokens (so any text tokenizes via byte
+fallback), then word pieces. Options make variants that differ in exactly one way llama.cpp's pair rule checks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+WORDS = ["▁the", "▁a", "▁cat", "▁dog", "▁sat", "▁on", "▁mat", "▁and", "▁ran", "▁to", "▁big", "▁red", "▁sun",
+         "▁is", "▁hot", "▁it", "▁was", "▁day", "▁one", "▁two", ".", ",", "▁I", "▁you", "▁we", "▁like", "▁code"]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def vocab(extra_words: int = 40, rename: dict[int, str] | None = None) -> list[tuple[str, int]]:
+    toks = [("<unk>", TokenType.UNKNOWN), ("<s>", TokenType.CONTROL), ("</s>", TokenType.CONTROL)]
+    toks += [(f"<0x{b:02X}>", TokenType.BYTE) for b in range(256)]
+    toks += [("<|im_start|>", TokenType.CONTROL), ("<|im_end|>", TokenType.CONTROL)]
+    words = WORDS + [f"▁w{i}" for i in range(extra_words)]
+    toks += [(w, TokenType.NORMAL) for w in words]
+    for i, text in (rename or {}).items():
+        toks[i] = (text, toks[i][1])
+    return toks
+
+
+def write_model(
+    path: Path,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_ff: int = 128,
+    n_ctx: int = 512,
+    extra_words: int = 40,
+    rename: dict[int, str] | None = None,
+    bos: int = 1,
+    eos: int = 2,
+    add_bos: bool = True,
+    vocab_model: str = "llama",
+    base_seed: int | None = None,
+    noise: float = 0.0,
+    logit_scale: float = 4.0,
+) -> Path:
+    """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
+    a perturbed copy of a target (partial acceptance, exercising both accept and reject paths)."""
+    toks = vocab(extra_words, rename)
+    n_vocab = len(toks)
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)  # all F32
+    w.add_tokenizer_model(vocab_model)
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t for t, _ in toks])
+    w.add_token_scores([0.0] * 3 + [0.0] * 256 + [0.0, 0.0] + [-float(i) for i in range(n_vocab - 261)])
+    w.add_token_types([int(k) for _, k in toks])
+    if vocab_model == "gpt2":
+        w.add_token_merges(["▁ t", "h e"])
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(add_bos)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHATML)
+
+    rng = np.random.default_rng(seed if base_seed is None else base_seed)
+    noise_rng = np.random.default_rng(seed + 10_000)
+
+    def t(*shape, scale=None):
+        a = rng.standard_normal(shape).astype(np.float32) * (scale if scale is not None else shape[-1] ** -0.5)
+        if noise:
+            a += noise_rng.standard_normal(shape).astype(np.float32) * noise * (shape[-1] ** -0.5)
+        return a
+
+    w.add_tensor("token_embd.weight", t(n_vocab, n_embd, scale=1.0))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(p + "attn_q.weight", t(n_embd, n_embd))
+        w.add_tensor(p + "attn_k.weight", t(n_embd, n_embd))
+        w.add_tensor(p + "attn_v.weight", t(n_embd, n_embd))
+        w.add_tensor(p + "attn_output.weight", t(n_embd, n_embd))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(p + "ffn_gate.weight", t(n_ff, n_embd))
+        w.add_tensor(p + "ffn_up.weight", t(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    out = t(n_vocab, n_embd, scale=logit_scale * n_embd ** -0.5)
+    out[[2, 260]] = 0.0  # "</s>", "<|im_end|>" score 0, far below the top: outputs run long unless a test sets EOS
+    w.add_tensor("output.weight", out)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
