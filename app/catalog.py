@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .engine import DraftParams, EngineError
 
-_PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "target", "draft"}
+_PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
+              "target", "draft"}
 _SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "size_gb"}
 BUILTINS = ("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1")
 
@@ -68,6 +69,7 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
                 draft_max=int(raw.get("draft_max", 8)),
                 draft_min=int(raw.get("draft_min", 0)),
                 draft_p_min=float(raw.get("draft_p_min", 0.5)),
+                adaptive=bool(raw.get("adaptive", False)),
             )
             dp.validate()
             pairs[name] = Pair(

@@ -30,7 +30,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft-max", type=int, help="most tokens drafted per round")
     d.add_argument("--draft-min", type=int, help="drafts shorter than this are not verified")
     d.add_argument("--draft-p-min", type=float, help="stop drafting when the draft's top probability is lower")
-    d.add_argument("--adaptive", action="store_true", help="tune the draft length from measured acceptance and cost")
+    d.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
+                   help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +95,7 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
         draft_max=pair_params.draft_max if args.draft_max is None else args.draft_max,
         draft_min=pair_params.draft_min if args.draft_min is None else args.draft_min,
         draft_p_min=pair_params.draft_p_min if args.draft_p_min is None else args.draft_p_min,
-        adaptive=args.adaptive,
+        adaptive=pair_params.adaptive if args.adaptive is None else args.adaptive,
     )
     dp.validate()
     common = dict(n_ctx=args.ctx, n_threads=args.threads)

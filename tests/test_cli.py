@@ -1,8 +1,8 @@
 """The ``specchat`` command line, run as a user runs it (a subprocess)."""
 import json
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +21,11 @@ def assert_one_line_error(r, words):
 
 
 def test_console_script_is_installed():
-    assert shutil.which("specchat") or pytest.fail("pip install . must provide the `specchat` command")
+    """pip install . provides `specchat` beside the interpreter (the venv's bin/), and it runs."""
+    script = Path(sys.executable).parent / "specchat"
+    assert script.is_file(), "pip install . must provide the `specchat` command"
+    r = subprocess.run([str(script), "generate", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--draft-max" in r.stdout
 
 
 def test_generate_json_reports_measured_fields(models):

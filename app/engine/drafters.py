@@ -7,7 +7,7 @@ distribution each token was drawn from (``None`` = a deterministic proposal, tre
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -19,6 +19,10 @@ from .sampling import SamplingParams, distribution, greedy_token, sample, top_pr
 class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] | None = None  # q per token when the drafter sampled from a distribution
+    gaps: list[float] | None = None  # per token: the draft's top-1 minus top-2 logit, when asked for
+
+
+KeepGoing = Callable[[float], bool]  # given the draft's logit gap at the next position: draft it?
 
 
 class Drafter(Protocol):
@@ -28,9 +32,11 @@ class Drafter(Protocol):
         """A generation starts from this prompt (the drafter may prefill or index it)."""
 
     def propose(
-        self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator
+        self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+        keep_going: KeepGoing | None = None,
     ) -> Draft:
-        """Up to ``n_max`` tokens that may follow ``history``."""
+        """Up to ``n_max`` tokens that may follow ``history``. A model drafter asks ``keep_going`` (if given)
+        before each greedy token and reports the gaps it saw."""
 
 
 class NoDrafter:
@@ -41,7 +47,7 @@ class NoDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         pass
 
-    def propose(self, history, n_max, sp, rng) -> Draft:
+    def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
         return Draft()
 
 
@@ -63,14 +69,14 @@ class ModelDrafter:
         n = self.ctx.reuse_prefix(prompt_ids[:-1])
         self.ctx.decode(prompt_ids[n:-1], n_logits=0)
 
-    def propose(self, history, n_max, sp, rng) -> Draft:
+    def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
         ctx = self.ctx
         n = ctx.reuse_prefix(history)
         if n == len(history):  # everything cached, but we need fresh logits for the last token
             ctx.truncate(n - 1)
             n -= 1
         ctx.decode(history[n:], n_logits=1)
-        draft = Draft(probs=None if sp.greedy else [])
+        draft = Draft(probs=None if sp.greedy else [], gaps=[] if keep_going and sp.greedy else None)
         n_vocab = ctx.model.n_vocab
         for i in range(n_max):
             logits = ctx.logits(-1)
@@ -78,6 +84,11 @@ class ModelDrafter:
                 if self.p_min > 0.0 and top_probability(logits) < self.p_min:
                     break
                 tok = greedy_token(logits)
+                if draft.gaps is not None:
+                    gap = _logit_gap(logits, tok)
+                    if not keep_going(gap):
+                        break
+                    draft.gaps.append(gap)
             else:
                 q = distribution(logits, sp, n_vocab)
                 if self.p_min > 0.0 and q.max() < self.p_min:
@@ -88,6 +99,15 @@ class ModelDrafter:
             if i + 1 < n_max:
                 ctx.decode([tok], n_logits=1)
         return draft
+
+
+def _logit_gap(logits: np.ndarray, top: int) -> float:
+    """Top-1 minus top-2 logit. The target disagrees with a greedy draft mostly where this is small (near-ties)."""
+    best = logits[top]
+    logits[top] = -np.inf  # a view of llama.cpp's buffer: mask the argmax for a moment instead of copying
+    second = logits.max()
+    logits[top] = best
+    return float(best - second)
 
 
 class NgramDrafter:
@@ -115,7 +135,7 @@ class NgramDrafter:
                     self._index[tuple(history[j + 1 - n : j + 1])] = j + 1
         self._indexed = max(self._indexed, len(history) - 1)
 
-    def propose(self, history, n_max, sp, rng) -> Draft:
+    def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
         self._extend_index(history)
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(history) < n:

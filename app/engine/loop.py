@@ -45,6 +45,7 @@ def speculative_generate(
     sp = params.sampling
     rng = make_rng(sp.seed)
     control = DraftLength(params.draft)
+    keep_going = control.keep_going if params.draft.adaptive and sp.greedy else None
     stats = Stats(drafter=drafter.name)
     stream = TextStream(params.stop)
     out_ids: list[int] = []
@@ -116,7 +117,7 @@ def speculative_generate(
             # --- draft ----------------------------------------------------------------------------------------
             n_max = min(control.next(), room, params.max_tokens - len(out_ids))
             t0 = time.perf_counter()
-            draft = drafter.propose(history, n_max, sp, rng) if n_max > 0 else Draft()
+            draft = drafter.propose(history, n_max, sp, rng, keep_going) if n_max > 0 else Draft()
             k = _usable(draft, n_max, params.draft.draft_min, model.n_vocab)
             t1 = time.perf_counter()
 
@@ -149,7 +150,7 @@ def speculative_generate(
             stats.n_accepted += accepted
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            control.update(k, accepted, t1 - t0, t2 - t1)
+            control.update(k, accepted, t1 - t0, t2 - t1, draft.gaps)
             yield Round(k, accepted, t1 - t0, t2 - t1, stats)
     except Cancelled:
         finish = "cancelled"
