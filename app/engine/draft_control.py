@@ -1,18 +1,18 @@
-"""How many tokens to draft next round.
+"""How much to draft: llama.cpp's fixed settings, or an adaptive controller that measures and decides.
 
-Fixed mode drafts ``draft_max`` every round (the drafter may stop earlier, e.g. on ``draft_p_min``).
-Adaptive mode measures, per generation, the per-token acceptance rate and what drafting and verifying cost, and
-drafts the length k that maximises expected tokens per second under the standard geometric model:
+Fixed mode drafts up to ``draft_max`` tokens every round (a model drafter stops earlier on ``draft_p_min``).
 
-    tokens(k) = (1 - a^(k+1)) / (1 - a)        time(k) = k * t_draft + t_verify(k + 1)
-
-k = 0 means speculation is off: plain decoding through the same loop. While off it probes a short draft now and
-then, so a text that becomes predictable (a code block being repeated) switches speculation back on.
-
-Adaptive greedy drafting with a draft model also stops *where* a rejection is likely: it learns, per bucket of the
-draft's top-1 minus top-2 logit gap, how often the target accepted such tokens, and drafts the next token only
-while accept(gap) x (time per output token) exceeds what the token costs to draft and verify. Rejections cluster
-at near-ties (on the starter pair every rejection had a gap under 0.25 logits), so rounds end just before them.
+Adaptive mode decides token by token, from measurements of this generation:
+- Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
+  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits), or the
+  length of the n-gram match a lookup proposal came from.
+- Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts).
+- It drafts the next token only while P(this token is reached and accepted) x (seconds per output token) exceeds
+  what the token costs to draft and to verify (both measured), so rounds end just before likely rejections.
+- The draft length cap maximises expected tokens per second under the geometric model
+      tokens(k) = (1 - a^(k+1)) / (1 - a),    time(k) = k * t_draft + t_verify(k + 1)
+  and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
+  then turns it back on when the text becomes predictable.
 """
 from __future__ import annotations
 
@@ -45,12 +45,14 @@ class DraftParams:
 class DraftLength:
     PROBE_EVERY = 24  # rounds with speculation off between two probe drafts
     DECAY = 0.9  # weight of the past in the running estimates (about the last 10 rounds)
-    GAP_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0)  # logit-gap buckets for the acceptance calibration
-    PRIOR = (3.6, 4.0)  # accepted, seen: an optimistic 0.9 prior worth four observations per bucket
+    PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
 
-    def __init__(self, params: DraftParams):
+    def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,)):
         self.p = params
-        self._gap_acc = [[*self.PRIOR] for _ in range(len(self.GAP_EDGES) + 1)]
+        self._edges = signal_edges
+        w = self.PRIOR_WEIGHT
+        self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
+        self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._rate = None  # output tokens per second (decayed)
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
@@ -58,8 +60,10 @@ class DraftLength:
         self._fit = [0.0] * 5  # decayed sums for verify_s ~ a + b * n: S, Sn, Snn, St, Snt
         self._off_rounds = 0
 
-    # --- what to do next ------------------------------------------------------------------------------------
+    # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
+        """The most tokens to draft this round."""
+        self._reach = 1.0
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
         if self._seen < 4 or self._t_draft is None or self._fit[0] < 2:
@@ -74,18 +78,35 @@ class DraftLength:
             self._off_rounds = 0
         return k
 
+    def keep_going(self, signal: float) -> bool:
+        """Draft the next token, whose confidence signal is ``signal``?"""
+        acc, seen = self._buckets[bisect_right(self._edges, signal)]
+        reach = self._reach * acc / seen
+        if reach < self._min_acceptance():
+            return False
+        self._reach = reach
+        return True
+
     def acceptance(self) -> float:
         return self._succ / self._seen if self._seen else 0.0
 
-    def _verify_time(self, n: int) -> float:
+    def _slope(self) -> float:
+        """Seconds each extra token adds to a verification batch."""
         s, sn, snn, st, snt = self._fit
-        mean_n, mean_t = sn / s, st / s
-        var = snn / s - mean_n * mean_n
+        var = snn / s - (sn / s) ** 2
         if var > 1e-9:
-            b = (snt / s - mean_n * mean_t) / var
-        else:
-            b = 0.1 * mean_t / max(mean_n, 1.0)  # one batch size seen so far: assume +10% per extra token
-        return max(1e-6, mean_t + max(b, 0.0) * (n - mean_n))
+            return max((snt / s - (sn / s) * (st / s)) / var, 0.0)
+        return 0.1 * (st / s) / max(sn / s, 1.0)  # one batch size seen so far: assume +10% per extra token
+
+    def _verify_time(self, n: int) -> float:
+        s, sn, _, st, _ = self._fit
+        return max(1e-6, st / s + self._slope() * (n - sn / s))
+
+    def _min_acceptance(self) -> float:
+        """A token pays when P(accepted) / rate > its draft + verify cost, i.e. P > cost x rate."""
+        if self._rate is None or self._t_draft is None or self._fit[0] < 2:
+            return 0.5
+        return min(max((self._t_draft + self._slope()) * self._rate, 0.2), 0.98)
 
     def _best_k(self) -> int:
         a = min(self.acceptance(), 0.999)
@@ -97,26 +118,13 @@ class DraftLength:
                 best_k, best_rate = k, rate
         return best_k
 
-    def keep_going(self, gap: float) -> bool:
-        """Draft a token whose logit gap is ``gap``? (adaptive greedy mode; see the module docstring)"""
-        acc, seen = self._gap_acc[bisect_right(self.GAP_EDGES, gap)]
-        return acc / seen >= self._min_acceptance()
-
-    def _min_acceptance(self) -> float:
-        if self._rate is None or self._t_draft is None or self._fit[0] < 2:
-            return 0.8
-        s, sn, snn, st, snt = self._fit
-        var = snn / s - (sn / s) ** 2
-        slope = max((snt / s - (sn / s) * (st / s)) / var, 0.0) if var > 1e-9 else 0.0
-        return min(max((self._t_draft + slope) * self._rate, 0.5), 0.98)
-
     # --- feedback -------------------------------------------------------------------------------------------
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
-               gaps: list[float] | None = None) -> None:
+               signals: list[float] | None = None) -> None:
         d = self.DECAY
-        if gaps:  # calibrate: tokens before the first rejection were accepted, that one was not, later unseen
-            for i, gap in enumerate(gaps[: n_accepted + 1]):
-                bucket = self._gap_acc[bisect_right(self.GAP_EDGES, gap)]
+        if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
+            for i, signal in enumerate(signals[: n_accepted + 1]):
+                bucket = self._buckets[bisect_right(self._edges, signal)]
                 bucket[0] += i < n_accepted
                 bucket[1] += 1
         rate = (n_accepted + 1) / max(draft_s + verify_s, 1e-9)

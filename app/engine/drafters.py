@@ -19,14 +19,16 @@ from .sampling import SamplingParams, distribution, greedy_token, sample, top_pr
 class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] | None = None  # q per token when the drafter sampled from a distribution
-    gaps: list[float] | None = None  # per token: the draft's top-1 minus top-2 logit, when asked for
+    signals: list[float] | None = None  # per token: the drafter's confidence signal, when asked for
 
 
-KeepGoing = Callable[[float], bool]  # given the draft's logit gap at the next position: draft it?
+KeepGoing = Callable[[float], bool]  # given the confidence signal of the next token: draft it?
 
 
 class Drafter(Protocol):
     name: str
+    SIGNAL_EDGES: tuple[float, ...]  # buckets of the confidence signal, for the adaptive controller
+    SIGNAL_PRIOR: tuple[float, ...]  # expected acceptance per bucket before any measurement
 
     def begin(self, prompt_ids: list[int]) -> None:
         """A generation starts from this prompt (the drafter may prefill or index it)."""
@@ -35,14 +37,16 @@ class Drafter(Protocol):
         self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
         keep_going: KeepGoing | None = None,
     ) -> Draft:
-        """Up to ``n_max`` tokens that may follow ``history``. A model drafter asks ``keep_going`` (if given)
-        before each greedy token and reports the gaps it saw."""
+        """Up to ``n_max`` tokens that may follow ``history``. If ``keep_going`` is given, ask it before each
+        token, passing that token's confidence signal, and report the signals in ``Draft.signals``."""
 
 
 class NoDrafter:
     """Speculation off: the same loop, verifying one token per round."""
 
     name = "none"
+    SIGNAL_EDGES = ()
+    SIGNAL_PRIOR = (0.0,)
 
     def begin(self, prompt_ids: list[int]) -> None:
         pass
@@ -59,6 +63,8 @@ class ModelDrafter:
     """
 
     name = "model"
+    SIGNAL_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0)  # top-1 minus top-2 logit
+    SIGNAL_PRIOR = (0.7, 0.9, 0.95, 0.97, 0.98, 0.99)
 
     def __init__(self, ctx: Context, p_min: float = 0.0):
         self.ctx = ctx
@@ -76,7 +82,7 @@ class ModelDrafter:
             ctx.truncate(n - 1)
             n -= 1
         ctx.decode(history[n:], n_logits=1)
-        draft = Draft(probs=None if sp.greedy else [], gaps=[] if keep_going and sp.greedy else None)
+        draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None)
         n_vocab = ctx.model.n_vocab
         for i in range(n_max):
             logits = ctx.logits(-1)
@@ -84,11 +90,11 @@ class ModelDrafter:
                 if self.p_min > 0.0 and top_probability(logits) < self.p_min:
                     break
                 tok = greedy_token(logits)
-                if draft.gaps is not None:
+                if draft.signals is not None:
                     gap = _logit_gap(logits, tok)
                     if not keep_going(gap):
                         break
-                    draft.gaps.append(gap)
+                    draft.signals.append(gap)
             else:
                 q = distribution(logits, sp, n_vocab)
                 if self.p_min > 0.0 and q.max() < self.p_min:
@@ -116,6 +122,8 @@ class NgramDrafter:
     from the prompt or from itself (code edits, quoting, summaries with names)."""
 
     name = "ngram"
+    SIGNAL_EDGES = (2.5, 3.5)  # length of the matched n-gram
+    SIGNAL_PRIOR = (0.6, 0.8, 0.9)
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         self.n_min, self.n_max = n_min, n_max
@@ -142,5 +150,14 @@ class NgramDrafter:
                 continue
             start = self._index.get(tuple(history[-n:]))
             if start is not None:
-                return Draft(tokens=list(history[start : start + n_max]))
+                tokens = history[start : start + n_max]
+                if keep_going is None:
+                    return Draft(tokens=list(tokens))
+                draft = Draft(signals=[])
+                for tok in tokens:
+                    if not keep_going(n):
+                        break
+                    draft.tokens.append(tok)
+                    draft.signals.append(n)
+                return draft
         return Draft()

@@ -44,8 +44,8 @@ def speculative_generate(
     model = target.model
     sp = params.sampling
     rng = make_rng(sp.seed)
-    control = DraftLength(params.draft)
-    keep_going = control.keep_going if params.draft.adaptive and sp.greedy else None
+    control = DraftLength(params.draft, getattr(drafter, "SIGNAL_EDGES", ()), getattr(drafter, "SIGNAL_PRIOR", (0.9,)))
+    keep_going = control.keep_going if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
     stream = TextStream(params.stop)
     out_ids: list[int] = []
@@ -150,7 +150,7 @@ def speculative_generate(
             stats.n_accepted += accepted
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            control.update(k, accepted, t1 - t0, t2 - t1, draft.gaps)
+            control.update(k, accepted, t1 - t0, t2 - t1, draft.signals)
             yield Round(k, accepted, t1 - t0, t2 - t1, stats)
     except Cancelled:
         finish = "cancelled"
