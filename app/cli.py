@@ -24,6 +24,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--drafter", choices=DRAFTERS, help="model (default with a draft), ngram (prompt lookup), none")
     src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
+    src.add_argument("--threads-draft", "-td", type=int, default=0, help="CPU threads for the draft (default: -t)")
     src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
     src.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, default=0, help="draft layers on the GPU")
     d = p.add_argument_group("speculation (llama.cpp's flags; defaults from the pair)")
@@ -98,11 +99,14 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
         adaptive=pair_params.adaptive if args.adaptive is None else args.adaptive,
     )
     dp.validate()
-    common = dict(n_ctx=args.ctx, n_threads=args.threads)
     engine = Engine(
-        ModelSettings(Path(target), n_gpu_layers=args.ngl, **common),
-        ModelSettings(Path(draft), n_gpu_layers=args.ngld, **common) if draft and drafter == "model" else None,
+        ModelSettings(Path(target), n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.ngl),
+        ModelSettings(Path(draft), n_ctx=args.ctx, n_threads=args.threads_draft or args.threads,
+                      n_gpu_layers=args.ngld) if draft and drafter == "model" else None,
     )
+    if drafter != "none" and not batch_invariant():
+        print("specchat: note: this llama.cpp build uses llamafile's batched kernels, so greedy output can differ "
+              "from plain decoding at rare near-ties; reinstall as the README shows for exact output.", file=sys.stderr)
     return engine, drafter, dp
 
 

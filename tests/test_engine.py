@@ -206,3 +206,32 @@ def test_unknown_drafter_and_missing_draft(models, tiny_engine):
     with pytest.raises(EngineError, match="needs a draft model"):
         e.generate(PROMPTS[0], None, "model")
     e.close()
+
+
+def test_adaptive_mode_backs_off_a_draft_that_loses(models, tmp_path):
+    """A draft that is mostly wrong: adaptive mode learns it and drafts far less than fixed mode."""
+    from app.engine import Engine, ModelSettings
+    from tiny_gguf import write_model
+
+    bad = write_model(tmp_path / "bad_draft.gguf", seed=9)  # unrelated weights, same vocabulary
+    e = Engine(ModelSettings(models["target"], n_ctx=512), ModelSettings(bad, n_ctx=512))
+    fixed, _ = run(e, PROMPTS[0], "model", max_tokens=200, draft_max=8, draft_p_min=0.0)
+    adaptive, _ = run(e, PROMPTS[0], "model", max_tokens=200, draft_max=8, draft_p_min=0.0, adaptive=True)
+    assert adaptive.token_ids == fixed.token_ids
+    assert fixed.stats.acceptance_rate < 0.2
+    assert adaptive.stats.n_drafted < 0.3 * fixed.stats.n_drafted
+    e.close()
+
+
+def test_cancel_interrupts_prompt_processing(tiny_engine):
+    cancel = threading.Event()
+    cancel.set()
+    long_prompt = [1] + list(range(3, 300))
+    events = list(tiny_engine.generate(long_prompt, GenerationParams(max_tokens=20), "model", cancel))
+    done = events[-1]
+    assert done.finish_reason == "cancelled" and done.stats.n_tokens == 0
+    assert len(tiny_engine.target.ctx.tokens) < len(long_prompt)  # the prompt was not (fully) evaluated
+    assert_consistent(tiny_engine)
+    again, _ = run(tiny_engine, long_prompt, "model", max_tokens=20)
+    plain, _ = run(tiny_engine, long_prompt, "none", max_tokens=20)
+    assert again.token_ids == plain.token_ids

@@ -116,7 +116,13 @@ class Engine:
 
     def _run(self, d, prompt_ids, params, cancel) -> Iterator[Event]:
         with self._lock:
-            yield from speculative_generate(self.target.ctx, d, prompt_ids, params, cancel)
+            if self.draft:  # the draft's prompt prefill can be long too: let cancel interrupt it
+                self.draft.ctx.set_cancel(cancel)
+            try:
+                yield from speculative_generate(self.target.ctx, d, prompt_ids, params, cancel)
+            finally:
+                if self.draft:
+                    self.draft.ctx.set_cancel(None)
 
     def reset(self) -> None:
         """Forget the cached conversation (both KV caches)."""

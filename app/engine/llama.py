@@ -53,6 +53,12 @@ def last_llama_error() -> str:
     return _log_tail[-1] if _log_tail else ""
 
 
+def _failure(what: str, hint: str) -> EngineError:
+    """An error quoting llama.cpp's own explanation (logged since the last ``_log_tail.clear()``)."""
+    detail = last_llama_error()
+    return EngineError(what + (f": {detail}" if detail else "") + ". " + hint)
+
+
 def supports_gpu_offload() -> bool:
     init_backend()
     return bool(ll.llama_supports_gpu_offload())
@@ -108,11 +114,9 @@ class Model:
         _log_tail.clear()
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
-            detail = last_llama_error()
-            raise EngineError(
-                f"llama.cpp could not load {self.path.name}"
-                + (f": {detail}" if detail else "")
-                + ". The file may be corrupt, or use an architecture this llama.cpp build does not support."
+            raise _failure(
+                f"llama.cpp could not load {self.path.name}",
+                "The file may be corrupt, or use an architecture this llama.cpp build does not support.",
             )
         self.ptr = ptr
         self.vocab = ll.llama_model_get_vocab(ptr)
@@ -217,11 +221,9 @@ class Context:
         _log_tail.clear()
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
-            detail = last_llama_error()
-            raise EngineError(
-                f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}"
-                + (f": {detail}" if detail else "")
-                + ". Try a smaller context (--ctx) or fewer GPU layers."
+            raise _failure(
+                f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}",
+                "Try a smaller context (--ctx) or fewer GPU layers.",
             )
         self.ptr = ptr
         self.n_ctx = int(ll.llama_n_ctx(ptr))
@@ -303,6 +305,7 @@ class Context:
 
     def _decode_chunks(self, tokens: list[int], start: int, first_logit: int) -> None:
         batch = self._batch
+        _log_tail.clear()  # so a failure quotes this decode's error, not an old one
         done = 0
         while done < len(tokens):
             chunk = tokens[done : done + self.n_batch]
@@ -322,8 +325,7 @@ class Context:
                 self._drop_from(start)
                 if rc == 2:
                     raise Cancelled()
-                detail = last_llama_error()
-                raise EngineError(f"llama_decode failed (code {rc})" + (f": {detail}" if detail else ""))
+                raise _failure(f"llama_decode failed (code {rc})", "The context may be full or memory short.")
             done += n
 
     def logits(self, i: int) -> np.ndarray:
@@ -369,4 +371,4 @@ def quantize(src: Path, dst: Path, ftype: str = "F32", threads: int = 0) -> None
     _log_tail.clear()
     rc = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
-        raise EngineError(f"llama.cpp could not convert {src.name} to {ftype}: {last_llama_error() or rc}")
+        raise _failure(f"llama.cpp could not convert {src.name} to {ftype}", "Check free disk space.")

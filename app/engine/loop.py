@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from .draft_control import DraftLength, DraftParams
@@ -44,7 +44,9 @@ def speculative_generate(
     model = target.model
     sp = params.sampling
     rng = make_rng(sp.seed)
-    control = DraftLength(params.draft, getattr(drafter, "SIGNAL_EDGES", ()), getattr(drafter, "SIGNAL_PRIOR", (0.9,)))
+    control = DraftLength(
+        params.draft, getattr(drafter, "SIGNAL_EDGES", ()), getattr(drafter, "SIGNAL_PRIOR", (0.9,))
+    )
     keep_going = control.keep_going if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
     stream = TextStream(params.stop)
@@ -151,7 +153,7 @@ def speculative_generate(
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             control.update(k, accepted, t1 - t0, t2 - t1, draft.signals)
-            yield Round(k, accepted, t1 - t0, t2 - t1, stats)
+            yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"
     finally:
