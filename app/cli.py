@@ -226,11 +226,14 @@ def cmd_chat(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        # The Gradio app arrives with the chat-app issue; until then plain `specchat` chats in the terminal.
-        args = parser.parse_args(["chat", "--pair", "starter"] + list(argv if argv is not None else sys.argv[1:]))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        # Plain `specchat [flags]` chats in the terminal (the Gradio app arrives with the chat-app issue),
+        # on the offline starter pair unless models are named.
+        argv = ["chat"] + argv
+        if not {"--pair", "--target", "-m"} & set(argv):
+            argv += ["--pair", "starter"]
+    args = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat}[args.command](args)
     except EngineError as exc:

@@ -120,7 +120,7 @@ def speculative_generate(
             n_max = min(control.next(), room, params.max_tokens - len(out_ids))
             t0 = time.perf_counter()
             draft = drafter.propose(history, n_max, sp, rng, keep_going) if n_max > 0 else Draft()
-            k = _usable(draft, n_max, params.draft.draft_min, model.n_vocab)
+            k = _usable(draft, n_max, params.draft.draft_min, model)
             t1 = time.perf_counter()
 
             # --- verify [last, d1..dk] in one target batch ----------------------------------------------------
@@ -166,12 +166,17 @@ def speculative_generate(
     yield Done(finish or "stop", stream.text, out_ids, stats, flags)
 
 
-def _usable(draft: Draft, n_max: int, draft_min: int, n_vocab: int) -> int:
-    """How many draft tokens to verify: at most n_max, none past a token the target's vocabulary lacks, and none
-    at all when fewer than --draft-min remain (llama.cpp's rule: a too-short draft is not worth a batch)."""
+def _usable(draft: Draft, n_max: int, draft_min: int, model) -> int:
+    """How many draft tokens to verify: at most n_max, none past a token the target's vocabulary lacks or past an
+    end-of-generation token, and none at all when fewer than --draft-min remain (llama.cpp's rule: a too-short
+    draft is not worth a batch)."""
     k = min(len(draft.tokens), n_max)
     for i in range(k):
-        if draft.tokens[i] >= n_vocab:
+        tok = draft.tokens[i]
+        if tok >= model.n_vocab:
             k = i
+            break
+        if model.is_eog(tok):
+            k = i + 1
             break
     return k if k >= max(draft_min, 1) else 0
