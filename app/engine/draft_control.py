@@ -7,8 +7,9 @@ Adaptive mode decides token by token, from measurements of this generation:
   rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits), or the
   length of the n-gram match a lookup proposal came from.
 - Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts).
-- It drafts the next token only while P(this token is reached and accepted) x (seconds per output token) exceeds
-  what the token costs to draft and to verify (both measured), so rounds end just before likely rejections.
+- It drafts the next token only while P(this token is reached and accepted) x (the target's time for one token)
+  exceeds what the token costs to draft and to verify (all measured), so rounds end just before likely
+  rejections.
 - The draft length cap maximises expected tokens per second under the geometric model
       tokens(k) = (1 - a^(k+1)) / (1 - a),    time(k) = k * t_draft + t_verify(k + 1)
   and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
@@ -53,10 +54,9 @@ class DraftLength:
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
-        self._rate = None  # output tokens per second (decayed)
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
-        self._t_draft = None  # seconds per drafted token
+        self._t_draft = None  # seconds to draft one more token
         self._fit = [0.0] * 5  # decayed sums for verify_s ~ a + b * n: S, Sn, Snn, St, Snt
         self._off_rounds = 0
 
@@ -103,10 +103,11 @@ class DraftLength:
         return max(1e-6, st / s + self._slope() * (n - sn / s))
 
     def _min_acceptance(self) -> float:
-        """A token pays when P(accepted) / rate > its draft + verify cost, i.e. P > cost x rate."""
-        if self._rate is None or self._t_draft is None or self._fit[0] < 2:
+        """A drafted token pays when, reached and accepted, it saves a plain decoding step (the target's cost for
+        one token) at the price of drafting it and of one more position in the verification batch."""
+        if self._t_draft is None or self._fit[0] < 2:
             return 0.5
-        return min(max((self._t_draft + self._slope()) * self._rate, 0.2), 0.98)
+        return min(max((self._t_draft + self._slope()) / self._verify_time(1), 0.05), 0.98)
 
     def _best_k(self) -> int:
         a = min(self.acceptance(), 0.999)
@@ -120,20 +121,20 @@ class DraftLength:
 
     # --- feedback -------------------------------------------------------------------------------------------
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
-               signals: list[float] | None = None) -> None:
+               signals: list[float] | None = None, n_evals: int = 0) -> None:
         d = self.DECAY
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
                 bucket = self._buckets[bisect_right(self._edges, signal)]
                 bucket[0] += i < n_accepted
                 bucket[1] += 1
-        rate = (n_accepted + 1) / max(draft_s + verify_s, 1e-9)
-        self._rate = rate if self._rate is None else d * self._rate + (1 - d) * rate
         if n_drafted:
             examined = n_accepted + (1 if n_accepted < n_drafted else 0)
             self._succ = d * self._succ + n_accepted
             self._seen = d * self._seen + examined
-            per_token = draft_s / n_drafted
+        if n_drafted or n_evals:
+            # A drafted token costs one draft-model call (model-free drafters: their time per token)
+            per_token = draft_s / (n_evals or n_drafted)
             self._t_draft = per_token if self._t_draft is None else d * self._t_draft + (1 - d) * per_token
         n = n_drafted + 1
         f = self._fit

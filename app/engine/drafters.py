@@ -20,6 +20,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] | None = None  # q per token when the drafter sampled from a distribution
     signals: list[float] | None = None  # per token: the drafter's confidence signal, when asked for
+    n_evals: int = 0  # draft-model decode calls spent (the marginal cost of a token is one call)
 
 
 KeepGoing = Callable[[float], bool]  # given the confidence signal of the next token: draft it?
@@ -64,7 +65,7 @@ class ModelDrafter:
 
     name = "model"
     SIGNAL_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0)  # top-1 minus top-2 logit
-    SIGNAL_PRIOR = (0.7, 0.9, 0.95, 0.97, 0.98, 0.99)
+    SIGNAL_PRIOR = (0.5, 0.9, 0.95, 0.98, 0.99, 0.995)
 
     def __init__(self, ctx: Context, p_min: float = 0.0):
         self.ctx = ctx
@@ -82,7 +83,7 @@ class ModelDrafter:
             ctx.truncate(n - 1)
             n -= 1
         ctx.decode(history[n:], n_logits=1)
-        draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None)
+        draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None, n_evals=1)
         n_vocab = ctx.model.n_vocab
         for i in range(n_max):
             logits = ctx.logits(-1)
@@ -104,6 +105,7 @@ class ModelDrafter:
             draft.tokens.append(tok)
             if i + 1 < n_max:
                 ctx.decode([tok], n_logits=1)
+                draft.n_evals += 1
         return draft
 
 
