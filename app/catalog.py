@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -120,4 +121,6 @@ def local_path(src: Source) -> Path:
     cached = try_to_load_from_cache(src.repo, src.file)
     if isinstance(cached, str) and Path(cached).is_file():
         return Path(cached)
-    raise EngineError(f"{src.file} is not downloaded yet. Download it with: hf download {src.repo} {src.file}")
+    shards = re.sub(r"-\d{5}-of-\d{5}\.gguf$", "-*.gguf", src.file)
+    what = f'--include "{shards}"' if shards != src.file else src.file  # split GGUF: every shard is needed
+    raise EngineError(f"{src.file} is not downloaded yet. Download it with: hf download {src.repo} {what}")
