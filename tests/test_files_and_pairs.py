@@ -88,3 +88,22 @@ def test_starter_pair_is_compatible():
     t, d = Model(starter.target_path(), vocab_only=True), Model(starter.draft_path(), vocab_only=True)
     assert compatibility_problems(t, d) == []
     assert t.n_vocab == d.n_vocab == 49152
+
+
+def test_pair_that_does_not_fit_in_memory_is_refused_before_loading(models, monkeypatch):
+    import psutil
+    from collections import namedtuple
+
+    vm = namedtuple("vm", "total available")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: vm(total=64 * 1024**2, available=32 * 1024**2))
+    with pytest.raises(EngineError, match="need about .* GiB but this machine has 0.1 GiB"):
+        Engine(ModelSettings(models["target"]), ModelSettings(models["draft"]))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: vm(total=64 * 1024**3, available=100 * 1024**2))
+    with pytest.raises(EngineError, match="only 0.1 GiB of memory is free"):
+        Engine(ModelSettings(models["target"], n_ctx=512))
+
+
+def test_kv_estimate_matches_the_model_shape(models):
+    m = Model(models["target"])  # tiny model: 2 layers, 64 dims, 4 heads (all KV heads)
+    assert m.kv_bytes_per_token == 2 * 2 * 64 * 2
+    m.close()

@@ -11,7 +11,8 @@ from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError
 from .events import Event
-from .llama import Context, Model, ModelSettings, default_threads
+from .llama import Context, Model, ModelSettings, default_threads, supports_gpu_offload
+from .memory import check_fits
 from .loop import GenerationParams, speculative_generate
 
 DRAFTERS = ("model", "ngram", "none")
@@ -30,6 +31,11 @@ class Engine:
 
     def __init__(self, target: ModelSettings, draft: ModelSettings | None = None):
         self._lock = threading.Lock()
+        settings = [s for s in (target, draft) if s is not None]
+        for s in settings:
+            for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
+                if value < 0:
+                    raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
         if draft is not None:
             # Judge the pair from vocabularies alone before spending time and memory on weights.
             t_vocab, d_vocab = Model(target.path, vocab_only=True), Model(draft.path, vocab_only=True)
@@ -38,22 +44,26 @@ class Engine:
             finally:
                 t_vocab.close()
                 d_vocab.close()
-        self.target = self._load(target, n_outputs_max=MAX_DRAFT + 1)
-        self.draft = self._load(draft, n_outputs_max=1, n_ctx=self.target.ctx.n_ctx) if draft else None
-
-    @staticmethod
-    def _load(s: ModelSettings, n_outputs_max: int, n_ctx: int = 0) -> _Loaded:
-        for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
-            if value < 0:
-                raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
-        model = Model(s.path, n_gpu_layers=s.n_gpu_layers)
+        models: list[Model] = []
+        contexts: list[Context] = []
         try:
-            n_ctx = n_ctx or s.n_ctx or min(model.n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
-            ctx = Context(model, n_ctx, s.n_threads or default_threads(), s.n_batch, n_outputs_max)
+            for s in settings:  # weights are memory-mapped: opening them is cheap
+                models.append(Model(s.path, n_gpu_layers=s.n_gpu_layers))
+            # The draft shares the target's context size: it must hold the same conversation.
+            n_ctx = target.n_ctx or min(models[0].n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
+            offload = supports_gpu_offload()
+            check_fits([(m, n_ctx, offload and s.n_gpu_layers != 0) for m, s in zip(models, settings)])
+            for m, s, n_out in zip(models, settings, (MAX_DRAFT + 1, 1)):  # the draft needs one output
+                contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out))
         except Exception:
-            model.close()
+            for c in contexts:  # contexts before their models
+                c.close()
+            for m in models:
+                m.close()
             raise
-        return _Loaded(model, ctx)
+        loaded = [_Loaded(m, c) for m, c in zip(models, contexts)]
+        self.target = loaded[0]
+        self.draft = loaded[1] if draft is not None else None
 
     @property
     def model(self) -> Model:
@@ -136,4 +146,4 @@ class Engine:
             if loaded:
                 loaded.ctx.close()
                 loaded.model.close()
-        self.draft = None
+        self.draft = self.target = None

@@ -129,7 +129,17 @@ class Model:
         self.vocab_type = int(ll.llama_vocab_type(self.vocab))
         self.can_drop_tail = not (ll.llama_model_is_recurrent(ptr) or ll.llama_model_is_hybrid(ptr))
         self.size_bytes = int(ll.llama_model_size(ptr))
+        self.kv_bytes_per_token = 0 if vocab_only else self._kv_bytes_per_token()
         self._piece_cache: dict[int, bytes] = {}
+
+    def _kv_bytes_per_token(self) -> int:
+        """K and V bytes one cached token takes (F16 cache): layers x 2 x head_dim x kv_heads x 2 bytes.
+        (Not for vocab-only models: llama.cpp aborts when asked for the heads of a model without layers.)"""
+        n_layer = int(ll.llama_model_n_layer(self.ptr))
+        if n_layer == 0:
+            return 0
+        head_dim = int(ll.llama_model_n_embd(self.ptr)) // max(int(ll.llama_model_n_head(self.ptr)), 1)
+        return n_layer * 2 * head_dim * int(ll.llama_model_n_head_kv(self.ptr)) * 2
 
     # --- metadata -------------------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
