@@ -142,21 +142,6 @@ class Model:
         return n_layer * 2 * head_dim * int(ll.llama_model_n_head_kv(self.ptr)) * 2
 
     # --- metadata -------------------------------------------------------------------------------------------
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):  # long values (chat templates) need a bigger buffer
-            buf = ctypes.create_string_buffer(n + 1)
-            ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
-
-    def description(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        ll.llama_model_desc(self.ptr, buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
-
     def chat_template(self) -> str | None:
         raw = ll.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8", "replace") if raw else None
