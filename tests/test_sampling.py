@@ -54,3 +54,34 @@ def test_deterministic_proposal_is_accepted_with_target_probability():
 def test_invalid_sampling_settings_are_refused(bad):
     with pytest.raises(EngineError):
         SamplingParams(**bad).validate()
+
+
+def reference_distribution(logits, sp):
+    """llama.cpp's chain written the slow, obvious way: sort everything, cut, renormalise."""
+    x = np.asarray(logits, dtype=np.float64)
+    order = np.argsort(-x, kind="stable")
+    if 0 < sp.top_k < len(x):
+        order = order[: sp.top_k]
+    p = np.exp(x[order] - x[order[0]])
+    p /= p.sum()
+    keep = len(order)
+    if sp.top_p < 1.0:
+        keep = min(keep, int(np.argmax(np.cumsum(p) >= sp.top_p)) + 1)
+    if sp.min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(p >= sp.min_p * p[0])))
+    out = np.zeros(len(x))
+    t = np.exp((x[order[:keep]] - x[order[0]]) / sp.temperature)
+    out[order[:keep]] = t / t.sum()
+    return out
+
+
+@pytest.mark.parametrize("sp", [
+    SamplingParams(0.8, 40, 0.95, 0.05), SamplingParams(0.8, 0, 0.95, 0.05), SamplingParams(1.0, 0, 1.0, 0.0),
+    SamplingParams(1.3, 0, 0.9, 0.0), SamplingParams(0.5, 0, 1.0, 0.1), SamplingParams(2.0, 7, 1.0, 0.0),
+    SamplingParams(1.0, 1000, 0.5, 0.2),
+])
+def test_fast_transform_matches_the_reference(sp):
+    rng = np.random.default_rng(5)
+    for scale in (0.5, 3.0, 8.0):
+        logits = (rng.standard_normal(5000) * scale).astype(np.float32)
+        assert np.allclose(distribution(logits, sp), reference_distribution(logits, sp), atol=1e-9)

@@ -50,29 +50,39 @@ def top_probability(logits: np.ndarray) -> float:
 
 
 def distribution(logits: np.ndarray, sp: SamplingParams, n_vocab: int | None = None) -> np.ndarray:
-    """Dense probabilities after top-k, top-p, min-p and temperature (zeros outside the kept set)."""
-    logits = np.asarray(logits, dtype=np.float64)
-    n = logits.shape[0]
-    if 0 < sp.top_k < n:
-        idx = np.argpartition(-logits, sp.top_k - 1)[: sp.top_k]
+    """Dense probabilities after top-k, top-p, min-p and temperature (zeros outside the kept set).
+
+    Called once per verified position and per drafted token, so it avoids full-vocabulary sorts and float64
+    copies: only the candidates that can survive (top-k, or the min-p set) are sorted.
+    """
+    x = np.asarray(logits)
+    n = x.shape[0]
+    out = np.zeros(n_vocab or n, dtype=np.float64)
+    m = float(x.max())
+    if sp.top_k == 0 or sp.top_k >= n:
+        if sp.top_p >= 1.0 and sp.min_p <= 0.0:  # nothing to truncate: plain softmax with temperature
+            w = np.exp((x.astype(np.float64) - m) / sp.temperature)
+            out[:n] = w / w.sum()
+            return out
+        # top-p normalises over the whole vocabulary; min-p keeps p >= min_p * p_max, i.e. x >= m + log(min_p)
+        outside_z = float(np.exp(x - m, dtype=np.float64).sum()) if sp.top_p < 1.0 else 0.0
+        idx = np.flatnonzero(x >= m + np.log(sp.min_p)) if sp.min_p > 0.0 else np.arange(n)
     else:
-        idx = np.arange(n)
-    cand = logits[idx]
+        idx = np.argpartition(x, n - sp.top_k)[n - sp.top_k :]
+        outside_z = 0.0  # after top-k, top-p normalises over the k candidates
+    cand = x[idx].astype(np.float64)
     order = np.argsort(-cand, kind="stable")
     idx, cand = idx[order], cand[order]
-    if sp.top_p < 1.0 or sp.min_p > 0.0:
-        p = np.exp(cand - cand[0])
-        p /= p.sum()
-        keep = len(p)
-        if sp.top_p < 1.0:
-            # smallest prefix whose mass reaches top_p (at least one token)
-            keep = min(keep, int(np.searchsorted(np.cumsum(p), sp.top_p)) + 1)
-        if sp.min_p > 0.0:
-            keep = min(keep, max(1, int(np.count_nonzero(p >= sp.min_p * p[0]))))
-        idx, cand = idx[:keep], cand[:keep]
-    w = np.exp((cand - cand[0]) / sp.temperature)
-    out = np.zeros(n_vocab or n, dtype=np.float64)
-    out[idx] = w / w.sum()
+    w = np.exp(cand - cand[0])
+    keep = len(w)
+    if sp.top_p < 1.0:
+        z = outside_z if outside_z else w.sum()
+        keep = min(keep, int(np.searchsorted(np.cumsum(w) / z, sp.top_p)) + 1)  # smallest prefix reaching top_p
+    if sp.min_p > 0.0:
+        keep = min(keep, max(1, int(np.count_nonzero(w >= sp.min_p))))  # w is p / p_max
+    idx, cand = idx[:keep], cand[:keep]
+    t = np.exp((cand - cand[0]) / sp.temperature)
+    out[idx] = t / t.sum()
     return out
 
 
