@@ -7,6 +7,7 @@ longest common prefix and drop rejected tails without ever asking llama.cpp for 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from collections import deque
@@ -64,7 +65,9 @@ def supports_gpu_offload() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
 
+@functools.cache
 def system_info() -> str:
+    """llama.cpp's build features (fixed for the process, so read once)."""
     init_backend()
     return ll.llama_print_system_info().decode("utf-8", "replace")
 
@@ -136,8 +139,6 @@ class Model:
         """K and V bytes one cached token takes (F16 cache): layers x 2 x head_dim x kv_heads x 2 bytes.
         (Not for vocab-only models: llama.cpp aborts when asked for the heads of a model without layers.)"""
         n_layer = int(ll.llama_model_n_layer(self.ptr))
-        if n_layer == 0:
-            return 0
         head_dim = int(ll.llama_model_n_embd(self.ptr)) // max(int(ll.llama_model_n_head(self.ptr)), 1)
         return n_layer * 2 * head_dim * int(ll.llama_model_n_head_kv(self.ptr)) * 2
 

@@ -65,18 +65,18 @@ def distribution(logits: np.ndarray, sp: SamplingParams, n_vocab: int | None = N
             out[:n] = w / w.sum()
             return out
         # top-p normalises over the whole vocabulary; min-p keeps p >= min_p * p_max, i.e. x >= m + log(min_p)
-        outside_z = float(np.exp(x - m, dtype=np.float64).sum()) if sp.top_p < 1.0 else 0.0
+        z_vocab = float(np.exp(x - m, dtype=np.float64).sum()) if sp.top_p < 1.0 else None
         idx = np.flatnonzero(x >= m + np.log(sp.min_p)) if sp.min_p > 0.0 else np.arange(n)
     else:
         idx = np.argpartition(x, n - sp.top_k)[n - sp.top_k :]
-        outside_z = 0.0  # after top-k, top-p normalises over the k candidates
+        z_vocab = None  # after top-k, top-p normalises over the k candidates
     cand = x[idx].astype(np.float64)
     order = np.argsort(-cand, kind="stable")
     idx, cand = idx[order], cand[order]
     w = np.exp(cand - cand[0])
     keep = len(w)
     if sp.top_p < 1.0:
-        z = outside_z if outside_z else w.sum()
+        z = w.sum() if z_vocab is None else z_vocab
         keep = min(keep, int(np.searchsorted(np.cumsum(w) / z, sp.top_p)) + 1)  # smallest prefix reaching top_p
     if sp.min_p > 0.0:
         keep = min(keep, max(1, int(np.count_nonzero(w >= sp.min_p))))  # w is p / p_max
