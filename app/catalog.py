@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine import DraftParams, EngineError
+from .resources import resource
 
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
               "target", "draft"}
@@ -41,14 +41,9 @@ class Pair:
 
 
 def catalog_path() -> Path:
-    """models.toml: $SPECCHAT_MODELS, else the source checkout's, else the installed copy."""
+    """models.toml: $SPECCHAT_MODELS, else the one shipped with SpecChat."""
     env = os.environ.get("SPECCHAT_MODELS")
-    candidates = [Path(env)] if env else []
-    candidates += [Path(__file__).resolve().parent.parent / "models.toml", Path(sys.prefix) / "share" / "specchat" / "models.toml"]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise EngineError("models.toml not found; reinstall SpecChat or set SPECCHAT_MODELS to a catalog file.")
+    return Path(env) if env else resource("models.toml")
 
 
 def load_catalog(path: Path | None = None) -> dict[str, Pair]:

@@ -7,8 +7,9 @@ import sys
 import threading
 from pathlib import Path
 
-from .engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, Round
+from .engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams
 from .engine import SamplingParams, TextDelta, batch_invariant
+from .loader import LoadSpec, load_engine, resolve
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(c)
     c.add_argument("--system", help="system message")
     _sampling_flags(c, max_tokens=1024)
+
+    a = sub.add_parser("app", help="the chat app in your browser (what plain `specchat` runs)")
+    _model_flags(a)
+    a.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 7860 or the next free one)")
+    a.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    a.add_argument("--listen", action="store_true", help="serve on every network interface (default: loopback only)")
     return parser
 
 
@@ -74,36 +81,35 @@ def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
-def build_engine(args) -> tuple[Engine, str, DraftParams]:
-    """Resolve --pair / --target / --draft, load the engine, pick the drafter and the draft settings."""
-    pair_params = DraftParams()
-    if args.pair:
-        if args.target or args.draft:
-            raise EngineError("Give either --pair or --target/--draft, not both.")
-        from .catalog import get_pair, local_path
+def load_spec(args) -> LoadSpec:
+    return LoadSpec(
+        pair=args.pair, target=str(args.target) if args.target else None, draft=str(args.draft) if args.draft else None,
+        ctx=args.ctx, threads=args.threads, threads_draft=args.threads_draft, ngl=args.ngl, ngld=args.ngld,
+    )
 
-        pair = get_pair(args.pair)
-        target, draft = local_path(pair.target), local_path(pair.draft)
-        pair_params = pair.draft_params
-    elif args.target:
-        target, draft = args.target, args.draft
-    else:
-        raise EngineError("Choose models: --pair NAME (e.g. --pair starter) or --target PATH [--draft PATH].")
-    drafter = args.drafter or ("model" if draft else "ngram")
-    if drafter == "model" and not draft:
-        raise EngineError("--drafter model needs a draft model: add --draft PATH, or use --drafter ngram.")
+
+def draft_params(args, defaults: DraftParams) -> DraftParams:
+    """The pair's recommended draft settings, overridden by any flag given."""
+    pick = lambda flag, default: default if flag is None else flag  # noqa: E731
     dp = DraftParams(
-        draft_max=pair_params.draft_max if args.draft_max is None else args.draft_max,
-        draft_min=pair_params.draft_min if args.draft_min is None else args.draft_min,
-        draft_p_min=pair_params.draft_p_min if args.draft_p_min is None else args.draft_p_min,
-        adaptive=pair_params.adaptive if args.adaptive is None else args.adaptive,
+        draft_max=pick(args.draft_max, defaults.draft_max),
+        draft_min=pick(args.draft_min, defaults.draft_min),
+        draft_p_min=pick(args.draft_p_min, defaults.draft_p_min),
+        adaptive=pick(args.adaptive, defaults.adaptive),
     )
     dp.validate()
-    engine = Engine(
-        ModelSettings(Path(target), n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.ngl),
-        ModelSettings(Path(draft), n_ctx=args.ctx, n_threads=args.threads_draft or args.threads,
-                      n_gpu_layers=args.ngld) if draft and drafter == "model" else None,
-    )
+    return dp
+
+
+def build_engine(args) -> tuple[Engine, str, DraftParams]:
+    """Resolve --pair / --target / --draft, load the engine, pick the drafter and the draft settings."""
+    spec = load_spec(args)
+    resolved = resolve(spec)
+    drafter = args.drafter or ("model" if resolved.draft else "ngram")
+    if drafter == "model" and not resolved.draft:
+        raise EngineError("--drafter model needs a draft model: add --draft PATH, or use --drafter ngram.")
+    dp = draft_params(args, resolved.draft_params)
+    engine = load_engine(spec, resolved, with_draft=drafter == "model")
     if drafter != "none" and not batch_invariant():
         print("specchat: note: this llama.cpp build uses llamafile's batched kernels, so greedy output can differ "
               "from plain decoding at rare near-ties; reinstall as the README shows for exact output.", file=sys.stderr)
@@ -189,6 +195,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    if not (args.pair or args.target):
+        args.pair = "starter"
     engine, drafter, dp = build_engine(args)
     params = _generation_params(args, dp)
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -225,17 +233,39 @@ def cmd_chat(args) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
+def cmd_app(args) -> int:
+    from dataclasses import replace
+
+    from .settings import Settings, load_settings
+    from .ui.launch import serve
+
+    if args.draft and not args.target:
+        raise EngineError("--draft needs --target (or choose a --pair).")
+    if args.port is not None and not 0 < args.port < 65536:
+        raise EngineError(f"Invalid --port {args.port}: use 1..65535.")
+    if args.pair or args.target:
+        requested = load_spec(args)
+    elif args.ctx or args.threads or args.threads_draft or args.ngl or args.ngld:  # new settings, last-used pair
+        flags = load_spec(args)
+        requested = replace(load_settings()[0].models or LoadSpec(pair="starter"), ctx=flags.ctx, threads=flags.threads,
+                            threads_draft=flags.threads_draft, ngl=flags.ngl, ngld=flags.ngld)
+    else:
+        requested = None
+    overrides = {k: v for k, v in dict(drafter=args.drafter, draft_max=args.draft_max, draft_min=args.draft_min,
+                                       draft_p_min=args.draft_p_min, adaptive=args.adaptive).items() if v is not None}
+    if overrides:
+        replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
+    return serve(requested, overrides, args.port, args.listen, not args.no_browser)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        # Plain `specchat [flags]` chats in the terminal (the Gradio app arrives with the chat-app issue),
-        # on the offline starter pair unless models are named.
-        argv = ["chat"] + argv
-        if not {"--pair", "--target", "-m"} & set(argv):
-            argv += ["--pair", "starter"]
+        argv = ["app"] + argv  # plain `specchat [flags]`: the chat app
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat}[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app}
+        return commands[args.command](args)
     except EngineError as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)
         return 1

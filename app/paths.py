@@ -1,4 +1,5 @@
-"""Where SpecChat keeps its files (platformdirs' per-user data dir; ``SPECCHAT_HOME`` overrides, e.g. in tests)."""
+"""Where SpecChat keeps its files: platformdirs' per-user data and config dirs (``SPECCHAT_HOME`` overrides both,
+e.g. in tests)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,23 @@ from pathlib import Path
 import platformdirs
 
 
-def data_dir() -> Path:
+def _dir(kind: str) -> Path:
     root = os.environ.get("SPECCHAT_HOME")
-    path = Path(root) / "data" if root else Path(platformdirs.user_data_dir("specchat", appauthor=False))
+    if root:
+        path = Path(root) / kind
+    elif kind == "data":
+        path = Path(platformdirs.user_data_dir("specchat", appauthor=False))
+    else:
+        path = Path(platformdirs.user_config_dir("specchat", appauthor=False))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def data_dir() -> Path:
+    """Models made locally (the starter target) and chat history."""
+    return _dir("data")
+
+
+def config_dir() -> Path:
+    """Settings."""
+    return _dir("config")

@@ -141,9 +141,15 @@ class Engine:
                 if loaded:
                     loaded.ctx.truncate(0)
 
+    def memory_bytes(self) -> int:
+        """Weights plus KV caches of the loaded models (what the pair costs in RAM or VRAM)."""
+        return sum(x.model.size_bytes + x.model.kv_bytes_per_token * x.ctx.n_ctx for x in (self.target, self.draft) if x)
+
     def close(self) -> None:
-        for loaded in (self.draft, self.target):
-            if loaded:
-                loaded.ctx.close()
-                loaded.model.close()
-        self.draft = self.target = None
+        """Frees the models; waits for a generation in progress (another thread's) to finish first."""
+        with self._lock:
+            for loaded in (self.draft, self.target):
+                if loaded:
+                    loaded.ctx.close()
+                    loaded.model.close()
+            self.draft = self.target = None

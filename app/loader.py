@@ -1,0 +1,62 @@
+"""Which models to load: a catalog pair or two files, with their load settings; shared by the CLI and the app."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .engine import DraftParams, Engine, EngineError, ModelSettings
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    pair: str | None = None  # a models.toml pair, or None for the files below
+    target: str | None = None
+    draft: str | None = None
+    ctx: int = 0  # 0: min(training context, 4096)
+    threads: int = 0  # 0: physical cores
+    threads_draft: int = 0  # 0: same as threads
+    ngl: int = 0  # target layers on the GPU (-1: all)
+    ngld: int = 0  # draft layers on the GPU
+
+    def describe(self) -> str:
+        if self.pair:
+            return self.pair
+        return Path(self.target).name + (f" + {Path(self.draft).name}" if self.draft else "") if self.target else "?"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoadSpec":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    target: Path
+    draft: Path | None
+    draft_params: DraftParams  # the pair's recommended settings (defaults for files)
+
+
+def resolve(spec: LoadSpec) -> Resolved:
+    if spec.pair:
+        if spec.target or spec.draft:
+            raise EngineError("Give either a pair or target/draft files, not both.")
+        from .catalog import get_pair, local_path
+
+        pair = get_pair(spec.pair)
+        return Resolved(local_path(pair.target), local_path(pair.draft), pair.draft_params)
+    if not spec.target:
+        raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
+    return Resolved(Path(spec.target).expanduser(), Path(spec.draft).expanduser() if spec.draft else None,
+                    DraftParams())
+
+
+def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True) -> Engine:
+    r = resolved or resolve(spec)
+    return Engine(
+        ModelSettings(r.target, n_ctx=spec.ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl),
+        ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld)
+        if r.draft and with_draft else None,
+    )

@@ -1,0 +1,81 @@
+"""The app's settings: what the user chose in the UI, validated into engine parameters, saved between runs."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from .engine import DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
+from .loader import LoadSpec
+from .paths import config_dir
+from .store import load_json, save_json
+
+FILE = "settings.json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    system_prompt: str = ""
+    drafter: str = "model"  # model | ngram | none
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    max_tokens: int = 512
+    draft_max: int = 8
+    draft_min: int = 0
+    draft_p_min: float = 0.5
+    adaptive: bool = False
+    show_draft_tokens: bool = False
+    models: LoadSpec | None = None  # the last pair loaded
+
+    def generation(self) -> GenerationParams:
+        """Engine parameters, validated: an invalid value raises EngineError with a plain explanation."""
+        if self.drafter not in DRAFTERS:
+            raise EngineError(f"Unknown drafter {self.drafter!r}: choose one of {', '.join(DRAFTERS)}.")
+        try:
+            params = GenerationParams(
+                max_tokens=int(self.max_tokens),
+                sampling=SamplingParams(float(self.temperature), int(self.top_k), float(self.top_p),
+                                        float(self.min_p), int(self.seed)),
+                draft=self.draft_params(),
+            )
+        except (TypeError, ValueError) as exc:
+            raise EngineError(f"Invalid setting: {exc}") from exc
+        params.validate()
+        return params
+
+    def draft_params(self) -> DraftParams:
+        return DraftParams(int(self.draft_max), int(self.draft_min), float(self.draft_p_min), bool(self.adaptive))
+
+    def with_draft_params(self, dp: DraftParams) -> "Settings":
+        return replace(self, draft_max=dp.draft_max, draft_min=dp.draft_min, draft_p_min=dp.draft_p_min,
+                       adaptive=dp.adaptive)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["models"] = self.models.as_dict() if self.models else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Settings":
+        """Tolerant of files from older or newer versions: unknown keys are ignored, wrong types fall back."""
+        base = cls()
+        values = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            if f.name == "models":
+                values["models"] = LoadSpec.from_dict(v) if isinstance(v, dict) else None
+            elif isinstance(v, type(getattr(base, f.name))) or (isinstance(v, int) and f.type == "float"):
+                values[f.name] = v
+        return replace(base, **values)
+
+
+def load_settings() -> tuple[Settings, str | None]:
+    data, warning = load_json(config_dir() / FILE)
+    return (Settings.from_dict(data) if data else Settings()), warning
+
+
+def save_settings(s: Settings) -> None:
+    save_json(config_dir() / FILE, s.as_dict())

@@ -1,0 +1,41 @@
+"""Small JSON files that must survive a crash: written atomically, read forgivingly."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def save_json(path: Path, data) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over the old file: a crash at any
+    moment leaves either the old or the new content, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_json(path: Path, expect: type = dict):
+    """Returns (data, warning). A missing file gives (None, None). A corrupt one is renamed aside (kept for the
+    user, never deleted) and gives (None, a warning saying where it went)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, expect):
+            raise ValueError(f"expected a JSON {expect.__name__}")
+        return data, None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        return None, f"{path.name} could not be read ({exc}); it was set aside as {aside.name} and a fresh one started."

@@ -1,0 +1,64 @@
+"""Run one generation on a worker thread and hand its events to a viewer in batches, at the viewer's pace.
+
+The engine never waits for the UI: a browser redraw (or a slow client) costs the viewer time, not decoding
+time. The viewer gets everything that happened since its last look, at most every ``interval`` seconds.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterator
+
+from .engine import Done, Event
+
+_END = object()
+
+
+class Generation:
+    def __init__(self, run: Callable[[threading.Event], Iterator[Event]], cancel: threading.Event | None = None):
+        """``run(cancel)`` returns the engine's event iterator; it is called on the worker thread, so errors
+        from validation and from decoding alike come back through ``batches``."""
+        self.cancel = cancel or threading.Event()
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, args=(run,), daemon=True, name="specchat-generate")
+        self._thread.start()
+
+    def _work(self, run) -> None:
+        try:
+            for ev in run(self.cancel):
+                self._q.put(ev)
+        except BaseException as exc:  # handed to the viewer, who decides how to show it
+            self._q.put(exc)
+        finally:
+            self._q.put(_END)
+
+    def batches(self, interval: float = 0.1) -> Iterator[list[Event]]:
+        """Lists of events; the last list ends with Done. Raises what the generation raised. If the viewer
+        stops early (closes this iterator) the generation is cancelled."""
+        finished = False
+        try:
+            while True:
+                batch = [self._q.get()]
+                deadline = time.monotonic() + interval
+                while batch[-1] is not _END and not isinstance(batch[-1], (Done, BaseException)):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        batch.append(self._q.get(timeout=left))
+                    except queue.Empty:
+                        break
+                errors = [e for e in batch if isinstance(e, BaseException)]
+                if errors:
+                    raise errors[0]
+                events = [e for e in batch if e is not _END]
+                if events:
+                    yield events
+                if batch[-1] is _END or isinstance(batch[-1], Done):
+                    finished = True
+                    return
+        finally:
+            if not finished:  # the viewer left early (or an error): stop decoding for nobody
+                self.cancel.set()
+            self._thread.join()

@@ -1,0 +1,337 @@
+"""The Gradio app: thin views over app.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
+
+Every handler that touches the engine shares one concurrency slot ("engine"), so two tabs sending at once are
+queued (Gradio shows the queue) rather than interleaved; Stop runs outside the queue so it acts at once.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import tempfile
+import threading
+from dataclasses import fields, replace
+from pathlib import Path
+
+import gradio as gr
+
+from .. import hardware
+from ..catalog import load_catalog
+from ..engine import EngineError
+from ..history import for_model, load_history, save_history
+from ..loader import LoadSpec
+from ..resources import resource
+from ..runtime import Runtime
+from ..settings import Settings, load_settings, save_settings
+from . import render
+
+FILES = "(GGUF files below)"
+ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
+# Settings edited in the panel, in the order the handlers receive them.
+SETTING_NAMES = [f.name for f in fields(Settings) if f.name != "models"]
+LABELS = {"top_k": "Top-k", "seed": "Seed", "max_tokens": "Max tokens", "draft_max": "Draft max",
+          "draft_min": "Draft min", "temperature": "Temperature", "top_p": "Top-p", "min_p": "Min-p",
+          "draft_p_min": "Draft p-min"}
+
+
+def collect(values) -> Settings:
+    """Settings from the panel's values; an empty or malformed number is reported by its label."""
+    d = dict(zip(SETTING_NAMES, values))
+    base = Settings()
+    for name, v in d.items():
+        want = type(getattr(base, name))
+        if want in (int, float) and (v is None or isinstance(v, str)):
+            try:
+                d[name] = want(v)
+            except (TypeError, ValueError):
+                raise EngineError(f"{LABELS.get(name, name)} must be a number (got {v!r}).") from None
+        elif want is int and isinstance(v, float):
+            if v != int(v):
+                raise EngineError(f"{LABELS.get(name, name)} must be a whole number (got {v}).")
+            d[name] = int(v)
+    return replace(base, **d)
+
+
+class SpecChatUI:
+    def __init__(self, runtime: Runtime, startup_notes: list[str] | None = None):
+        self.runtime = runtime
+        self.notes = list(startup_notes or [])
+        self.cancels: dict[str, threading.Event] = {}  # per browser session: the generation Stop should end
+        self.logo = resource("assets/logo.svg").read_text(encoding="utf-8")
+        self.exports = Path(tempfile.mkdtemp(prefix="specchat-compare-"))
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    def _cancel_for(self, request: gr.Request | None) -> threading.Event:
+        ev = threading.Event()
+        self.cancels[request.session_hash if request else ""] = ev
+        return ev
+
+    def _header(self) -> str:
+        return render.header(self.runtime.info()["pair"], self.logo)
+
+    def _hardware(self) -> str:
+        return render.hardware_panel(hardware.snapshot(), self.runtime.info())
+
+    def _pair_choices(self) -> list[str]:
+        try:
+            return list(load_catalog()) + [FILES]
+        except EngineError:
+            return ["starter", FILES]
+
+    def _save(self, settings: Settings) -> None:
+        try:
+            save_settings(replace(settings, models=self.runtime.spec or settings.models))
+        except OSError as exc:
+            self.notes.append(f"Settings could not be saved: {exc}")
+
+    # --- page load ------------------------------------------------------------------------------------------
+    def page_load(self):
+        history, warning = load_history()
+        settings, s_warning = load_settings()
+        notes = [n for n in (*self.notes, warning, s_warning) if n]
+        spec = self.runtime.spec or settings.models or LoadSpec(pair="starter")
+        values = [getattr(settings, n) for n in SETTING_NAMES]
+        return [history, render.chat_messages(history, settings.show_draft_tokens),
+                render.notice(" ".join(notes), "warning") if notes else "", self._header(), self._hardware(),
+                spec.pair or FILES, spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld, *values]
+
+    # --- chat -----------------------------------------------------------------------------------------------
+    def submit(self, text: str, history: list, show_draft: bool, request: gr.Request):
+        text = (text or "").strip()
+        if not text:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        self._cancel_for(request)
+        history = history + [{"role": "user", "content": text}]
+        return "", history, render.chat_messages(history, show_draft), ""
+
+    def respond(self, request: gr.Request, history: list, *values):
+        """Stream the answer to the last user message. Outputs: history, chatbot, live panel, notice, textbox."""
+        if not history or history[-1]["role"] != "user":
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
+        cancel = self.cancels.get(request.session_hash if request else "") or threading.Event()
+        show = bool(values[SETTING_NAMES.index("show_draft_tokens")])
+        live = None
+        try:
+            settings = collect(values)
+            for live in self.runtime.answer(for_model(history, settings.system_prompt), settings, cancel):
+                yield (gr.skip(), render.chat_messages(history, show, live),
+                       render.live_panel(live.stats, live.points, "running"), gr.skip(), gr.skip())
+        except EngineError as exc:
+            # Nothing is lost: the message goes back into the box, the conversation stays as it was.
+            text, history = history[-1]["content"], history[:-1]
+            yield (history, render.chat_messages(history, show), render.live_panel(None, [], "error"),
+                   render.notice(str(exc)), text)
+            return
+        done = live.done
+        history = history + [{"role": "assistant", "content": live.text, "segments": live.segments,
+                              "stats": done.stats.as_dict(), "finish": done.finish_reason}]
+        notice = ""
+        try:
+            save_history(history)
+        except OSError as exc:
+            notice = render.notice(f"The conversation could not be saved: {exc}", "warning")
+        self._save(settings)
+        state = "cancelled" if done.finish_reason == "cancelled" else "done"
+        yield (history, render.chat_messages(history, show), render.live_panel(live.stats, live.points, state),
+               notice, gr.skip())
+
+    def stop(self, request: gr.Request):
+        ev = self.cancels.get(request.session_hash if request else "")
+        if ev:
+            ev.set()
+
+    def regenerate(self, history: list, show_draft: bool, request: gr.Request):
+        if history and history[-1]["role"] == "assistant":
+            history = history[:-1]
+        self._cancel_for(request)
+        return history, render.chat_messages(history, show_draft)
+
+    def clear(self, request: gr.Request):
+        self.stop(request)
+        save_history([])
+        return [], [], render.live_panel(None, [], "idle"), ""
+
+    def redraw(self, history: list, show_draft: bool):
+        return render.chat_messages(history, show_draft)
+
+    # --- compare --------------------------------------------------------------------------------------------
+    def compare(self, request: gr.Request, prompt: str, rows: list, *values):
+        """Outputs: off pane, on pane, summary, rows state, table, bar chart, CSV file, JSON file."""
+        skip = [gr.skip()] * 5
+        prompt = (prompt or "").strip()
+        if not prompt:
+            yield gr.skip(), gr.skip(), render.notice("Type a prompt to compare."), *skip
+            return
+        cancel = self._cancel_for(request)
+        try:
+            settings = collect(values)
+            messages = for_model([{"role": "user", "content": prompt}], settings.system_prompt)
+            for cmp in self.runtime.compare(messages, settings, cancel):
+                yield (gr.Textbox(value=cmp.off.text), gr.Textbox(value=cmp.on.text), render.compare_summary(cmp),
+                       *skip)
+        except EngineError as exc:
+            yield gr.skip(), gr.skip(), render.notice(str(exc)), *skip
+            return
+        off_label = f"Speculation off — {cmp.off.stats.tokens_per_second:.1f} tok/s"
+        on_label = f"Speculation on ({cmp.drafter}) — {cmp.on.stats.tokens_per_second:.1f} tok/s"
+        if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
+            yield gr.Textbox(label=off_label), gr.Textbox(label=on_label), render.compare_summary(cmp), *skip
+            return
+        rows = rows + [render.compare_row(cmp, len(rows) + 1)]
+        csv_path, json_path = self._export(rows)
+        yield (gr.Textbox(label=off_label), gr.Textbox(label=on_label), render.compare_summary(cmp), rows,
+               [list(r.values()) for r in rows], render.bar_chart([r["speedup"] for r in rows]),
+               gr.DownloadButton(value=str(csv_path), interactive=True),
+               gr.DownloadButton(value=str(json_path), interactive=True))
+
+    def _export(self, rows: list[dict]) -> tuple[Path, Path]:
+        csv_path, json_path = self.exports / "specchat-comparisons.csv", self.exports / "specchat-comparisons.json"
+        with open(csv_path, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        json_path.write_text(json.dumps(rows, indent=1, ensure_ascii=False), encoding="utf-8")
+        return csv_path, json_path
+
+    # --- models ---------------------------------------------------------------------------------------------
+    def load_models(self, progress: gr.Progress = gr.Progress(), *args):
+        """Inputs: pair, target, draft, ctx, ngl, ngld, then the settings. Outputs: notice, header, hardware,
+        drafter, draft max, draft min, draft p-min, adaptive."""
+        pair, target, draft, ctx, ngl, ngld, *values = args
+        keep = [gr.skip()] * 5
+        try:
+            numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
+            spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
+                LoadSpec(target=(target or "").strip() or None, draft=(draft or "").strip() or None,
+                         ctx=numbers[0], ngl=numbers[1], ngld=numbers[2])
+            if min(numbers) < -1 or numbers[0] < 0:
+                raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
+            self.runtime.load(spec, lambda f, msg: progress(f, desc=msg))
+        except (EngineError, ValueError, TypeError) as exc:
+            return render.notice(str(exc)), self._header(), self._hardware(), *keep
+        # A new pair brings its recommended draft settings, and the drafter it can use.
+        settings = collect(values).with_draft_params(self.runtime.resolved.draft_params)
+        if settings.drafter == "model" and not self.runtime.has_draft:
+            settings = replace(settings, drafter="ngram")
+        self._save(settings)
+        info = self.runtime.info()
+        msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
+        return (render.notice(msg, "info"), self._header(), self._hardware(), settings.drafter,
+                settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive)
+
+    # --- layout ---------------------------------------------------------------------------------------------
+    def build(self) -> gr.Blocks:
+        s = Settings()
+        with gr.Blocks(title="SpecChat", analytics_enabled=False) as demo:
+            history = gr.State([])
+            rows = gr.State([])
+            header = gr.HTML(render.header(None, self.logo))
+            with gr.Tabs():
+                with gr.Tab("Chat", id="chat"):
+                    with gr.Row(equal_height=False):
+                        with gr.Column(scale=3):
+                            chatbot = gr.Chatbot(elem_id="chat", height=560, show_label=False,
+                                                 buttons=["copy", "copy_all"], feedback_options=None,
+                                                 placeholder="Ask anything. Tokens the draft model got right "
+                                                             "are counted live on the right.")
+                            notice = gr.HTML(elem_id="notice")
+                            with gr.Row():
+                                msg = gr.Textbox(show_label=False, placeholder="Message SpecChat…", lines=2,
+                                                 max_lines=12, scale=6, elem_id="msg", autofocus=True)
+                                with gr.Column(scale=1, min_width=110):
+                                    send = gr.Button("Send", variant="primary", elem_id="send")
+                                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                            with gr.Row():
+                                regen = gr.Button("Regenerate", size="sm", elem_id="regen")
+                                clear = gr.Button("Clear", size="sm", elem_id="clear")
+                                show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens",
+                                                         elem_id="show-draft")
+                        with gr.Column(scale=1, min_width=300):
+                            live = gr.HTML(render.live_panel(None, [], "idle"), elem_id="live-stats")
+                            system = gr.Textbox(s.system_prompt, label="System prompt", lines=2, elem_id="system")
+                with gr.Tab("Compare", id="compare"):
+                    gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the "
+                                "whole machine; both start from an empty cache. Uses the settings from the Chat tab.")
+                    with gr.Row():
+                        c_prompt = gr.Textbox(label="Prompt", lines=2, scale=6, elem_id="cmp-prompt")
+                        with gr.Column(scale=1, min_width=110):
+                            c_run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
+                            c_stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
+                    with gr.Row():
+                        c_off = gr.Textbox(label="Speculation off", lines=12, max_lines=12, interactive=False,
+                                           elem_id="cmp-off")
+                        c_on = gr.Textbox(label="Speculation on", lines=12, max_lines=12, interactive=False,
+                                          elem_id="cmp-on")
+                    c_summary = gr.HTML(elem_id="cmp-summary")
+                    with gr.Row():
+                        c_chart = gr.HTML(elem_id="cmp-chart")
+                        with gr.Column():
+                            c_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
+                            c_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
+                    c_table = gr.Dataframe(headers=["run", "prompt", "drafter", "tokens", "tok/s off", "tok/s on",
+                                                    "speedup", "acceptance", "identical"],
+                                           interactive=False, elem_id="cmp-table")
+                with gr.Tab("Hardware", id="hardware"):
+                    hw = gr.HTML(elem_id="hardware")
+                    hw_refresh = gr.Button("Refresh", size="sm")
+            with gr.Sidebar(label="Settings", open=False, position="right", width=360):
+                gr.Markdown("### Speculation")
+                drafter = gr.Radio([("Draft model", "model"), ("N-gram lookup", "ngram"), ("Off", "none")],
+                                   value=s.drafter, label="Drafter", elem_id="drafter")
+                draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
+                draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
+                draft_p_min = gr.Slider(0, 1, s.draft_p_min, step=0.01, label="Draft p-min")
+                adaptive = gr.Checkbox(s.adaptive, label="Adaptive draft length (learns when drafting pays)")
+                gr.Markdown("### Sampling")
+                temperature = gr.Slider(0, 2, s.temperature, step=0.05, label="Temperature (0 = greedy)")
+                top_p = gr.Slider(0.01, 1, s.top_p, step=0.01, label="Top-p")
+                top_k = gr.Number(s.top_k, label="Top-k (0 = off)", precision=0, elem_id="top-k")
+                min_p = gr.Slider(0, 0.99, s.min_p, step=0.01, label="Min-p")
+                seed = gr.Number(s.seed, label="Seed (-1 = random)", precision=0)
+                max_tokens = gr.Number(s.max_tokens, label="Max tokens", precision=0, elem_id="max-tokens")
+                gr.Markdown("### Models")
+                pair = gr.Dropdown(self._pair_choices(), value="starter", label="Pair", elem_id="pair")
+                target = gr.Textbox(label="Target GGUF (with the files option)", elem_id="target-path")
+                draft = gr.Textbox(label="Draft GGUF (optional)", elem_id="draft-path")
+                ctx = gr.Number(0, label="Context size (0 = model default, at most 4096)", precision=0)
+                ngl = gr.Number(0, label="GPU layers, target (-ngl; -1 = all)", precision=0)
+                ngld = gr.Number(0, label="GPU layers, draft (-ngld)", precision=0)
+                load = gr.Button("Load models", variant="primary", elem_id="load")
+
+            by_name = dict(system_prompt=system, drafter=drafter, temperature=temperature, top_k=top_k,
+                           top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens, draft_max=draft_max,
+                           draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
+                           show_draft_tokens=show_draft)
+            values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
+
+            demo.load(self.page_load, None,
+                      [history, chatbot, notice, header, hw, pair, target, draft, ctx, ngl, ngld, *values])
+            respond_out = [history, chatbot, live, notice, msg]
+            for trigger in (msg.submit, send.click):
+                trigger(self.submit, [msg, history, show_draft], [msg, history, chatbot, notice], queue=False) \
+                    .then(self.respond, [history, *values], respond_out, show_progress="hidden", **ENGINE)
+            stop.click(self.stop, None, None, queue=False)
+            c_stop.click(self.stop, None, None, queue=False)
+            regen.click(self.regenerate, [history, show_draft], [history, chatbot], queue=False) \
+                .then(self.respond, [history, *values], respond_out, show_progress="hidden", **ENGINE)
+            clear.click(self.clear, None, [history, chatbot, live, notice], queue=False)
+            show_draft.change(self.redraw, [history, show_draft], chatbot, queue=False)
+            c_run.click(self.compare, [c_prompt, rows, *values],
+                        [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json], **ENGINE)
+            load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *values],
+                       [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive], **ENGINE)
+            hw_refresh.click(self._hardware, None, hw, queue=False)
+        return demo
+
+
+def theme() -> gr.themes.Base:
+    """Gradio's default theme fetches web fonts; this one uses the system's, so nothing leaves the machine."""
+    return gr.themes.Soft(
+        primary_hue="amber", neutral_hue="slate",
+        font=["system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"],
+        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Liberation Mono", "monospace"],
+    )
+
+
+def css() -> str:
+    return resource("assets/specchat.css").read_text(encoding="utf-8")

@@ -1,0 +1,94 @@
+"""`specchat` with no subcommand: load a pair, serve the app on loopback, open the browser, stop on Ctrl-C."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import webbrowser
+from dataclasses import replace
+
+# Before Gradio is imported: no analytics or version checks (nothing leaves the machine unasked).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from ..engine import EngineError  # noqa: E402
+from ..loader import LoadSpec  # noqa: E402
+from ..resources import resource  # noqa: E402
+from ..runtime import Runtime  # noqa: E402
+from ..settings import load_settings, save_settings  # noqa: E402
+
+STARTER = LoadSpec(pair="starter")
+
+
+def free_port(host: str, start: int = 7860, tries: int = 100) -> int:
+    """Gradio's usual port, or the next free one."""
+    for port in range(start, start + tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    raise EngineError(f"No free port between {start} and {start + tries - 1}; choose one with --port.")
+
+
+def startup_pair(requested: LoadSpec | None, runtime: Runtime) -> list[str]:
+    """Load what was asked for, else the last-used pair, else the starter; say what happened."""
+    notes = []
+    settings, warning = load_settings()
+    if warning:
+        notes.append(warning)
+    if requested is not None:
+        runtime.load(requested)  # asked for explicitly: a failure is the user's to see, at once
+        return notes
+    for spec in dict.fromkeys(s for s in (settings.models, STARTER) if s):
+        try:
+            runtime.load(spec)
+            return notes
+        except EngineError as exc:
+            notes.append(f"Could not load {spec.describe()}: {exc}")
+    notes.append("No pair is loaded: choose one under Settings → Models.")
+    return notes
+
+
+def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool) -> int:
+    runtime = Runtime()
+    print("specchat: loading models…", file=sys.stderr)
+    notes = startup_pair(requested, runtime)
+    settings, _ = load_settings()
+    if runtime.spec and runtime.spec != settings.models:  # a pair not used last time brings its recommended draft settings
+        settings = settings.with_draft_params(runtime.resolved.draft_params)
+    settings = replace(settings, **overrides, models=runtime.spec or settings.models)
+    if settings.drafter == "model" and not runtime.has_draft:
+        settings = replace(settings, drafter="ngram")
+    save_settings(settings)
+
+    from .app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving
+
+    host = "0.0.0.0" if listen else "127.0.0.1"
+    port = port or free_port(host)
+    if listen:
+        print("specchat: warning: --listen serves the app to your network, without a password.", file=sys.stderr)
+    demo = SpecChatUI(runtime, notes).build()
+    demo.queue(default_concurrency_limit=1)
+    demo.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
+                quiet=True, show_error=True, theme=theme(), css=css(), footer_links=["api", "settings"],
+                favicon_path=str(resource("assets/logo.svg")))
+    url = f"http://127.0.0.1:{port}/"
+    pair = runtime.spec.describe() if runtime.spec else "none loaded"
+    print(f"SpecChat is running at {url}  (pair: {pair}; Ctrl-C to quit)", flush=True)
+    for note in notes:
+        print(f"specchat: note: {note}", file=sys.stderr)
+    if open_browser:
+        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        print("\nspecchat: shutting down…", file=sys.stderr)
+    finally:
+        demo.close()
+        runtime.close()
+    return 0
+
+

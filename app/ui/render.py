@@ -1,0 +1,201 @@
+"""HTML for the UI, from the runtime's snapshots: pure functions, no Gradio, easy to test and restyle.
+Styles live in assets/specchat.css."""
+from __future__ import annotations
+
+import html
+
+from ..engine import Stats
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def stats_title(stats: Stats, finish: str | None) -> str:
+    """The one-line summary each finished answer keeps."""
+    end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped"}.get(finish or "", "")
+    if stats.drafter == "none":
+        return f"⚡ {stats.tokens_per_second:.1f} tok/s · {stats.n_tokens} tokens · speculation off{end}"
+    return (f"⚡ {stats.tokens_per_second:.1f} tok/s · acceptance {_pct(stats.acceptance_rate)} · "
+            f"{stats.mean_accepted_per_round:.2f} accepted/round · {stats.n_tokens} tokens{end}")
+
+
+def stats_details(stats: Stats) -> str:
+    busy = stats.draft_seconds + stats.verify_seconds
+    split = (f"drafting {stats.draft_seconds / busy:.0%} / verifying {stats.verify_seconds / busy:.0%} of the time"
+             if busy > 0 else "")
+    return (f"drafter {stats.drafter} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in {stats.n_rounds} "
+            f"rounds · first token {stats.time_to_first_token_s * 1000:.0f} ms · prompt {stats.prompt_tokens} new + "
+            f"{stats.prompt_cached} cached tokens · {split}")
+
+
+def answer_html(segments: list[list], show_draft: bool) -> str:
+    """The answer as chat content: markdown as written, or, with the draft view on, every run of text
+    coloured by origin (one line of HTML, so markdown leaves it alone)."""
+    if not show_draft:
+        return "".join(t for t, _ in segments)
+    parts = []
+    for text, from_draft in segments:
+        body = html.escape(text).replace("\n", "<br>")
+        parts.append(f'<span class="{"tok-draft" if from_draft else "tok-target"}">{body}</span>')
+    return f'<div class="spec-tokens">{"".join(parts)}</div>'
+
+
+def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict]:
+    """Chatbot messages: each answer, then its stats as a collapsed line; ``live`` is the answer streaming now."""
+    out = []
+    for m in history:
+        if m["role"] == "user":
+            out.append({"role": "user", "content": m["content"]})
+            continue
+        segments = m.get("segments") or [[m["content"], False]]
+        out.append({"role": "assistant", "content": answer_html(segments, show_draft)})
+        if m.get("stats"):
+            s = Stats(**{k: v for k, v in m["stats"].items() if k in Stats.__dataclass_fields__})
+            out.append({"role": "assistant", "content": stats_details(s),
+                        "metadata": {"title": stats_title(s, m.get("finish")), "status": "done"}})
+    if live is not None:
+        out.append({"role": "assistant", "content": answer_html(live.segments, show_draft) or "…"})
+    return out
+
+
+def _metric(value: str, label: str, key: str) -> str:
+    return f'<div class="m" data-key="{key}"><span class="v">{value}</span><span class="k">{label}</span></div>'
+
+
+def live_panel(stats: Stats | None, points: list, state: str) -> str:
+    """Acceptance, tokens/s and friends for the answer streaming now (or the last one), with a small chart."""
+    s = stats or Stats()
+    busy = s.draft_seconds + s.verify_seconds
+    d = s.draft_seconds / busy if busy else 0.0
+    metrics = "".join([
+        _metric(_pct(s.acceptance_rate), "acceptance", "acceptance"),
+        _metric(f"{s.tokens_per_second:.1f}", "tokens/s", "tps"),
+        _metric(f"{s.mean_accepted_per_round:.2f}", "accepted / round", "per-round"),
+        _metric(f"{s.n_accepted}/{s.n_drafted}", "accepted / drafted", "counts"),
+        _metric(f"{s.time_to_first_token_s * 1000:.0f} ms", "first token", "ttft"),
+        _metric(str(s.n_tokens), "tokens", "tokens"),
+    ])
+    return (
+        f'<div class="spec-live" data-state="{state}" data-acceptance="{s.acceptance_rate:.4f}" '
+        f'data-tps="{s.tokens_per_second:.2f}" data-tokens="{s.n_tokens}">'
+        f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
+        f'<span class="drafter">{html.escape(s.drafter)}</span></div>'
+        f'<div class="spec-metrics">{metrics}</div>'
+        f'<div class="spec-split" title="time spent drafting vs verifying">'
+        f'<div class="draft" style="width:{d:.1%}"></div><div class="verify" style="width:{1 - d if busy else 0:.1%}"></div>'
+        f'</div><div class="spec-split-legend"><span class="draft">drafting {d:.0%}</span>'
+        f'<span class="verify">verifying {1 - d if busy else 0:.0%}</span></div>'
+        f'{line_chart(points)}</div>'
+    )
+
+
+_STATE_TEXT = {"idle": "Ready", "running": "Generating…", "done": "Finished", "cancelled": "Stopped",
+               "error": "Error", "queued": "Waiting for the engine…"}
+
+
+def line_chart(points: list, w: int = 300, h: int = 110) -> str:
+    """Tokens/s (left scale) and acceptance (0-100%, right scale) over the answer's tokens."""
+    if len(points) < 2:
+        return f'<svg class="spec-chart" viewBox="0 0 {w} {h}"><text x="{w / 2}" y="{h / 2}" text-anchor="middle" ' \
+               f'class="empty">tokens/s and acceptance appear here</text></svg>'
+    pad = 6
+    n_max = max(p[0] for p in points)
+    n_min = min(p[0] for p in points)
+    tps_max = max(p[1] for p in points) * 1.15 or 1.0
+    x = lambda n: pad + (w - 2 * pad) * (n - n_min) / max(n_max - n_min, 1)  # noqa: E731
+    y = lambda v, top: h - pad - (h - 2 * pad - 12) * v / top  # noqa: E731
+    tps = " ".join(f"{x(n):.1f},{y(t, tps_max):.1f}" for n, t, _ in points)
+    acc = " ".join(f"{x(n):.1f},{y(a, 1.0):.1f}" for n, _, a in points)
+    return (
+        f'<svg class="spec-chart" viewBox="0 0 {w} {h}" role="img" aria-label="tokens per second and acceptance">'
+        f'<polyline class="tps" points="{tps}"/><polyline class="acc" points="{acc}"/>'
+        f'<text x="{pad}" y="11" class="tps">tok/s (max {tps_max / 1.15:.0f})</text>'
+        f'<text x="{w - pad}" y="11" text-anchor="end" class="acc">acceptance</text></svg>'
+    )
+
+
+def bar_chart(values: list[float], w: int = 420, h: int = 140) -> str:
+    """Speedup per comparison run, with the 1.0× line."""
+    if not values:
+        return ""
+    top = max(max(values), 1.0) * 1.15
+    bw = min(40.0, (w - 20) / len(values))
+    base = h - 16
+    bars, labels = [], []
+    for i, v in enumerate(values):
+        bh = (base - 14) * v / top
+        x = 10 + i * bw
+        cls = "win" if v >= 1 else "loss"
+        bars.append(f'<rect class="{cls}" x="{x + 3:.1f}" y="{base - bh:.1f}" width="{bw - 6:.1f}" height="{bh:.1f}"/>')
+        labels.append(f'<text x="{x + bw / 2:.1f}" y="{base - bh - 3:.1f}" text-anchor="middle">{v:.2f}×</text>'
+                      f'<text x="{x + bw / 2:.1f}" y="{h - 3}" text-anchor="middle" class="run">#{i + 1}</text>')
+    one = base - (base - 14) / top
+    return (f'<svg class="spec-bars" viewBox="0 0 {w} {h}" role="img" aria-label="speedup per run">'
+            f'{"".join(bars)}<line x1="6" x2="{w - 6}" y1="{one:.1f}" y2="{one:.1f}" class="one"/>'
+            f'{"".join(labels)}</svg>')
+
+
+def compare_summary(cmp) -> str:
+    """Speedup, acceptance, tokens/s of each run, and the identical-output check."""
+    if cmp.phase != "done":
+        return f'<div class="spec-compare running">Running speculation {cmp.phase}…</div>'
+    if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
+        return '<div class="spec-compare">Stopped before both runs finished.</div>'
+    if not cmp.greedy:
+        check = '<span class="na">sampled (temperature &gt; 0): outputs follow the same distribution, ' \
+                'not the same tokens</span>'
+    else:
+        diff = cmp.first_difference()
+        check = ('<span class="same">outputs identical</span>' if diff is None
+                 else f'<span class="differ">outputs differ at token {diff}</span>')
+    off, on = cmp.off.stats, cmp.on.stats
+    return (
+        f'<div class="spec-compare" data-speedup="{cmp.speedup:.3f}">'
+        f'<div class="speedup">{cmp.speedup:.2f}× <small>speedup</small></div>'
+        f'<div class="row">off {off.tokens_per_second:.1f} tok/s → on {on.tokens_per_second:.1f} tok/s · '
+        f'acceptance {_pct(on.acceptance_rate)} · {on.mean_accepted_per_round:.2f} accepted/round · '
+        f'drafter {html.escape(cmp.drafter)}</div><div class="check">{check}</div></div>'
+    )
+
+
+def compare_row(cmp, n: int) -> dict:
+    diff = cmp.first_difference() if cmp.greedy else None
+    return {
+        "run": n, "prompt": cmp.prompt[:80], "drafter": cmp.drafter,
+        "tokens": cmp.on.stats.n_tokens, "tok/s off": round(cmp.off.stats.tokens_per_second, 2),
+        "tok/s on": round(cmp.on.stats.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
+        "acceptance": round(cmp.on.stats.acceptance_rate, 4),
+        "identical": ("yes" if diff is None else f"no (token {diff})") if cmp.greedy else "n/a (sampled)",
+    }
+
+
+def hardware_panel(hw: dict, loaded: dict) -> str:
+    gib = 1024**3
+    rows = [
+        ("CPU", f"{html.escape(hw['cpu'])} — {hw['cores_physical']} cores / {hw['cores_logical']} threads, "
+                f"{hw['cpu_percent']:.0f}% busy"),
+        ("RAM", f"{hw['ram_used'] / gib:.1f} GiB used, {hw['ram_available'] / gib:.1f} GiB free of "
+                f"{hw['ram_total'] / gib:.1f} GiB"),
+        ("SpecChat process", f"{hw['process_rss'] / gib:.2f} GiB resident"),
+        ("GPU offload", "yes — this llama.cpp build can offload layers (-ngl / -ngld)" if loaded["gpu_offload"]
+         else "no — this llama.cpp build runs on the CPU only (reinstall with CMAKE_ARGS=\"-DGGML_CUDA=on\" or "
+              "\"-DGGML_METAL=on\" to offload)"),
+        ("Loaded pair", html.escape(loaded["pair"] or "none")),
+        ("Target / draft", html.escape(f"{loaded['target']} / {loaded['draft'] or '—'}") if loaded["target"] else "—"),
+        ("Pair memory", f"{loaded['memory_bytes'] / gib:.2f} GiB (weights + KV cache at {loaded['n_ctx']} tokens)"
+         if loaded["target"] else "—"),
+    ]
+    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="spec-hw">{body}</table>'
+
+
+def notice(text: str | None, kind: str = "error") -> str:
+    return f'<div class="spec-notice {kind}">{html.escape(text)}</div>' if text else ""
+
+
+def header(pair: str | None, logo_svg: str = "") -> str:
+    badge = html.escape(pair) if pair else "no pair loaded"
+    return (f'<div class="spec-header"><span class="logo">{logo_svg}</span>'
+            f'<span class="name">SpecChat</span><span class="tag">same output, faster</span>'
+            f'<span class="pair" title="loaded pair">{badge}</span></div>')

@@ -1,0 +1,256 @@
+"""The real app (`specchat`, starter pair) in a real browser: Debian's chromium driven by Playwright.
+
+Screenshots land in tests/artifacts/ (or $SPECCHAT_ARTIFACTS). Without chromium these tests are skipped, unless
+SPECCHAT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).parent / "artifacts"))
+LONG_PROMPT = "Write a long story about a lighthouse keeper and a storm, with many details."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _specchat_command() -> list[str]:
+    script = Path(sys.executable).with_name("specchat")  # the installed launcher, exactly what a user runs
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app"]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    port = _free_port()
+    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(_specchat_command() + ["--no-browser", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "running at" in line:
+            break
+    else:
+        proc.kill()
+    assert any(f"http://127.0.0.1:{port}/" in ln for ln in lines), "".join(lines)
+    yield f"http://127.0.0.1:{port}/", home
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, "".join(lines) + out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("SPECCHAT_REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium is not installed (apt install chromium)")
+        pytest.skip("chromium is not installed (apt install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update"])
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser tab on the app, recording every request it makes."""
+
+    def __init__(self, browser, url: str):
+        self.url = url
+        self.page = browser.new_page(viewport={"width": 1400, "height": 950})
+        self.requests: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(url, wait_until="domcontentloaded")
+        self.page.locator("#msg textarea").wait_for(state="visible", timeout=60_000)
+
+    def live(self) -> dict:
+        el = self.page.locator("#live-stats .spec-live")
+        return {k: el.get_attribute(f"data-{k}") for k in ("state", "acceptance", "tps", "tokens")}
+
+    def send(self, text: str) -> None:
+        self.page.locator("#msg textarea").fill(text)
+        self.page.locator("#send").click()
+
+    def wait_state(self, states: tuple[str, ...], timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = self.live()
+            if live["state"] in states:
+                return live
+            time.sleep(0.05)
+        raise AssertionError(f"live panel never reached {states}: {self.live()}")
+
+    def set_number(self, elem_id: str, value: str) -> None:
+        sidebar = self.page.locator(f"#{elem_id} input")
+        if not sidebar.is_visible():
+            self.page.get_by_label("Toggle Sidebar").click()
+        sidebar.fill(value)
+        sidebar.press("Tab")
+
+    def notice(self) -> str:
+        return self.page.locator("#notice").inner_text()
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    def outside_requests(self) -> list[str]:
+        return [u for u in self.requests if not re.match(r"^(https?|wss?)://127\.0\.0\.1[:/]", u)
+                and not u.startswith(("data:", "blob:"))]
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    p = Page(browser, app_url[0])
+    p.page.locator("#clear").click()
+    yield p
+    assert p.outside_requests() == []  # the page never reaches beyond 127.0.0.1
+    p.close()
+
+
+def test_chat_streams_with_live_stats(page, app_url):
+    page.send(LONG_PROMPT)
+    during = page.wait_state(("running",))
+    samples = []
+    while (live := page.live())["state"] == "running":
+        samples.append(live)
+        if len(samples) == 10:
+            page.shot("chat-streaming")
+        time.sleep(0.1)
+    assert live["state"] == "done"
+    streaming = [s for s in samples + [during] if int(s["tokens"]) > 8]
+    assert streaming, samples
+    assert any(float(s["acceptance"]) > 0 and float(s["tps"]) > 0 for s in streaming), streaming
+    assert float(live["acceptance"]) > 0 and float(live["tps"]) > 0 and int(live["tokens"]) > 8
+    chat = page.page.locator("#chat")
+    assert "lighthouse" in chat.inner_text().lower()
+    assert re.search(r"tok/s · acceptance \d+\.\d%", chat.inner_text())  # the answer keeps its stats line
+    page.shot("chat-done")
+
+    # Draft tokens get their own colour when the toggle is on.
+    page.page.locator("#show-draft input").check()
+    page.page.locator("#chat .tok-draft").first.wait_for(timeout=10_000)
+    page.shot("chat-draft-tokens")
+
+    # The conversation is saved (atomically, as JSON) and comes back on reload.
+    saved = json.loads((app_url[1] / "data" / "history.json").read_text())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant"]
+    assert saved["messages"][1]["stats"]["n_tokens"] == int(live["tokens"])
+    page.page.reload(wait_until="domcontentloaded")
+    page.page.locator("#chat").get_by_text(LONG_PROMPT).wait_for(timeout=30_000)
+
+
+def test_stop_ends_generation_within_a_second(page):
+    page.send(LONG_PROMPT)
+    deadline = time.monotonic() + 60
+    while int(page.live()["tokens"] or 0) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    page.page.locator("#stop").click()
+    live = page.wait_state(("cancelled", "done"), timeout=10)
+    elapsed = time.monotonic() - t0
+    assert live["state"] == "cancelled"
+    assert elapsed < 1.0, f"stop took {elapsed:.2f} s"
+    assert "stopped" in page.page.locator("#chat").inner_text()  # the partial answer stays, marked
+    page.shot("chat-stopped")
+
+
+def test_compare_reports_speedup_and_identical(page):
+    page.page.get_by_role("tab", name="Compare").click()
+    page.page.locator("#cmp-prompt textarea").fill("Explain in three sentences why the sky is blue.")
+    page.page.locator("#cmp-run").click()
+    summary = page.page.locator("#cmp-summary .spec-compare[data-speedup]")
+    summary.wait_for(timeout=180_000)
+    assert float(summary.get_attribute("data-speedup")) > 0
+    assert "outputs identical" in summary.inner_text()
+    assert page.page.locator("#cmp-off textarea").input_value() == page.page.locator("#cmp-on textarea").input_value()
+    assert "1" in page.page.locator("#cmp-table").inner_text()  # the run is in the session's table
+    page.page.locator("#cmp-chart svg.spec-bars").wait_for()
+    page.shot("compare")
+
+
+def test_bad_input_shows_an_error_and_the_app_keeps_working(page):
+    page.send("Say hello.")
+    page.wait_state(("done",))
+    before = page.page.locator("#chat").inner_text()
+
+    page.set_number("top-k", "-3")  # an invalid setting
+    page.send("This message must not be lost.")
+    page.page.locator("#notice .error").wait_for(timeout=30_000)
+    assert "top-k" in page.notice().lower()
+    assert page.page.locator("#msg textarea").input_value() == "This message must not be lost."
+    page.shot("error-invalid-setting")
+
+    page.set_number("top-k", "40")
+    page.send("word " * 5000)  # longer than the 4096-token context
+    page.page.locator("#notice .error").get_by_text("context").wait_for(timeout=30_000)
+    assert "tokens but the context holds" in page.notice()
+    assert page.page.locator("#msg textarea").input_value().startswith("word word")
+    assert page.page.locator("#chat").inner_text() == before  # the history is untouched
+    page.shot("error-long-prompt")
+
+    page.send("Say goodbye.")  # and the app still answers
+    assert page.wait_state(("done", "error"))["state"] == "done"
+
+
+def test_two_tabs_are_queued_not_interleaved(browser, app_url):
+    a, b = Page(browser, app_url[0]), Page(browser, app_url[0])
+    try:
+        for p in (a, b):
+            p.page.locator("#clear").click()
+        prompt = "List five facts about the moon."
+        a.send(prompt)
+        b.send(prompt)
+        both_running = False
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            sa, sb = a.live()["state"], b.live()["state"]
+            both_running |= sa == "running" and sb == "running"
+            if sa == "done" and sb == "done":
+                break
+            time.sleep(0.05)
+        assert (a.live()["state"], b.live()["state"]) == ("done", "done")
+        assert not both_running
+        # One context each in turn: the same greedy answer in both tabs.
+        assert a.page.locator("#chat").inner_text() == b.page.locator("#chat").inner_text()
+        b.shot("two-tabs")
+        assert a.outside_requests() == [] and b.outside_requests() == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_hardware_panel(page):
+    page.page.get_by_role("tab", name="Hardware").click()
+    text = page.page.locator("#hardware").inner_text()
+    assert "GiB free" in text and "GPU offload" in text and "starter" in text
+    assert re.search(r"Pair memory\s+\d+\.\d\d GiB", text)
+    page.shot("hardware")
