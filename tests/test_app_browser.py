@@ -218,7 +218,9 @@ def test_bad_input_shows_an_error_and_the_app_keeps_working(page):
     page.shot("error-long-prompt")
 
     page.send("Say goodbye.")  # and the app still answers
-    assert page.wait_state(("done", "error"))["state"] == "done"
+    page.wait_state(("running", "done"))
+    assert page.wait_state(("done", "error", "cancelled"))["state"] == "done"
+    assert "goodbye" in page.page.locator("#chat").inner_text().lower()
 
 
 def test_two_tabs_are_queued_not_interleaved(browser, app_url):
@@ -240,7 +242,8 @@ def test_two_tabs_are_queued_not_interleaved(browser, app_url):
         assert (a.live()["state"], b.live()["state"]) == ("done", "done")
         assert not both_running
         # One context each in turn: the same greedy answer in both tabs.
-        assert a.page.locator("#chat").inner_text() == b.page.locator("#chat").inner_text()
+        answer = lambda p: [ln for ln in p.page.locator("#chat").inner_text().splitlines() if "tok/s" not in ln]  # noqa
+        assert answer(a) == answer(b) and len(answer(a)) > 1
         b.shot("two-tabs")
         assert a.outside_requests() == [] and b.outside_requests() == []
     finally:

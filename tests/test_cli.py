@@ -1,5 +1,6 @@
 """The ``specchat`` command line, run as a user runs it (a subprocess)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,17 @@ def test_plain_specchat_chats_in_the_terminal(models):
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("[8 tokens") == 2  # two answers, each with its stats line
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--port", "70000"], "Invalid --port"),
+    (["--pair", "nosuchpair"], "Unknown pair"),
+    (["--target", "missing.gguf"], "not found"),
+    (["--draft-max", "100"], "draft-max"),
+    (["--drafter", "magic"], "invalid choice"),
+])
+def test_app_bad_flags_are_one_clear_line(args, words, tmp_path):
+    """Plain `specchat` (the app) refuses bad flags before serving anything."""
+    r = subprocess.run([sys.executable, "-m", "app", *args, "--no-browser"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "SPECCHAT_HOME": str(tmp_path)})
+    assert_one_line_error(r, words)

@@ -54,7 +54,7 @@ def startup_pair(requested: LoadSpec | None, runtime: Runtime) -> list[str]:
 
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool) -> int:
     runtime = Runtime()
-    print("specchat: loading models…", file=sys.stderr)
+    print("specchat: loading models…", flush=True)
     notes = startup_pair(requested, runtime)
     settings, _ = load_settings()
     if runtime.spec and runtime.spec != settings.models:  # a pair not used last time brings its recommended draft settings

@@ -1,0 +1,203 @@
+"""The app's core below the UI: settings, saved files, the worker-thread stream, and the runtime on tiny models."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from app.engine import EngineError
+from app.history import for_model, load_history, save_history
+from app.loader import LoadSpec
+from app.paths import config_dir, data_dir
+from app.runtime import Runtime
+from app.settings import Settings, load_settings, save_settings
+from app.store import load_json, save_json
+from app.streaming import Generation
+
+
+# --- files ---------------------------------------------------------------------------------------------------
+def test_save_json_replaces_atomically(tmp_path):
+    path = tmp_path / "x.json"
+    save_json(path, {"a": 1})
+    save_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temporary file left behind
+
+
+def test_save_json_failure_keeps_the_old_file(tmp_path):
+    path = tmp_path / "x.json"
+    save_json(path, {"a": 1})
+    with pytest.raises(TypeError):
+        save_json(path, {"a": object()})  # not serialisable: fails halfway through writing
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_corrupt_file_is_set_aside_with_a_warning(tmp_path):
+    path = tmp_path / "history.json"
+    path.write_text('{"messages": [{"role": "user", "content": "hi"')  # cut off mid-write by some other tool
+    data, warning = load_json(path)
+    assert data is None and "set aside as history.json.corrupt-" in warning
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("history.json.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_text().startswith('{"messages"')  # kept, not deleted
+    assert load_json(path) == (None, None)
+
+
+def test_history_round_trip_and_bad_entries(specchat_home):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", "segments": [["hello", True]],
+                                                "stats": {"n_tokens": 2}, "finish": "stop"}]
+    save_history(msgs)
+    assert load_history() == (msgs, None)
+    (data_dir() / "history.json").write_text(json.dumps({"messages": msgs + [{"role": "robot"}, 3]}))
+    loaded, warning = load_history()
+    assert loaded == msgs and "2 unreadable" in warning
+    assert for_model(msgs, "Be brief.") == [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert for_model(msgs, "  ")[0]["role"] == "user"
+
+
+def test_settings_round_trip_and_tolerance(specchat_home):
+    s = Settings(temperature=0.7, draft_max=5, models=LoadSpec(target="/m/t.gguf", draft="/m/d.gguf", ngl=-1))
+    save_settings(s)
+    assert load_settings() == (s, None)
+    # Older or newer files: unknown keys ignored, wrong types fall back to defaults.
+    (config_dir() / "settings.json").write_text(json.dumps({"temperature": "hot", "top_k": 7, "future": 1,
+                                                            "models": {"pair": "starter", "gpu": "x"}}))
+    s2, _ = load_settings()
+    assert s2.temperature == Settings().temperature and s2.top_k == 7 and s2.models == LoadSpec(pair="starter")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(top_p=1.5), "top-p"),
+    (dict(draft_min=9, draft_max=4), "--draft-min"),
+    (dict(max_tokens=0), "max-tokens"),
+    (dict(drafter="magic"), "Unknown drafter"),
+])
+def test_invalid_settings_are_explained(change, message):
+    from dataclasses import replace
+
+    with pytest.raises(EngineError, match=message):
+        replace(Settings(), **change).generation()
+
+
+def test_ui_collects_numbers_with_clear_errors():
+    from app.ui.app import SETTING_NAMES, collect
+
+    values = [getattr(Settings(), n) for n in SETTING_NAMES]
+    values[SETTING_NAMES.index("top_k")] = None  # an emptied number box
+    with pytest.raises(EngineError, match="Top-k must be a number"):
+        collect(values)
+    values[SETTING_NAMES.index("top_k")] = 12.0  # Gradio's numbers arrive as floats
+    values[SETTING_NAMES.index("seed")] = 2.5
+    with pytest.raises(EngineError, match="Seed must be a whole number"):
+        collect(values)
+    values[SETTING_NAMES.index("seed")] = 3.0
+    s = collect(values)
+    assert (s.top_k, s.seed) == (12, 3) and isinstance(s.top_k, int)
+
+
+# --- the worker-thread stream --------------------------------------------------------------------------------
+def test_generation_batches_and_cancels_when_the_viewer_leaves():
+    from app.engine import Done, Stats, TextDelta
+
+    started = threading.Event()
+
+    def run(cancel):
+        for i in range(10_000):
+            if cancel.is_set():
+                yield Done("cancelled", "", [], Stats())
+                return
+            started.set()
+            yield TextDelta("x", [i], False)
+        yield Done("length", "", [], Stats())
+
+    gen = Generation(run)
+    batches = gen.batches(interval=0.01)
+    first = next(batches)
+    assert first and all(isinstance(e, TextDelta) for e in first)
+    batches.close()  # the viewer goes away
+    assert gen.cancel.is_set() and not gen._thread.is_alive()
+
+
+def test_generation_passes_errors_to_the_viewer():
+    def run(cancel):
+        raise EngineError("bad prompt")
+        yield  # pragma: no cover
+
+    with pytest.raises(EngineError, match="bad prompt"):
+        for _ in Generation(run).batches():
+            pass
+
+
+# --- the runtime on tiny models ------------------------------------------------------------------------------
+@pytest.fixture
+def runtime(models):
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(models["target"]), draft=str(models["close_draft"]), ctx=256))
+    yield rt
+    rt.close()
+
+
+def test_runtime_answer_streams_snapshots(runtime):
+    s = Settings(max_tokens=40, draft_max=6, draft_p_min=0.0)
+    snaps = [(len(live.text), live.stats.n_tokens) for live in runtime.answer(
+        [{"role": "user", "content": "the cat"}], s, interval=0.0)]
+    live = _last(runtime.answer([{"role": "user", "content": "the cat"}], s))
+    assert live.done.finish_reason in ("stop", "length") and live.text == live.done.text
+    assert live.stats.n_accepted > 0 and live.points and all(0 <= a <= 1 for _, _, a in live.points)
+    assert any(flag for _, flag in live.segments) and "".join(t for t, _ in live.segments) == live.done.text
+    assert len(snaps) > 1 and snaps == sorted(snaps)  # it grows while it streams
+
+
+def test_runtime_compare_is_identical_under_greedy(runtime):
+    msgs = [{"role": "user", "content": "the dog"}]
+    cmp = _last(runtime.compare(msgs, Settings(max_tokens=48, draft_max=6, draft_p_min=0.0)))
+    assert cmp.phase == "done" and cmp.first_difference() is None
+    assert cmp.off.stats.drafter == "none" and cmp.on.stats.n_drafted > 0 and cmp.speedup > 0
+    assert cmp.off.stats.prompt_cached == 0 and cmp.on.stats.prompt_cached == 0  # both from an empty cache
+    with pytest.raises(EngineError, match="needs a drafter"):
+        _last(runtime.compare(msgs, Settings(drafter="none")))
+
+
+def test_runtime_stop_keeps_the_partial_answer(runtime):
+    cancel = threading.Event()
+    lives = []
+    for live in runtime.answer([{"role": "user", "content": "a"}], Settings(max_tokens=200), cancel, interval=0):
+        lives.append(live.stats.n_tokens)
+        if live.stats.n_tokens >= 3:
+            cancel.set()
+    assert live.done.finish_reason == "cancelled" and 3 <= live.stats.n_tokens < 200
+
+
+def test_runtime_failed_load_keeps_the_previous_pair(runtime, models, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(EngineError, match="still loaded"):
+        runtime.load(LoadSpec(target=str(bad)))
+    assert runtime.info()["target"] == "target.gguf" and runtime.has_draft
+    with pytest.raises(EngineError, match="vocabular|token"):
+        runtime.load(LoadSpec(target=str(models["target"]), draft=str(models["other_size"])))
+    assert _last(runtime.answer([{"role": "user", "content": "x"}], Settings(max_tokens=4))).done
+
+
+def test_runtime_without_draft_explains_the_model_drafter(models):
+    rt = Runtime()
+    with pytest.raises(EngineError, match="No model pair is loaded"):
+        _last(rt.answer([{"role": "user", "content": "x"}], Settings()))
+    rt.load(LoadSpec(target=str(models["target"]), ctx=128))
+    try:
+        with pytest.raises(EngineError, match="no draft model"):
+            _last(rt.answer([{"role": "user", "content": "x"}], Settings(drafter="model")))
+        live = _last(rt.answer([{"role": "user", "content": "x"}], Settings(drafter="ngram", max_tokens=8)))
+        assert live.done.stats.drafter == "ngram"
+        assert rt.info()["memory_bytes"] > 0 and rt.info()["draft"] is None
+    finally:
+        rt.close()
+
+
+def _last(it):
+    item = None
+    for item in it:
+        pass
+    return item
