@@ -307,17 +307,21 @@ class SpecChatUI:
             demo.load(self.page_load, None,
                       [history, chatbot, notice, header, hw, pair, target, draft, ctx, ngl, ngld, *values])
             respond_out = [history, chatbot, live, notice, msg]
-            for trigger in (msg.submit, send.click):
-                trigger(self.submit, [msg, history, show_draft], [msg, history, chatbot, notice], queue=False) \
-                    .then(self.respond, [history, *values], respond_out, show_progress="hidden", **ENGINE)
+            # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
+            for trigger, api in ((send.click, "public"), (msg.submit, "undocumented")):
+                trigger(self.submit, [msg, history, show_draft], [msg, history, chatbot, notice], queue=False,
+                        api_name="submit" if api == "public" else None, api_visibility=api) \
+                    .then(self.respond, [history, *values], respond_out, show_progress="hidden",
+                          api_name="chat" if api == "public" else None, api_visibility=api, **ENGINE)
             stop.click(self.stop, None, None, queue=False)
             c_stop.click(self.stop, None, None, queue=False)
             regen.click(self.regenerate, [history, show_draft], [history, chatbot], queue=False) \
                 .then(self.respond, [history, *values], respond_out, show_progress="hidden", **ENGINE)
-            clear.click(self.clear, None, [history, chatbot, live, notice], queue=False)
+            clear.click(self.clear, None, [history, chatbot, live, notice], queue=False, api_name="clear")
             show_draft.change(self.redraw, [history, show_draft], chatbot, queue=False)
             c_run.click(self.compare, [c_prompt, rows, *values],
-                        [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json], **ENGINE)
+                        [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json], api_name="compare",
+                        **ENGINE)
             load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *values],
                        [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive], **ENGINE)
             hw_refresh.click(self._hardware, None, hw, queue=False)
