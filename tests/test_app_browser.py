@@ -31,17 +31,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _specchat_command() -> list[str]:
-    script = Path(sys.executable).with_name("specchat")  # the installed launcher, exactly what a user runs
-    return [str(script)] if script.exists() else [sys.executable, "-m", "app"]
-
-
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     port = _free_port()
-    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(_specchat_command() + ["--no-browser", "--port", str(port)], env=env,
+    net_log = home / "outside-connections.log"
+    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(net_log))
+    # specchat's main(), with every connection beyond loopback logged (tests/net_guard.py)
+    guard = Path(__file__).with_name("net_guard.py")
+    proc = subprocess.Popen([sys.executable, str(guard), "--no-browser", "--port", str(port)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 180
@@ -59,6 +57,7 @@ def app_url(tmp_path_factory):
     proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, "".join(lines) + out
+    assert net_log.read_text() == "", "the app reached beyond 127.0.0.1"
 
 
 @pytest.fixture(scope="module")

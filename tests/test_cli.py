@@ -125,8 +125,8 @@ def test_starter_pair_from_the_catalog():
     assert d["drafter"] == "model" and d["n_tokens"] > 0 and d["n_drafted"] > 0 and d["text"].strip()
 
 
-def test_plain_specchat_chats_in_the_terminal(models):
-    r = subprocess.run([sys.executable, "-m", "app", "--target", str(models["target"]), "--max-tokens", "8"],
+def test_chat_in_the_terminal(models):
+    r = subprocess.run([sys.executable, "-m", "app", "chat", "--target", str(models["target"]), "--max-tokens", "8"],
                        input="the cat sat\n/reset\nand the dog?\n", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("[8 tokens") == 2  # two answers, each with its stats line
