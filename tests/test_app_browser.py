@@ -194,6 +194,10 @@ def test_compare_reports_speedup_and_identical(page):
     assert "1" in page.page.locator("#cmp-table").inner_text()  # the run is in the session's table
     page.page.locator("#cmp-chart svg.spec-bars").wait_for()
     page.shot("compare")
+    with page.page.expect_download() as download:  # the session's table, exported
+        page.page.get_by_role("button", name="Export CSV").click()
+    lines = Path(download.value.path()).read_text().splitlines()
+    assert lines[0].startswith("run,prompt,drafter,tokens") and lines[1].endswith(",yes")
 
 
 def test_bad_input_shows_an_error_and_the_app_keeps_working(page):
@@ -256,3 +260,25 @@ def test_hardware_panel(page):
     assert "GiB free" in text and "GPU offload" in text and "starter" in text
     assert re.search(r"Pair memory\s+\d+\.\d\d GiB", text)
     page.shot("hardware")
+
+
+def test_a_pair_that_fails_to_load_keeps_the_previous_one(page, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)  # a GGUF header cut short
+    page.page.get_by_label("Toggle Sidebar").click()
+    page.page.locator("#pair input").click()
+    page.page.get_by_role("option", name="(GGUF files below)").click()
+    page.page.locator("#target-path textarea").fill(str(bad))
+    page.page.locator("#load").click()
+    page.page.locator("#notice .error").wait_for(timeout=60_000)
+    assert "broken.gguf" in page.notice() and "still loaded" in page.notice()
+    assert "starter" in page.page.locator(".spec-header .pair").inner_text()
+    page.shot("error-bad-pair")
+
+    page.page.locator("#pair input").click()
+    page.page.get_by_role("option", name="starter").click()
+    page.page.locator("#load").click()
+    page.page.locator("#notice .info").get_by_text("Loaded starter").wait_for(timeout=60_000)
+    page.send("Say hello.")
+    page.wait_state(("running", "done"))
+    assert page.wait_state(("done", "error"))["state"] == "done"

@@ -1,6 +1,7 @@
 """`specchat` with no subcommand: load a pair, serve the app on loopback, open the browser, stop on Ctrl-C."""
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -70,7 +71,8 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     port = port or free_port(host)
     if listen:
         print("specchat: warning: --listen serves the app to your network, without a password.", file=sys.stderr)
-    demo = SpecChatUI(runtime, notes).build()
+    ui = SpecChatUI(runtime, notes)
+    demo = ui.build()
     demo.queue(default_concurrency_limit=1)
     demo.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
                 quiet=True, show_error=True, theme=theme(), css=css(), footer_links=["api", "settings"],
@@ -87,7 +89,12 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     except KeyboardInterrupt:
         print("\nspecchat: shutting down…", file=sys.stderr)
     finally:
-        demo.close()
+        # Saved files are written atomically, so a stuck shutdown loses nothing: if it takes over 15 s, print
+        # where it is stuck and exit anyway (the timer stays armed through interpreter exit).
+        faulthandler.dump_traceback_later(15, exit=True)
+        for cancel in list(ui.cancels.values()):  # end answers in progress
+            cancel.set()
+        demo.close(verbose=False)
         runtime.close()
     return 0
 
