@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import socket
 import sys
 import threading
@@ -53,6 +54,10 @@ def startup_pair(requested: LoadSpec | None, runtime: Runtime) -> list[str]:
     return notes
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool) -> int:
     runtime = Runtime()
     print("specchat: loading models…", flush=True)
@@ -77,6 +82,9 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     demo.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
                 quiet=True, show_error=True, theme=theme(), css=css(), footer_links=["api", "settings"],
                 favicon_path=str(resource("assets/logo.svg")))
+    # Ctrl-C (even where a parent shell started us with SIGINT ignored) and SIGTERM both shut down cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     url = f"http://127.0.0.1:{port}/"
     pair = runtime.spec.describe() if runtime.spec else "none loaded"
     print(f"SpecChat is running at {url}  (pair: {pair}; Ctrl-C to quit)", flush=True)
