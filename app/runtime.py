@@ -14,8 +14,8 @@ from .settings import Settings
 from .streaming import Generation
 
 MAX_POINTS = 400  # chart points kept per answer
-# Snapshots per second a viewer gets: 5 redraws/s read as smooth streaming, and cost no measurable decoding
-# speed (tests/perf_ui_vs_engine.py: 0.99-1.02 of the engine at 0.2 s; ~0.93 at 0.1 s on 2 cores).
+# Snapshots per second a viewer gets: 5 redraws/s read as smooth streaming and cost little decoding speed
+# (tests/perf_ui_vs_engine.py on 2 cores: 0.95-1.02 of the engine at 0.2 s, 0.93 at 0.1 s; the host is noisy).
 INTERVAL = 0.2
 
 
