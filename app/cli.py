@@ -81,10 +81,13 @@ def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
+LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld")  # argparse dests named as LoadSpec's fields
+
+
 def load_spec(args) -> LoadSpec:
     return LoadSpec(
         pair=args.pair, target=str(args.target) if args.target else None, draft=str(args.draft) if args.draft else None,
-        ctx=args.ctx, threads=args.threads, threads_draft=args.threads_draft, ngl=args.ngl, ngld=args.ngld,
+        **{k: getattr(args, k) for k in LOAD_FLAGS},
     )
 
 
@@ -245,10 +248,9 @@ def cmd_app(args) -> int:
         raise EngineError(f"Invalid --port {args.port}: use 1..65535.")
     if args.pair or args.target:
         requested = load_spec(args)
-    elif args.ctx or args.threads or args.threads_draft or args.ngl or args.ngld:  # new settings, last-used pair
-        flags = load_spec(args)
-        requested = replace(load_settings()[0].models or LoadSpec(pair="starter"), ctx=flags.ctx, threads=flags.threads,
-                            threads_draft=flags.threads_draft, ngl=flags.ngl, ngld=flags.ngld)
+    elif any(getattr(args, k) for k in LOAD_FLAGS):  # new load settings for the last-used pair
+        requested = replace(load_settings()[0].models or LoadSpec(pair="starter"),
+                            **{k: getattr(args, k) for k in LOAD_FLAGS})
     else:
         requested = None
     overrides = {k: v for k, v in dict(drafter=args.drafter, draft_max=args.draft_max, draft_min=args.draft_min,

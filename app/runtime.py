@@ -11,12 +11,9 @@ from typing import Callable, Iterator
 from .engine import Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
 from .loader import LoadSpec, Resolved, load_engine, resolve
 from .settings import Settings
-from .streaming import Generation
+from .streaming import INTERVAL, Generation
 
 MAX_POINTS = 400  # chart points kept per answer
-# Snapshots per second a viewer gets: 5 redraws/s read as smooth streaming and cost little decoding speed
-# (tests/perf_ui_vs_engine.py on 2 cores: 0.95-1.02 of the engine at 0.2 s, 0.93 at 0.1 s; the host is noisy).
-INTERVAL = 0.2
 
 
 @dataclass
@@ -149,12 +146,8 @@ class Runtime:
         engine = self._engine()
         params = settings.generation()
         drafter = self._drafter(settings.drafter)
-        ids = engine.chat_tokens(messages)
         live = Live()
-        gen = Generation(lambda c: engine.generate(ids, params, drafter, c), cancel)
-        for batch in gen.batches(interval):
-            for ev in batch:
-                live.add(ev)
+        for _ in _stream(engine, engine.chat_tokens(messages), params, drafter, cancel, interval, live):
             yield live
 
     def compare(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
@@ -173,12 +166,18 @@ class Runtime:
             cmp.phase = phase
             live = getattr(cmp, phase)
             engine.reset()
-            gen = Generation(lambda c, k=kind: engine.generate(ids, params, k, c), cancel)
-            for batch in gen.batches(interval):
-                for ev in batch:
-                    live.add(ev)
+            for _ in _stream(engine, ids, params, kind, cancel, interval, live):
                 yield cmp
             if cancel.is_set():
                 break
         cmp.phase = "done"
         yield cmp
+
+
+def _stream(engine: Engine, ids, params, drafter: str, cancel, interval: float, live: Live) -> Iterator[None]:
+    """Run one generation on a worker thread, folding each batch of its events into ``live``."""
+    gen = Generation(lambda c: engine.generate(ids, params, drafter, c), cancel)
+    for batch in gen.batches(interval):
+        for ev in batch:
+            live.add(ev)
+        yield

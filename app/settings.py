@@ -51,6 +51,11 @@ class Settings:
         return replace(self, draft_max=dp.draft_max, draft_min=dp.draft_min, draft_p_min=dp.draft_p_min,
                        adaptive=dp.adaptive)
 
+    def for_pair(self, recommended: DraftParams | None, has_draft: bool) -> "Settings":
+        """Settings for a newly loaded pair: its recommended draft settings (if given) and a drafter it can use."""
+        s = self.with_draft_params(recommended) if recommended else self
+        return replace(s, drafter="ngram") if s.drafter == "model" and not has_draft else s
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["models"] = self.models.as_dict() if self.models else None

@@ -1,5 +1,4 @@
 """Bad files and mismatched pairs are refused before generation, in plain words."""
-import shutil
 
 import pytest
 

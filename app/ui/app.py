@@ -60,9 +60,13 @@ class SpecChatUI:
         self.exports = Path(tempfile.mkdtemp(prefix="specchat-compare-"))
 
     # --- helpers --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _tab(request: gr.Request | None) -> str:
+        return request.session_hash if request else ""
+
     def _cancel_for(self, request: gr.Request | None) -> threading.Event:
         ev = threading.Event()
-        self.cancels[request.session_hash if request else ""] = ev
+        self.cancels[self._tab(request)] = ev
         return ev
 
     def _header(self) -> str:
@@ -108,7 +112,7 @@ class SpecChatUI:
         if not history or history[-1]["role"] != "user":
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
-        cancel = self.cancels.get(request.session_hash if request else "") or threading.Event()
+        cancel = self.cancels.get(self._tab(request)) or threading.Event()
         show = bool(values[SETTING_NAMES.index("show_draft_tokens")])
         live = None
         try:
@@ -136,7 +140,7 @@ class SpecChatUI:
                notice, gr.skip())
 
     def stop(self, request: gr.Request):
-        ev = self.cancels.get(request.session_hash if request else "")
+        ev = self.cancels.get(self._tab(request))
         if ev:
             ev.set()
 
@@ -210,9 +214,7 @@ class SpecChatUI:
         except (EngineError, ValueError, TypeError) as exc:
             return render.notice(str(exc)), self._header(), self._hardware(), *keep
         # A new pair brings its recommended draft settings, and the drafter it can use.
-        settings = collect(values).with_draft_params(self.runtime.resolved.draft_params)
-        if settings.drafter == "model" and not self.runtime.has_draft:
-            settings = replace(settings, drafter="ngram")
+        settings = collect(values).for_pair(self.runtime.resolved.draft_params, self.runtime.has_draft)
         self._save(settings)
         info = self.runtime.info()
         msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")

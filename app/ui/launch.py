@@ -35,16 +35,13 @@ def free_port(host: str, start: int = 7860, tries: int = 100) -> int:
     raise EngineError(f"No free port between {start} and {start + tries - 1}; choose one with --port.")
 
 
-def startup_pair(requested: LoadSpec | None, runtime: Runtime) -> list[str]:
+def startup_pair(requested: LoadSpec | None, last_used: LoadSpec | None, runtime: Runtime) -> list[str]:
     """Load what was asked for, else the last-used pair, else the starter; say what happened."""
     notes = []
-    settings, warning = load_settings()
-    if warning:
-        notes.append(warning)
     if requested is not None:
         runtime.load(requested)  # asked for explicitly: a failure is the user's to see, at once
         return notes
-    for spec in dict.fromkeys(s for s in (settings.models, STARTER) if s):
+    for spec in dict.fromkeys(s for s in (last_used, STARTER) if s):
         try:
             runtime.load(spec)
             return notes
@@ -61,14 +58,13 @@ def _interrupt(signum, frame):
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool) -> int:
     runtime = Runtime()
     print("specchat: loading models…", flush=True)
-    notes = startup_pair(requested, runtime)
-    settings, _ = load_settings()
-    if runtime.spec and runtime.spec != settings.models:  # a pair not used last time brings its recommended draft settings
+    settings, warning = load_settings()
+    notes = [warning] if warning else []
+    notes += startup_pair(requested, settings.models, runtime)
+    if runtime.spec and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
         settings = settings.with_draft_params(runtime.resolved.draft_params)
-    settings = replace(settings, **overrides, models=runtime.spec or settings.models)
-    if settings.drafter == "model" and not runtime.has_draft:
-        settings = replace(settings, drafter="ngram")
-    save_settings(settings)
+    settings = replace(settings, **overrides, models=runtime.spec or settings.models)  # flags win
+    save_settings(settings.for_pair(None, runtime.has_draft))
 
     from .app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving
 
