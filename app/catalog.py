@@ -13,6 +13,8 @@ from .resources import resource
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
               "target", "draft"}
 _SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "size_gb"}
+USES = ("chat", "code", "reasoning")
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 BUILTINS = ("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1")
 
 
@@ -26,6 +28,12 @@ class Source:
 
     def describe(self) -> str:
         return self.builtin or f"{self.repo}/{self.file}"
+
+    def files(self) -> list[str]:
+        """Every file this source needs on disk (all shards of a split GGUF)."""
+        from .hub import shard_names
+
+        return shard_names(self.file) if self.file else []
 
 
 @dataclass(frozen=True)
@@ -68,13 +76,18 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
                 adaptive=bool(raw.get("adaptive", False)),
             )
             dp.validate()
+            use, context = str(raw.get("use", "chat")), int(raw.get("context", 0))
+            if use not in USES:
+                raise ValueError(f"use must be one of {', '.join(USES)}, not {use!r}")
+            if context < 0:
+                raise ValueError("context must be a positive number of tokens")
             pairs[name] = Pair(
                 name=name,
                 target=_source(raw.get("target"), f"{where} target"),
                 draft=_source(raw.get("draft"), f"{where} draft"),
                 description=str(raw.get("description", "")),
-                use=str(raw.get("use", "chat")),
-                context=int(raw.get("context", 0)),
+                use=use,
+                context=context,
                 license=str(raw.get("license", "")),
                 draft_params=dp,
             )
@@ -90,11 +103,15 @@ def _source(raw, where: str) -> Source:
     if unknown:
         raise EngineError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
     src = Source(**raw)
+    if not isinstance(src.size_gb, (int, float)) or src.size_gb < 0 or not isinstance(src.quantization, str):
+        raise EngineError(f"{where}: size_gb must be a number of GB and quantization a name like Q4_K_M")
     if src.builtin:
         if src.builtin not in BUILTINS:
             raise EngineError(f"{where}: unknown builtin {src.builtin!r} (known: {', '.join(BUILTINS)})")
     elif not (src.repo and src.file):
         raise EngineError(f"{where} needs either builtin = ... or both repo = ... and file = ...")
+    elif not _REPO_ID.match(str(src.repo)) or not str(src.file).endswith(".gguf"):
+        raise EngineError(f"{where}: repo must look like owner/name and file must be a .gguf file name")
     return src
 
 
@@ -105,17 +122,51 @@ def get_pair(name: str) -> Pair:
     return pairs[name]
 
 
-def local_path(src: Source) -> Path:
-    """The GGUF file on this machine for a source; builtins are prepared on first use, Hub files must be cached."""
+def local_path(src: Source, pair: str | None = None) -> Path:
+    """The GGUF file on this machine for a source (a split GGUF: its first shard, with every shard present);
+    builtins are prepared on first use, Hub files must have been pulled."""
     if src.builtin:
         from . import starter
 
         return starter.target_path() if src.builtin.endswith("-f32") else starter.draft_path()
-    from huggingface_hub import try_to_load_from_cache
+    from .hub import cached_path
 
-    cached = try_to_load_from_cache(src.repo, src.file)
-    if isinstance(cached, str) and Path(cached).is_file():
-        return Path(cached)
-    shards = re.sub(r"-\d{5}-of-\d{5}\.gguf$", "-*.gguf", src.file)
-    what = f'--include "{shards}"' if shards != src.file else src.file  # split GGUF: every shard is needed
-    raise EngineError(f"{src.file} is not downloaded yet. Download it with: hf download {src.repo} {what}")
+    paths = [cached_path(src.repo, f) for f in src.files()]
+    if all(paths):
+        return paths[0]
+    how = f"specchat pull {pair}" if pair else f"specchat pull --repo {src.repo} --file {src.file}"
+    raise EngineError(f"{src.file} is not downloaded yet. Download it with: {how} (or in the app's Models tab)")
+
+
+@dataclass(frozen=True)
+class Status:
+    """How much of a source is on this machine."""
+
+    state: str  # "builtin", "downloaded", "partial" or "missing"
+    have_bytes: int = 0
+    total_bytes: int = 0
+
+    def describe(self) -> str:
+        if self.state == "partial" and self.total_bytes:
+            return f"partly downloaded ({self.have_bytes / self.total_bytes:.0%})"
+        return {"missing": "not downloaded"}.get(self.state, self.state)
+
+
+def status(src: Source) -> Status:
+    if src.builtin:
+        return Status("builtin")
+    from .hub import cached_path, partial_bytes
+
+    total = int(src.size_gb * 1e9)
+    have = 0
+    complete = True
+    for f in src.files():
+        path = cached_path(src.repo, f)
+        if path:
+            have += path.stat().st_size
+        else:
+            complete = False
+            have += partial_bytes(src.repo, f)
+    if complete:
+        return Status("downloaded", have, have)
+    return Status("partial" if have else "missing", have, max(total, have))

@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 7860 or the next free one)")
     a.add_argument("--no-browser", action="store_true", help="do not open a browser window")
     a.add_argument("--listen", action="store_true", help="serve on every network interface (default: loopback only)")
+
+    ls = sub.add_parser("list", help="the model pairs of models.toml and what is downloaded")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    pl = sub.add_parser("pull", help="download a pair (or one GGUF) from the Hugging Face Hub into its cache")
+    pl.add_argument("pair", nargs="?", help="a pair from models.toml (see specchat list)")
+    pl.add_argument("--repo", help="a Hub repo id, to download one GGUF file instead of a pair")
+    pl.add_argument("--file", help="the GGUF file in --repo (a split GGUF: its first shard)")
+    rm = sub.add_parser("remove", help="delete a pair's downloaded files from the Hub cache")
+    rm.add_argument("pair")
     return parser
 
 
@@ -266,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["app"] + argv  # plain `specchat [flags]`: the chat app
     args = build_parser().parse_args(argv)
     try:
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app}
+        from .models_cli import cmd_list, cmd_pull, cmd_remove
+
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
+                    "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove}
         return commands[args.command](args)
     except EngineError as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)

@@ -46,7 +46,7 @@ def resolve(spec: LoadSpec) -> Resolved:
         from .catalog import get_pair, local_path
 
         pair = get_pair(spec.pair)
-        return Resolved(local_path(pair.target), local_path(pair.draft), pair.draft_params)
+        return Resolved(local_path(pair.target, pair.name), local_path(pair.draft, pair.name), pair.draft_params)
     if not spec.target:
         raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
     return Resolved(Path(spec.target).expanduser(), Path(spec.draft).expanduser() if spec.draft else None,

@@ -22,6 +22,14 @@ def test_shipped_catalog_has_the_starter_pair():
     ("[pairs.x]\ndraft_max = 999\ntarget = { builtin = 'smollm2-135m-instruct-f32' }\n"
      "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "draft-max"),
     ("[pairs.x\n", "Cannot read the model catalog"),
+    ("[pairs.x]\nuse = 'poetry'\ntarget = { builtin = 'smollm2-135m-instruct-f32' }\n"
+     "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "use must be one of chat, code, reasoning"),
+    ("[pairs.x]\ntarget = { repo = 'no-owner', file = 'a.gguf' }\n"
+     "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "repo must look like owner/name"),
+    ("[pairs.x]\ntarget = { repo = 'a/b', file = 'model.safetensors' }\n"
+     "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "must be a .gguf file"),
+    ("[pairs.x]\ntarget = { repo = 'a/b', file = 'a.gguf', size_gb = 'big' }\n"
+     "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "size_gb must be a number"),
 ])
 def test_bad_catalog_entries_are_explained(tmp_path, body, words):
     f = tmp_path / "models.toml"
@@ -38,5 +46,20 @@ def test_unknown_pair_lists_the_known_ones():
 def test_hub_pair_not_downloaded_says_how(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     pair = get_pair("qwen2.5-7b-instruct")
-    with pytest.raises(EngineError, match=r'hf download Qwen/Qwen2.5-7B-Instruct-GGUF --include "qwen2.5-7b-instruct-q4_k_m-\*.gguf"'):
-        local_path(pair.target)
+    with pytest.raises(EngineError, match=r"qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf is not downloaded yet\. "
+                       r"Download it with: specchat pull qwen2.5-7b-instruct"):
+        local_path(pair.target, pair.name)
+
+
+def test_catalog_offers_real_pairs_for_every_use():
+    pairs = load_catalog()
+    hub_pairs = [p for p in pairs.values() if p.target.repo]
+    assert len(hub_pairs) >= 8
+    assert {p.use for p in hub_pairs} == {"chat", "code", "reasoning"}
+    for p in hub_pairs:
+        for src in (p.target, p.draft):
+            assert src.repo.count("/") == 1 and src.file.endswith(".gguf") and src.quantization and src.size_gb > 0
+        assert p.target.size_gb > p.draft.size_gb and p.context >= 8192
+        assert 1 <= p.draft_params.draft_max <= 32
+    assert pairs["qwen2.5-7b-instruct"].target.files() == [
+        "qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf", "qwen2.5-7b-instruct-q4_k_m-00002-of-00002.gguf"]

@@ -46,12 +46,15 @@ def write_model(
     base_seed: int | None = None,
     noise: float = 0.0,
     logit_scale: float = 4.0,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
-    a perturbed copy of a target (partial acceptance, exercising both accept and reject paths)."""
+    a perturbed copy of a target (partial acceptance, exercising both accept and reject paths).
+    ``split_max_tensors``: write a split GGUF (``name-0000k-of-0000N.gguf`` beside ``path``) as llama.cpp's
+    gguf-split does; returns the first shard."""
     toks = vocab(extra_words, rename)
     n_vocab = len(toks)
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
@@ -103,4 +106,6 @@ def write_model(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
     return path

@@ -1,0 +1,347 @@
+"""Downloads from the Hugging Face Hub into its standard cache, resumable across runs and verified by hash.
+
+huggingface_hub resolves every file (endpoint, token, redirects, errors) and lays out the cache; we fetch the
+bytes ourselves because its downloader starts over after an interruption, and a 20 GB GGUF must not. A partial
+download lives at ``blobs/<etag>.incomplete`` (the name older huggingface_hub versions resumed from), a finished
+one is checked against the Hub's recorded SHA-256 before it becomes ``blobs/<etag>``, and
+``hf_hub_download`` then links it into ``snapshots/`` exactly as for any other cached file.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import re
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlparse
+
+import httpx2
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+)
+from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from .engine.errors import EngineError
+
+CHUNK = 1 << 20
+DISK_MARGIN = 256 << 20  # keep this much free beyond the download itself
+PARTIALS = ".specchat-partials.json"
+_SHARD = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class HubError(EngineError):
+    """A download problem, worded for the person who started it."""
+
+
+class DownloadCancelled(HubError):
+    pass
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    repo: str
+    name: str
+    size: int
+    etag: str  # the SHA-256 of the content for LFS files (every GGUF on the Hub), else the git blob SHA-1
+    commit: str
+    url: str  # where the bytes are (the Hub or, after a redirect, a CDN)
+    send_token: bool  # False for a CDN URL: the token is not theirs to see
+
+
+@dataclass(frozen=True)
+class Progress:
+    file: str
+    index: int  # 1-based position among the files being pulled
+    count: int
+    done: int  # bytes of this file on disk
+    total: int
+
+
+def shard_names(name: str) -> list[str]:
+    """All files of a split GGUF named by any of its shards (``x-00001-of-00003.gguf``); ``[name]`` otherwise."""
+    m = _SHARD.match(name)
+    if not m:
+        return [name]
+    count = int(m["count"])
+    return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def cache_dir() -> Path:
+    return Path(constants.HF_HUB_CACHE)
+
+
+def cached_path(repo: str, name: str, cache: Path | None = None) -> Path | None:
+    found = try_to_load_from_cache(repo, name, cache_dir=cache)
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def partial_bytes(repo: str, name: str, cache: Path | None = None) -> int:
+    """Bytes of an interrupted download of ``name`` waiting to be resumed (0 if none)."""
+    blobs = _blobs(repo, Path(cache or cache_dir()))
+    etag = _partials(blobs).get(name)
+    part = blobs / f"{etag}.incomplete"
+    return part.stat().st_size if etag and part.exists() else 0
+
+
+def _partials(blobs: Path) -> dict[str, str]:
+    """file name -> etag of the partial downloads in ``blobs`` (an etag alone does not say which file it is)."""
+    try:
+        return json.loads((blobs.parent / PARTIALS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _note_partial(blobs: Path, name: str, etag: str | None) -> None:
+    """Record (etag) or clear (None) the partial download of ``name``; the file goes when nothing is partial."""
+    known = _partials(blobs)
+    if known.get(name) == etag:
+        return
+    known = {k: v for k, v in {**known, name: etag}.items() if v}
+    record = blobs.parent / PARTIALS
+    if known:
+        record.write_text(json.dumps(known), encoding="utf-8")
+    else:
+        record.unlink(missing_ok=True)
+
+
+def resolve(repo: str, name: str, endpoint: str | None = None) -> RemoteFile:
+    """Ask the Hub where a file is, how big it is and what hash it must have."""
+    if constants.HF_HUB_OFFLINE:
+        raise HubError(f"Cannot download {name}: HF_HUB_OFFLINE is set. Unset it (or set it to 0) to download.")
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo, name, endpoint=endpoint), endpoint=endpoint,
+                                    timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except Exception as exc:  # translated below; anything unexpected keeps its own words
+        raise explain(exc, repo, name, endpoint) from exc
+    if not meta.etag or not meta.commit_hash or meta.size is None:
+        raise HubError(f"{endpoint or constants.ENDPOINT} did not answer like the Hugging Face Hub for {repo}/{name} "
+                       "(no ETag, commit or size). Check HF_ENDPOINT.")
+    url = hf_hub_url(repo, name, endpoint=endpoint)
+    same_host = urlparse(meta.location).netloc == urlparse(url).netloc
+    return RemoteFile(repo, name, int(meta.size), meta.etag, meta.commit_hash, meta.location, same_host)
+
+
+def explain(exc: Exception, repo: str, name: str, endpoint: str | None = None) -> HubError:
+    """Turn a huggingface_hub / network error into what the person should do about it."""
+    hub = (endpoint or constants.ENDPOINT).rstrip("/")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, OfflineModeIsEnabled):
+        return HubError("HF_HUB_OFFLINE is set: unset it to download.")
+    if isinstance(exc, GatedRepoError):
+        return HubError(f"{repo} is gated: accept its license at {hub}/{repo} while logged in, then set HF_TOKEN "
+                        "to a token of that account (or run `hf auth login`).")
+    if isinstance(exc, RemoteEntryNotFoundError):
+        return HubError(f"{repo} has no file {name} (404). The catalog entry may be out of date: check the file "
+                        f"list at {hub}/{repo}/tree/main.")
+    if isinstance(exc, RepositoryNotFoundError):
+        if status == 404:
+            return HubError(f"Repository {repo} was not found on {hub} (404). Check the repo id.")
+        has_token = bool(build_hf_headers().get("authorization"))
+        return HubError(f"Repository {repo} was not found or is private ({status}). Check the repo id; if it is "
+                        + ("private, the token in HF_TOKEN has no access to it." if has_token else
+                           "private, set HF_TOKEN to a token with access (or run `hf auth login`)."))
+    if isinstance(exc, HfHubHTTPError) and status == 401:
+        return HubError(f"{hub} refused the token (401 invalid credentials). Set HF_TOKEN to a valid token "
+                        f"from {hub}/settings/tokens, or unset it for public models.")
+    if isinstance(exc, HfHubHTTPError):
+        return HubError(f"{hub} answered {status} for {repo}/{name}. Try again later.")
+    if isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError)):
+        return HubError(f"Cannot reach {hub} ({type(exc).__name__}). Check the internet connection, proxy settings "
+                        "or HF_ENDPOINT; a partial download resumes when you run the pull again.")
+    return HubError(f"Download of {repo}/{name} failed: {exc}")
+
+
+def pull_files(
+    files: list[tuple[str, str]],
+    cache: Path | None = None,
+    endpoint: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> list[Path]:
+    """Download ``(repo, name)`` files (split GGUFs: every shard) into the Hub cache; return their local paths.
+
+    Files already cached are verified by hash and fetched again if damaged; partial files are resumed.
+    """
+    cache = Path(cache or cache_dir())
+    wanted = [(repo, shard) for repo, name in files for shard in shard_names(name)]
+    remotes = [resolve(repo, name, endpoint) for repo, name in wanted]
+    _check_disk(remotes, cache)
+    paths = []
+    for i, remote in enumerate(remotes, 1):
+        def report(done: int, r=remote, i=i) -> None:
+            if on_progress:
+                on_progress(Progress(r.name, i, len(remotes), done, r.size))
+
+        _fetch_verified(remote, cache, report, cancel)
+        try:  # huggingface_hub links the verified blob into snapshots/ and records the ref
+            path = hf_hub_download(remote.repo, remote.name, cache_dir=cache, endpoint=endpoint)
+        except Exception as exc:
+            raise explain(exc, remote.repo, remote.name, endpoint) from exc
+        paths.append(Path(path))
+    return paths
+
+
+def _blobs(repo: str, cache: Path) -> Path:
+    return cache / repo_folder_name(repo_id=repo, repo_type="model") / "blobs"
+
+
+def _check_disk(remotes: list[RemoteFile], cache: Path) -> None:
+    need = 0
+    for r in remotes:
+        blob = _blobs(r.repo, cache) / r.etag
+        part = blob.with_name(r.etag + ".incomplete")
+        if not blob.exists():
+            need += r.size - (part.stat().st_size if part.exists() else 0)
+    if not need:
+        return
+    where = cache
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if need + DISK_MARGIN > free:
+        raise HubError(f"Not enough disk space: the download needs {_gb(need)} plus {_gb(DISK_MARGIN)} to spare, "
+                       f"and {where} has {_gb(free)} free. Free some space or point HF_HUB_CACHE at a larger disk.")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _fetch_verified(remote: RemoteFile, cache: Path, report, cancel) -> None:
+    """Make ``blobs/<etag>`` hold the file's exact bytes: keep a good copy, resume a partial, refetch a bad one."""
+    blobs = _blobs(remote.repo, cache)
+    blob = blobs / remote.etag
+    if blob.exists():
+        if _digest(blob, remote.etag) == remote.etag:
+            report(remote.size)
+            return
+        _forget(blob, cache, remote)  # damaged on disk: drop it and its snapshot links, then fetch again
+    for attempt in (1, 2):
+        part = blobs / (remote.etag + ".incomplete")
+        digest = _download(remote, part, report, cancel)
+        if digest == remote.etag:
+            part.replace(blob)
+            _note_partial(blobs, remote.name, None)
+            return
+        part.unlink(missing_ok=True)  # corrupted in transit: the bytes cannot be trusted, start this file over
+    raise HubError(f"{remote.name} failed its integrity check twice (its content does not match the Hub's hash "
+                   f"{remote.etag[:12]}…). The file on the server or a proxy in between may be damaged.")
+
+
+def _download(remote: RemoteFile, part: Path, report, cancel) -> str:
+    """Append the rest of the file to ``part`` (HTTP Range) and return the digest of the whole file."""
+    part.parent.mkdir(parents=True, exist_ok=True)
+    _note_partial(part.parent, remote.name, remote.etag)
+    hasher = _hasher(remote.etag, remote.size)
+    done = 0
+    if part.exists():
+        with open(part, "rb") as f:
+            while chunk := f.read(CHUNK):
+                hasher.update(chunk)
+                done += len(chunk)
+    if done > remote.size:
+        part.unlink()
+        return ""
+    headers = build_hf_headers()
+    if not remote.send_token:
+        headers.pop("authorization", None)
+    if done:
+        headers["Range"] = f"bytes={done}-"
+    report(done)
+    try:
+        if done < remote.size:
+            with get_session().stream("GET", remote.url, headers=headers, follow_redirects=True,
+                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as resp:
+                hf_raise_for_status(resp)
+                mode = "ab"
+                if done and resp.status_code != 206:  # the server ignored Range: take the whole body
+                    hasher, done, mode = _hasher(remote.etag, remote.size), 0, "wb"
+                with open(part, mode) as f:
+                    for chunk in resp.iter_bytes(CHUNK):
+                        if cancel is not None and cancel.is_set():
+                            raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull again to resume.")
+                        f.write(chunk)
+                        hasher.update(chunk)
+                        done += len(chunk)
+                        report(done)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise HubError(f"The disk filled up while downloading {remote.name}. Free some space and run the pull "
+                           "again: it resumes where it stopped.") from exc
+        raise
+    except (HubError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise explain(exc, remote.repo, remote.name) from exc
+    if done != remote.size:
+        raise HubError(f"The download of {remote.name} ended early ({done:,} of {remote.size:,} bytes). "
+                       "Run the pull again to resume.")
+    return hasher.hexdigest()
+
+
+class _GitBlobHash:
+    """git's object hash (sha1 of ``blob <size>\\0`` + content): the Hub's etag for files not stored in LFS."""
+
+    def __init__(self, size: int):
+        self._h = hashlib.sha1(f"blob {size}\0".encode())
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _hasher(etag: str, size: int):
+    return hashlib.sha256() if len(etag) == 64 else _GitBlobHash(size)
+
+
+def _digest(path: Path, etag: str) -> str:
+    h = _hasher(etag, path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _forget(blob: Path, cache: Path, remote: RemoteFile) -> None:
+    snapshots = blob.parent.parent / "snapshots"
+    for link in snapshots.glob(f"*/{remote.name}") if snapshots.is_dir() else []:
+        link.unlink(missing_ok=True)
+    blob.unlink(missing_ok=True)
+
+
+def remove_files(files: list[tuple[str, str]], keep: set[tuple[str, str]] = frozenset(),
+                 cache: Path | None = None) -> tuple[int, list[str]]:
+    """Delete cached files (split GGUFs: every shard) except those in ``keep``; return (bytes freed, names)."""
+    cache = Path(cache or cache_dir())
+    keep_all = {(r, s) for r, n in keep for s in shard_names(n)}
+    freed, removed = 0, []
+    for repo, name in files:
+        for shard in shard_names(name):
+            if (repo, shard) in keep_all:
+                continue
+            storage = cache / repo_folder_name(repo_id=repo, repo_type="model")
+            links = list((storage / "snapshots").glob(f"*/{shard}")) if (storage / "snapshots").is_dir() else []
+            for link in links:
+                blob = link.resolve()
+                link.unlink()
+                if blob.exists() and blob.parent.name == "blobs" and not _still_linked(storage, blob):
+                    freed += blob.stat().st_size
+                    blob.unlink()
+                removed.append(shard)
+    return freed, removed
+
+
+def _still_linked(storage: Path, blob: Path) -> bool:
+    return any(p.is_symlink() and p.resolve() == blob for p in (storage / "snapshots").rglob("*"))

@@ -1,0 +1,54 @@
+"""Pair-level model management shared by the CLI and the app: what is downloaded, pull, remove."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+from . import hub
+from .catalog import Pair, Source, load_catalog, status
+
+
+def hub_files(sources: list[Source]) -> list[tuple[str, str]]:
+    """(repo, file) of the Hub sources, each once (a draft shared by two pairs is one download)."""
+    return list(dict.fromkeys((s.repo, s.file) for s in sources if s.repo))
+
+
+def pull(pair: Pair, on_progress: Callable[[hub.Progress], None] | None = None,
+         cancel: threading.Event | None = None) -> list[Path]:
+    """Download the pair's Hub files (target first, then draft); builtins need nothing."""
+    return hub.pull_files(hub_files([pair.target, pair.draft]), on_progress=on_progress, cancel=cancel)
+
+
+READY = ("builtin", "downloaded")
+
+
+def is_downloaded(pair: Pair) -> bool:
+    return all(status(s).state in READY for s in (pair.target, pair.draft))
+
+
+def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
+    """Delete the pair's downloaded files, except those another downloaded pair still uses.
+    Returns (bytes freed, files removed, files kept for other pairs)."""
+    mine = hub_files([pair.target, pair.draft])
+    others = {f for p in load_catalog().values() if p.name != pair.name and is_downloaded(p)
+              for f in hub_files([p.target, p.draft])}
+    freed, removed = hub.remove_files(mine, keep=others)
+    kept = [name for repo, name in mine if (repo, name) in others]
+    return freed, removed, kept
+
+
+def rows() -> list[dict]:
+    """One row per catalog pair for `specchat list` and the Models view."""
+    out = []
+    for p in load_catalog().values():
+        t, d = status(p.target), status(p.draft)
+        out.append({
+            "pair": p.name, "use": p.use, "context": p.context, "license": p.license,
+            "description": p.description,
+            "target": p.target.describe(), "target_quant": p.target.quantization, "target_gb": p.target.size_gb,
+            "draft": p.draft.describe(), "draft_quant": p.draft.quantization, "draft_gb": p.draft.size_gb,
+            "target_status": t.describe(), "draft_status": d.describe(),
+            "ready": t.state in READY and d.state in READY,
+        })
+    return out

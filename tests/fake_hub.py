@@ -1,0 +1,164 @@
+"""A small stand-in for the Hugging Face Hub on 127.0.0.1, speaking the endpoints huggingface_hub's downloads use.
+
+It answers as the Hub does: ``HEAD/GET /{repo}/resolve/{rev}/{file}`` redirects LFS files to a content URL with
+``X-Linked-Etag`` (the SHA-256), ``X-Linked-Size`` and ``X-Repo-Commit``; ``GET /lfs/{sha256}`` on a second port
+(the CDN) serves bytes with HTTP Range; errors carry ``X-Error-Code`` (RepoNotFound, GatedRepo, EntryNotFound) with the Hub's status codes.
+Tests select it with ``HF_ENDPOINT``. Knobs: private/gated repos, a per-request rate limit (so a test can kill a
+download halfway), corrupting the next response of a file, and a log of every request.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class Repo:
+    files: dict[str, bytes]
+    private: bool = False
+    gated: bool = False  # readable only with a token in ``accepted`` (people who accepted the license)
+    accepted: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    range: str | None
+    auth: str | None
+    sent: int = 0
+
+
+@dataclass
+class FakeHub:
+    repos: dict[str, Repo] = field(default_factory=dict)
+    tokens: set[str] = field(default_factory=set)  # valid tokens; each may read every private/gated repo
+    rate: int = 0  # bytes/s per response, 0 = unlimited
+    corrupt_next: set[str] = field(default_factory=set)  # file names whose next body gets one flipped byte
+    corrupt_always: set[str] = field(default_factory=set)  # ... and whose every body does
+    log: list[Request] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._blobs: dict[str, bytes] = {}
+        # Two origins, as on the real Hub: the API answers /resolve and redirects content to a "CDN" elsewhere.
+        self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(self)) for _ in range(2)]
+        self.url, self.cdn = (f"http://127.0.0.1:{s.server_address[1]}" for s in self._servers)
+        for server in self._servers:
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def add(self, repo: str, files: dict[str, bytes], **kw) -> None:
+        self.repos[repo] = Repo(dict(files), **kw)
+        for data in files.values():
+            self._blobs[hashlib.sha256(data).hexdigest()] = data
+
+    def sha(self, repo: str, name: str) -> str:
+        return hashlib.sha256(self.repos[repo].files[name]).hexdigest()
+
+    def bytes_sent(self, name_or_sha: str) -> int:
+        return sum(r.sent for r in self.log if r.path.endswith(name_or_sha))
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+
+
+def _handler(hub: FakeHub):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_HEAD(self):
+            self._serve(body=False)
+
+        def do_GET(self):
+            self._serve(body=True)
+
+        def _serve(self, body: bool):
+            h = self.headers
+            req = Request(self.command, unquote(self.path), h.get("Range"), h.get("Authorization"))
+            hub.log.append(req)
+            parts = req.path.lstrip("/").split("/")
+            if parts[0] == "lfs" and len(parts) == 2:
+                return self._content(parts[1], req, body)
+            if "resolve" in parts:
+                i = parts.index("resolve")
+                return self._resolve("/".join(parts[:i]), "/".join(parts[i + 2:]), body)
+            self._error(404, "NotFound", "Not found")
+
+        def _resolve(self, repo_id: str, name: str, body: bool):
+            repo = hub.repos.get(repo_id)
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if token and token not in hub.tokens:
+                return self._error(401, None, "Invalid credentials in Authorization header")
+            if repo is None or (repo.private and not token):
+                return self._error(401, "RepoNotFound", "Repository not found")
+            if repo.gated and token not in repo.accepted:
+                return self._error(403 if token else 401, "GatedRepo", "Access to model is restricted.")
+            if name not in repo.files:
+                return self._error(404, "EntryNotFound", "Entry not found", commit=True)
+            data = repo.files[name]
+            sha = hashlib.sha256(data).hexdigest()
+            self.send_response(302)
+            self.send_header("Location", f"{hub.cdn}/lfs/{sha}")
+            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("X-Linked-Etag", f'"{sha}"')
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("ETag", '"not-the-content-hash"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _content(self, sha: str, req: Request, body: bool):
+            data = hub._blobs.get(sha)
+            if data is None:
+                return self._error(404, None, "No such object")
+            start = 0
+            if req.range and req.range.startswith("bytes="):
+                start = int(req.range[6:].split("-")[0])
+            chunk = data[start:]
+            names = {n for r in hub.repos.values() for n, d in r.files.items() if d is data}
+            if body and names & (hub.corrupt_next | hub.corrupt_always) and chunk:
+                hub.corrupt_next -= names
+                chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
+            self.send_response(206 if start else 200)
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(len(chunk)))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", f'"{sha}"')
+            self.end_headers()
+            if not body:
+                return
+            step = max(hub.rate // 20, 1) if hub.rate else len(chunk) or 1
+            try:
+                for i in range(0, len(chunk), step):
+                    self.wfile.write(chunk[i:i + step])
+                    req.sent += len(chunk[i:i + step])
+                    if hub.rate:
+                        threading.Event().wait(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def _error(self, status: int, code: str | None, message: str, commit: bool = False):
+            self.send_response(status)
+            if code:
+                self.send_header("X-Error-Code", code)
+            self.send_header("X-Error-Message", message)
+            if commit:
+                self.send_header("X-Repo-Commit", COMMIT)
+            payload = f'{{"error": "{message}"}}'.encode()
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(payload)
+
+    return Handler

@@ -1,0 +1,260 @@
+"""Hub downloads against a local stand-in for the Hub (tests/fake_hub.py, selected with HF_ENDPOINT): the real
+huggingface_hub client, the real `specchat pull / list / remove`, tiny GGUF pairs the tests write."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fake_hub import FakeHub
+from tiny_gguf import write_model
+
+from app import hub
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_REPO, SPLIT_REPO, BIG_REPO, DRAFT_REPO = "tests/tiny-target", "tests/tiny-split", "tests/big", "tests/tiny-draft"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hub-files")
+    split_first = write_model(d / "split.gguf", seed=1, split_max_tensors=8)
+    return {
+        "target": write_model(d / "target.gguf", seed=1).read_bytes(),
+        "draft": write_model(d / "draft.gguf", seed=2, base_seed=1, noise=0.3).read_bytes(),
+        "shards": {p.name: p.read_bytes() for p in sorted(d.glob("split-*.gguf"))},
+        "split_first": split_first.name,
+        "big": os.urandom(3 << 20),
+    }
+
+
+@pytest.fixture
+def fake(files):
+    h = FakeHub(tokens={"hf_good"})
+    h.add(TINY_REPO, {"target-Q8_0.gguf": files["target"]})
+    h.add(DRAFT_REPO, {"draft-Q8_0.gguf": files["draft"]})
+    h.add(SPLIT_REPO, files["shards"])
+    h.add(BIG_REPO, {"big-Q4_K_M.gguf": files["big"]})
+    h.add("tests/private", {"p.gguf": b"GGUF"}, private=True)
+    h.add("tests/gated", {"g.gguf": b"GGUF"}, gated=True)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def env(tmp_path, fake, files):
+    """Environment for a `specchat` child: the fake Hub, a fresh cache, a catalog of pairs on the fake Hub."""
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(f"""
+[pairs.tiny]
+description = "tiny pair"
+license = "test"
+target = {{ repo = "{TINY_REPO}", file = "target-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
+draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
+
+[pairs.split]
+description = "split target"
+license = "test"
+target = {{ repo = "{SPLIT_REPO}", file = "{files['split_first']}", quantization = "F32", size_gb = 0.0003 }}
+draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
+
+[pairs.big]
+description = "a 3 MB download"
+license = "test"
+target = {{ repo = "{BIG_REPO}", file = "big-Q4_K_M.gguf", quantization = "Q4_K_M", size_gb = 0.003 }}
+draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
+""")
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    e.update(HF_ENDPOINT=fake.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_MODELS=str(catalog),
+             SPECCHAT_NET_LOG=str(tmp_path / "net.log"), HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
+    (tmp_path / "net.log").write_text("")
+    return e
+
+
+def specchat(env, *args, **kw) -> subprocess.CompletedProcess:
+    """`specchat ARGS` under tests/net_guard.py, which logs any connection beyond loopback."""
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "net_guard.py"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
+
+
+def no_traffic_beyond_loopback(env):
+    assert Path(env["SPECCHAT_NET_LOG"]).read_text() == ""
+
+
+def cached(env, repo, name) -> Path:
+    folder = Path(env["HF_HUB_CACHE"]) / ("models--" + repo.replace("/", "--")) / "snapshots"
+    return next(folder.glob(f"*/{name}"))
+
+
+def test_pull_list_generate_remove(env, fake, files):
+    before = json.loads(specchat(env, "list", "--json").stdout)
+    assert {r["pair"]: r["ready"] for r in before}["tiny"] is False
+    r = specchat(env, "pull", "tiny")
+    assert r.returncode == 0, r.stderr
+    assert "target-Q8_0.gguf" in r.stderr and "100%" in r.stderr  # tqdm bars
+    assert cached(env, TINY_REPO, "target-Q8_0.gguf").read_bytes() == files["target"]
+    assert cached(env, DRAFT_REPO, "draft-Q8_0.gguf").read_bytes() == files["draft"]
+    rows = {r["pair"]: r for r in json.loads(specchat(env, "list", "--json").stdout)}
+    assert rows["tiny"]["ready"] and rows["tiny"]["target_status"] == "downloaded"
+    assert not rows["big"]["ready"] and rows["big"]["draft_status"] == "downloaded"
+
+    # the pulled pair loads from the cache like any catalog pair
+    g = specchat(env, "generate", "--pair", "tiny", "--prompt", "the cat", "--max-tokens", "8", "--json")
+    assert g.returncode == 0, g.stderr
+    assert json.loads(g.stdout)["n_tokens"] == 8
+
+    # a second pull finds everything in place: verified by hash, nothing fetched again
+    served = len([q for q in fake.log if q.method == "GET"])
+    assert specchat(env, "pull", "tiny").returncode == 0
+    assert len([q for q in fake.log if q.method == "GET"]) == served
+
+    r = specchat(env, "remove", "tiny")
+    assert r.returncode == 0 and "Removed 2 file(s)" in r.stdout
+    assert not list((Path(env["HF_HUB_CACHE"]) / "models--tests--tiny-target" / "blobs").iterdir())
+    no_traffic_beyond_loopback(env)
+
+
+def test_remove_keeps_a_draft_another_downloaded_pair_uses(env):
+    assert specchat(env, "pull", "tiny").returncode == 0
+    assert specchat(env, "pull", "split").returncode == 0
+    r = specchat(env, "remove", "tiny")
+    assert "Kept draft-Q8_0.gguf: another downloaded pair uses it." in r.stdout
+    assert cached(env, DRAFT_REPO, "draft-Q8_0.gguf").exists()
+    rows = {r["pair"]: r["ready"] for r in json.loads(specchat(env, "list", "--json").stdout)}
+    assert rows == {"tiny": False, "split": True, "big": False}
+
+
+def test_split_gguf_comes_down_whole_and_loads(env, fake, files):
+    r = specchat(env, "pull", "split")
+    assert r.returncode == 0, r.stderr
+    for name, data in files["shards"].items():
+        assert cached(env, SPLIT_REPO, name).read_bytes() == data
+    assert len(files["shards"]) == 3
+    g = specchat(env, "generate", "--pair", "split", "--prompt", "the cat", "--max-tokens", "4", "--json")
+    assert g.returncode == 0, g.stderr
+    no_traffic_beyond_loopback(env)
+
+
+def test_a_pull_killed_halfway_resumes_where_it_stopped(env, fake, files):
+    size = len(files["big"])
+    fake.rate = 1 << 20  # 1 MB/s: the 3 MB file takes about 3 s
+    blobs = Path(env["HF_HUB_CACHE"]) / "models--tests--big" / "blobs"
+    child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "net_guard.py"), "pull", "big"], env=env,
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    part = None
+    while time.monotonic() < deadline:
+        parts = list(blobs.glob("*.incomplete")) if blobs.is_dir() else []
+        if parts and parts[0].stat().st_size > size // 3:
+            part = parts[0]
+            break
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert part is not None, "the download never got a third of the way"
+    kept = part.stat().st_size
+    assert 0 < kept < size
+    rows = {r["pair"]: r for r in json.loads(specchat(env, "list", "--json").stdout)}
+    assert rows["big"]["target_status"].startswith("partly downloaded")
+
+    fake.rate = 0
+    first_log = len(fake.log)
+    r = specchat(env, "pull", "big")
+    assert r.returncode == 0, r.stderr
+    sha = hashlib.sha256(files["big"]).hexdigest()
+    resumed = [q for q in fake.log[first_log:] if q.method == "GET" and q.path.endswith(sha)]
+    assert len(resumed) == 1 and resumed[0].range == f"bytes={kept}-"
+    assert resumed[0].sent == size - kept  # only the rest came over the wire
+    assert cached(env, BIG_REPO, "big-Q4_K_M.gguf").read_bytes() == files["big"]
+    assert not list(blobs.glob("*.incomplete"))
+    no_traffic_beyond_loopback(env)
+
+
+def test_a_file_corrupted_on_disk_is_detected_and_fetched_again(env, fake, files):
+    assert specchat(env, "pull", "tiny").returncode == 0
+    path = cached(env, TINY_REPO, "target-Q8_0.gguf")
+    blob = path.resolve()
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    sha = fake.sha(TINY_REPO, "target-Q8_0.gguf")
+    before = fake.bytes_sent(sha)
+    r = specchat(env, "pull", "tiny")
+    assert r.returncode == 0, r.stderr
+    assert fake.bytes_sent(sha) - before == len(files["target"])
+    assert path.read_bytes() == files["target"]
+
+
+def test_a_download_corrupted_in_transit_is_fetched_again(tmp_path, fake, files):
+    fake.corrupt_next.add("target-Q8_0.gguf")
+    [path] = hub.pull_files([(TINY_REPO, "target-Q8_0.gguf")], cache=tmp_path, endpoint=fake.url)
+    assert path.read_bytes() == files["target"]
+    assert fake.bytes_sent(fake.sha(TINY_REPO, "target-Q8_0.gguf")) == 2 * len(files["target"])
+
+
+def test_a_download_that_never_matches_its_hash_is_refused(tmp_path, fake):
+    fake.corrupt_always.add("target-Q8_0.gguf")
+    with pytest.raises(hub.HubError, match="failed its integrity check twice"):
+        hub.pull_files([(TINY_REPO, "target-Q8_0.gguf")], cache=tmp_path, endpoint=fake.url)
+    assert hub.cached_path(TINY_REPO, "target-Q8_0.gguf", tmp_path) is None
+
+
+@pytest.mark.parametrize("repo,name,token,words", [
+    ("tests/nope", "x.gguf", None, r"not found or is private \(401\).*set HF_TOKEN"),
+    ("tests/private", "p.gguf", None, r"not found or is private \(401\).*set HF_TOKEN"),
+    ("tests/private", "p.gguf", "hf_good", None),
+    ("tests/private", "p.gguf", "hf_bad", r"refused the token \(401 invalid credentials\)"),
+    ("tests/gated", "g.gguf", None, r"tests/gated is gated: accept its license at http://127\.0\.0\.1:\d+/tests/gated"),
+    ("tests/gated", "g.gguf", "hf_good", r"is gated"),
+    (TINY_REPO, "missing.gguf", None, r"has no file missing\.gguf \(404\)"),
+])
+def test_hub_errors_are_explained(tmp_path, fake, monkeypatch, repo, name, token, words):
+    if token:
+        monkeypatch.setenv("HF_TOKEN", token)
+    else:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    if words is None:
+        [path] = hub.pull_files([(repo, name)], cache=tmp_path, endpoint=fake.url)
+        assert path.read_bytes() == b"GGUF"
+        return
+    with pytest.raises(hub.HubError, match=words):
+        hub.pull_files([(repo, name)], cache=tmp_path, endpoint=fake.url)
+
+
+def test_unreachable_hub_and_offline_mode_are_explained(env, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = specchat({**env, "HF_ENDPOINT": dead}, "pull", "tiny")
+    assert r.returncode == 1 and "Cannot reach http://127.0.0.1" in r.stderr and "Traceback" not in r.stderr
+    r = specchat({**env, "HF_HUB_OFFLINE": "1"}, "pull", "tiny")
+    assert r.returncode == 1 and "HF_HUB_OFFLINE is set" in r.stderr
+
+
+def test_not_enough_disk_space_is_refused_before_downloading(tmp_path, fake, monkeypatch):
+    import shutil
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(hub.shutil, "disk_usage", lambda p: real(p)._replace(free=100 << 20))
+    with pytest.raises(hub.HubError, match=r"Not enough disk space.*HF_HUB_CACHE"):
+        hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url)
+    assert not [q for q in fake.log if q.method == "GET"]
+
+
+def test_cli_usage_errors(env):
+    r = specchat(env, "pull")
+    assert r.returncode == 1 and "Name a pair to pull" in r.stderr
+    r = specchat(env, "pull", "nope")
+    assert r.returncode == 1 and "Unknown pair 'nope'" in r.stderr
+    r = specchat(env, "pull", "--repo", TINY_REPO)
+    assert r.returncode == 1 and "--repo and --file" in r.stderr
+    r = specchat(env, "pull", "--repo", TINY_REPO, "--file", "target-Q8_0.gguf")
+    assert r.returncode == 0 and r.stdout.strip().endswith("target-Q8_0.gguf")
+    r = specchat(env, "generate", "--pair", "big", "--prompt", "x")
+    assert r.returncode == 1 and "specchat pull big" in r.stderr
