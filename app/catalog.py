@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine import DraftParams, EngineError
+from .engine.gguf_file import shard_names
 from .resources import resource
 
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
@@ -31,8 +32,6 @@ class Source:
 
     def files(self) -> list[str]:
         """Every file this source needs on disk (all shards of a split GGUF)."""
-        from .hub import shard_names
-
         return shard_names(self.file) if self.file else []
 
 

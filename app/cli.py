@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--file", help="the GGUF file in --repo (a split GGUF: its first shard)")
     rm = sub.add_parser("remove", help="delete a pair's downloaded files from the Hub cache")
     rm.add_argument("pair")
+    ck = sub.add_parser("check", help="judge a pair from its GGUF metadata: compatibility, memory fit, offload")
+    ck.add_argument("--pair", help="a downloaded pair from models.toml")
+    ck.add_argument("--target", "-m", type=Path, help="target GGUF file")
+    ck.add_argument("--draft", "-md", type=Path, help="draft GGUF file (omit to get draft suggestions)")
+    ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
+    ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
+    ck.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, help="draft layers on the GPU")
     return parser
 
 
@@ -275,10 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["app"] + argv  # plain `specchat [flags]`: the chat app
     args = build_parser().parse_args(argv)
     try:
-        from .models_cli import cmd_list, cmd_pull, cmd_remove
+        from .models_cli import cmd_check, cmd_list, cmd_pull, cmd_remove
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
-                    "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove}
+                    "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}
         return commands[args.command](args)
     except EngineError as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)

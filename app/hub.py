@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import re
 import shutil
 import threading
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from .engine.errors import EngineError
+from .engine.gguf_file import shard_names
 
 CHUNK = 1 << 20
 DISK_MARGIN = 256 << 20  # keep this much free beyond the download itself
 PARTIALS = ".specchat-partials.json"
-_SHARD = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class HubError(EngineError):
@@ -65,15 +64,6 @@ class Progress:
     count: int
     done: int  # bytes of this file on disk
     total: int
-
-
-def shard_names(name: str) -> list[str]:
-    """All files of a split GGUF named by any of its shards (``x-00001-of-00003.gguf``); ``[name]`` otherwise."""
-    m = _SHARD.match(name)
-    if not m:
-        return [name]
-    count = int(m["count"])
-    return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
 def cache_dir() -> Path:

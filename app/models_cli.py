@@ -71,3 +71,21 @@ def cmd_remove(args) -> int:
     for name in kept:
         print(f"Kept {name}: another downloaded pair uses it.")
     return 0
+
+
+def cmd_check(args) -> int:
+    from .loader import LoadSpec, resolve
+    from .pair_check import check_files, describe
+
+    if args.ctx < 0:
+        raise EngineError(f"Invalid --ctx {args.ctx}: use a positive number, or 0 for the default.")
+    if args.pair:
+        r = resolve(LoadSpec(pair=args.pair))
+        target, draft = r.target, r.draft
+    elif args.target:
+        target, draft = args.target, args.draft
+    else:
+        raise EngineError("Give --pair NAME, or --target PATH with an optional --draft PATH.")
+    report = check_files(target, draft, args.ctx, args.ngl, args.ngld)
+    print("\n".join(describe(report)))
+    return 0 if report.compatible and report.fit.ok else 1

@@ -11,8 +11,8 @@ from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError
 from .events import Event
-from .llama import Context, Model, ModelSettings, default_threads, supports_gpu_offload
-from .memory import check_fits
+from .llama import Context, Model, ModelSettings, default_threads, gpus
+from .memory import Load, check_fits
 from .loop import GenerationParams, speculative_generate
 
 DRAFTERS = ("model", "ngram", "none")
@@ -51,8 +51,8 @@ class Engine:
                 models.append(Model(s.path, n_gpu_layers=s.n_gpu_layers))
             # The draft shares the target's context size: it must hold the same conversation.
             n_ctx = target.n_ctx or min(models[0].n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
-            offload = supports_gpu_offload()
-            check_fits([(m, n_ctx, offload and s.n_gpu_layers != 0) for m, s in zip(models, settings)])
+            check_fits([Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers)
+                        for m, s in zip(models, settings)], gpus())
             for m, s, n_out in zip(models, settings, (MAX_DRAFT + 1, 1)):  # the draft needs one output
                 contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out))
         except Exception:

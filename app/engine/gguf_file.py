@@ -5,12 +5,24 @@ all (a safetensors or HTML error page saved as .gguf), and a GGUF whose download
 """
 from __future__ import annotations
 
+import re
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EngineError
 
 GGUF_MAGIC = b"GGUF"
+_SHARD = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def shard_names(name: str) -> list[str]:
+    """All files of a split GGUF named by any of its shards (``x-00001-of-00003.gguf``); ``[name]`` otherwise."""
+    m = _SHARD.match(name)
+    if not m:
+        return [name]
+    count = int(m["count"])
+    return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
 _checked: set[tuple[str, int, int]] = set()
@@ -49,64 +61,188 @@ def check_gguf_file(path: Path) -> None:
 
 
 def expected_size(path: Path) -> int | None:
-    """Bytes the file must have to hold the tensor data its header declares; None if the header is unreadable.
-
-    Parses only the metadata and tensor-info tables (no memory map of the data), so it is quick on any size.
-    """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    """Bytes the file must have to hold the tensor data its header declares; None if the header is unreadable."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(64 << 20)  # headers of even 250k-token vocabularies fit comfortably
-        off = 8
-        n_tensors, n_kv = struct.unpack_from("<QQ", data, off)
-        off += 16
-        alignment = 32
-
-        def read_str(o: int) -> tuple[bytes, int]:
-            (n,) = struct.unpack_from("<Q", data, o)
-            return data[o + 8 : o + 8 + n], o + 8 + n
-
-        def skip_value(vtype: int, o: int) -> tuple[object, int]:
-            if vtype == 8:
-                return read_str(o)
-            if vtype == 9:
-                (etype, count) = struct.unpack_from("<IQ", data, o)
-                o += 12
-                if etype in scalar:
-                    return None, o + scalar[etype] * count
-                if etype == 8:  # string arrays (vocabularies, merges): the hot path, keep it tight
-                    for _ in range(count):
-                        o += 8 + struct.unpack_from("<Q", data, o)[0]
-                    return None, o
-                for _ in range(count):
-                    _, o = skip_value(etype, o)
-                return None, o
-            width = scalar[vtype]
-            fmt = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[width]
-            return struct.unpack_from(fmt, data, o)[0], o + width
-
-        for _ in range(n_kv):
-            key, off = read_str(off)
-            (vtype,) = struct.unpack_from("<I", data, off)
-            value, off = skip_value(vtype, off + 4)
-            if key == b"general.alignment" and isinstance(value, int):
-                alignment = value
-        end = 0
-        for _ in range(n_tensors):
-            _, off = read_str(off)
-            (n_dims,) = struct.unpack_from("<I", data, off)
-            dims = struct.unpack_from(f"<{n_dims}Q", data, off + 4)
-            off += 4 + 8 * n_dims
-            ttype, t_off = struct.unpack_from("<IQ", data, off)
-            off += 12
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
-            n_el = 1
-            for d in dims:
-                n_el *= d
-            end = max(end, t_off + n_el * type_size // block)
-        data_start = (off + alignment - 1) // alignment * alignment
-        return data_start + end
+        return _parse(Path(path)).data_end
     except Exception:
         return None
+
+
+# --- reading the header -------------------------------------------------------------------------------------
+# Our own small reader (no memory map of the weights, no llama.cpp): quick even for 250k-token vocabularies.
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+          12: "<f8"}
+_KEEP_STRING_ARRAYS = {"tokenizer.ggml.tokens"}  # other string arrays (merges) are skipped, not decoded
+
+
+@dataclass
+class _Header:
+    kv: dict
+    data_end: int  # file size the header's tensors need
+
+
+def _parse(path: Path) -> _Header:
+    """Parse the header from the file's first bytes, reading more only when it is longer (big vocabularies)."""
+    size, limit = 1 << 20, min(path.stat().st_size, 256 << 20)
+    while True:
+        with open(path, "rb") as f:
+            data = f.read(size)
+        try:
+            return _parse_bytes(data)
+        except (struct.error, ValueError, IndexError):
+            if size >= limit:
+                raise
+            size = min(size * 4, limit)
+
+
+def _parse_bytes(data: bytes) -> _Header:
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    off = 8
+    n_tensors, n_kv = struct.unpack_from("<QQ", data, off)
+    off += 16
+
+    def read_str(o: int) -> tuple[bytes, int]:
+        (n,) = struct.unpack_from("<Q", data, o)
+        return data[o + 8 : o + 8 + n], o + 8 + n
+
+    def read_value(vtype: int, o: int, key: str) -> tuple[object, int]:
+        if vtype == 8:
+            raw, o = read_str(o)
+            return raw.decode("utf-8", "replace"), o
+        if vtype != 9:
+            fmt = _SCALARS[vtype]
+            return struct.unpack_from(fmt, data, o)[0], o + struct.calcsize(fmt)
+        etype, count = struct.unpack_from("<IQ", data, o)
+        o += 12
+        if etype in _NUMPY:
+            arr = np.frombuffer(data, dtype=_NUMPY[etype], count=count, offset=o)
+            return arr, o + arr.nbytes
+        if etype == 8:  # string arrays: the hot path, keep it tight
+            keep = key in _KEEP_STRING_ARRAYS
+            items = []
+            for _ in range(count):
+                (n,) = struct.unpack_from("<Q", data, o)
+                if keep:
+                    items.append(data[o + 8 : o + 8 + n])
+                o += 8 + n
+            return (items if keep else None), o
+        items = []
+        for _ in range(count):
+            v, o = read_value(etype, o, "")
+            items.append(v)
+        return items, o
+
+    kv = {}
+    for _ in range(n_kv):
+        raw_key, off = read_str(off)
+        key = raw_key.decode("utf-8", "replace")
+        (vtype,) = struct.unpack_from("<I", data, off)
+        kv[key], off = read_value(vtype, off + 4, key)
+    end = 0
+    for _ in range(n_tensors):
+        _, off = read_str(off)
+        (n_dims,) = struct.unpack_from("<I", data, off)
+        dims = struct.unpack_from(f"<{n_dims}Q", data, off + 4)
+        off += 4 + 8 * n_dims
+        ttype, t_off = struct.unpack_from("<IQ", data, off)
+        off += 12
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+        n_el = 1
+        for d in dims:
+            n_el *= d
+        end = max(end, t_off + n_el * type_size // block)
+    alignment = int(kv.get("general.alignment", 32))
+    data_start = (off + alignment - 1) // alignment * alignment
+    return _Header(kv, data_start + end)
+
+
+# llama.cpp's vocabulary types (enum llama_vocab_type), by the tokenizer.ggml.model names that select them, with
+# the BOS/EOS defaults llama.cpp assumes when a file does not say.
+_VOCAB = {"no_vocab": (0, False, False), "llama": (1, True, False), "gpt2": (2, False, False),
+          "bert": (3, True, False), "t5": (4, False, True), "rwkv": (5, False, False), "plamo2": (6, False, False)}
+
+
+@dataclass
+class GgufInfo:
+    """What a GGUF file says about itself, read without loading weights: enough to judge a pair and its memory."""
+
+    path: Path
+    architecture: str
+    name: str
+    quantization: str
+    size_bytes: int  # all shards of a split file
+    n_shards: int
+    context_length: int
+    n_layer: int
+    kv_bytes_per_token: int  # F16 K and V cache
+    vocab_type: int
+    tokens: list = field(repr=False)
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+    has_chat_template: bool
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def token_text(self, token: int) -> bytes:
+        return self.tokens[token]
+
+
+def read_info(path: Path) -> GgufInfo:
+    """Read a GGUF file's metadata (first shard of a split file); EngineError with plain words if it is not one."""
+    path = Path(path)
+    check_gguf_file(path)
+    kv = _parse(path).kv
+    arch = str(kv.get("general.architecture", "?"))
+
+    def num(key: str, default=0):  # a number, or a per-layer array for some models (e.g. head counts)
+        return kv.get(f"{arch}.{key}", default)
+
+    n_layer = int(num("block_count"))
+    n_embd, n_head = int(num("embedding_length")), num("attention.head_count", 1)
+    n_head_kv = num("attention.head_count_kv", n_head)
+    per_layer = [int(x) for x in n_head_kv] if hasattr(n_head_kv, "__len__") else [int(n_head_kv)] * n_layer
+    head_max = max(int(x) for x in n_head) if hasattr(n_head, "__len__") else int(n_head)
+    k_len = int(num("attention.key_length", n_embd // max(head_max, 1)))
+    v_len = int(num("attention.value_length", k_len))
+    vocab_type, add_bos, add_eos = _VOCAB.get(str(kv.get("tokenizer.ggml.model", "llama")), (1, True, False))
+    tokens = kv.get("tokenizer.ggml.tokens") or []
+    n_shards = int(kv.get("split.count", 1))
+    shards = [path]
+    if n_shards > 1:
+        shards = [path.with_name(n) for n in shard_names(path.name)]
+    ftype = kv.get("general.file_type")
+    return GgufInfo(
+        path=path,
+        architecture=arch,
+        name=str(kv.get("general.name") or kv.get("general.basename") or path.stem),
+        quantization=_ftype_name(ftype),
+        size_bytes=sum(p.stat().st_size for p in shards if p.exists()),
+        n_shards=n_shards,
+        context_length=int(num("context_length")),
+        n_layer=n_layer,
+        kv_bytes_per_token=sum(h * (k_len + v_len) * 2 for h in per_layer),
+        vocab_type=vocab_type,
+        tokens=list(tokens),
+        bos=int(kv.get("tokenizer.ggml.bos_token_id", -1)),
+        eos=int(kv.get("tokenizer.ggml.eos_token_id", -1)),
+        add_bos=bool(kv.get("tokenizer.ggml.add_bos_token", add_bos)),
+        add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
+        has_chat_template="tokenizer.chat_template" in kv,
+    )
+
+
+def _ftype_name(ftype) -> str:
+    from gguf import LlamaFileType
+
+    try:
+        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (TypeError, ValueError):
+        return "unknown"

@@ -19,6 +19,7 @@ import llama_cpp.llama_cpp as ll
 
 from .errors import EngineError
 from .gguf_file import check_gguf_file
+from .memory import Gpu
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -63,6 +64,49 @@ def _failure(what: str, hint: str) -> EngineError:
 def supports_gpu_offload() -> bool:
     init_backend()
     return bool(ll.llama_supports_gpu_offload())
+
+
+def gpus() -> list[Gpu]:
+    """The GPUs this llama.cpp build can offload to, with their free and total memory (empty on a CPU build)."""
+    if not supports_gpu_offload():
+        return []
+    return [Gpu(name, free, total) for name, kind, free, total in devices() if kind in (_DEV_GPU, _DEV_IGPU)]
+
+
+_DEV_GPU, _DEV_IGPU = 1, 2  # enum ggml_backend_dev_type
+
+
+def devices() -> list[tuple[str, int, int, int]]:
+    """(description, type, free bytes, total bytes) of every ggml backend device, the CPU among them."""
+    init_backend()
+    g = _ggml()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        desc = g.ggml_backend_dev_description(dev) or g.ggml_backend_dev_name(dev) or b"?"
+        out.append((desc.decode("utf-8", "replace"), int(g.ggml_backend_dev_type(dev)), free.value, total.value))
+    return out
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """ggml's device registry, which llama-cpp-python does not bind: the library sits beside libllama."""
+    from llama_cpp._ctypes_extensions import load_shared_library
+
+    lib = load_shared_library("ggml", Path(getattr(ll, "_base_path", Path(ll.__file__).parent / "lib")))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    for name, res in (("ggml_backend_dev_description", ctypes.c_char_p), ("ggml_backend_dev_name", ctypes.c_char_p),
+                      ("ggml_backend_dev_type", ctypes.c_int), ("ggml_backend_dev_memory", None)):
+        fn = getattr(lib, name)
+        fn.restype = res
+    lib.ggml_backend_dev_description.argtypes = lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    return lib
 
 
 @functools.cache
@@ -132,6 +176,7 @@ class Model:
         self.vocab_type = int(ll.llama_vocab_type(self.vocab))
         self.can_drop_tail = not (ll.llama_model_is_recurrent(ptr) or ll.llama_model_is_hybrid(ptr))
         self.size_bytes = int(ll.llama_model_size(ptr))
+        self.n_layer = 0 if vocab_only else int(ll.llama_model_n_layer(ptr))
         self.kv_bytes_per_token = 0 if vocab_only else self._kv_bytes_per_token()
         self._piece_cache: dict[int, bytes] = {}
 

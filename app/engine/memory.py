@@ -1,6 +1,9 @@
-"""Will it fit? A check before llama.cpp allocates a context, so an oversized pair is refused in plain words
-instead of the process being killed by the out-of-memory killer mid-answer."""
+"""Will it fit? Estimates from a model's size and shape (read from the GGUF header or the loaded model), checked
+before llama.cpp allocates anything, so an oversized pair is refused in plain words instead of the process being
+killed by the out-of-memory killer mid-answer; plus the -ngl / -ngld that make the best use of a GPU."""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -8,24 +11,126 @@ from .errors import EngineError
 
 GIB = 1024**3
 OVERHEAD = 256 * 1024**2  # compute buffers, logits, runtime: a generous allowance per context
+ALL = -1  # n_gpu_layers meaning "every layer"
 
 
-def check_fits(loads: list[tuple[object, int, bool]]) -> None:
-    """``loads``: (model, n_ctx, weights_on_gpu) for each model. Weights are memory-mapped (the OS can page them
-    back to their file), so they must fit in RAM to run at speed; KV caches and buffers are anonymous memory and
-    must fit in what is free right now."""
+@dataclass(frozen=True)
+class Load:
+    """One model as it would be loaded: its size and shape, the context it gets, the layers put on a GPU."""
+
+    name: str
+    size_bytes: int
+    kv_bytes_per_token: int
+    n_layer: int
+    n_ctx: int
+    gpu_layers: int = 0  # -1: all
+
+    def gpu_fraction(self) -> float:
+        n = self.n_layer + 1  # the output layer is offloaded last, like llama.cpp's -ngl counts it
+        return 1.0 if self.gpu_layers < 0 else min(self.gpu_layers, n) / n
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.n_ctx
+
+    def gpu_bytes(self) -> int:
+        return int((self.size_bytes + self.kv_bytes) * self.gpu_fraction())
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    free: int
+    total: int
+
+
+@dataclass
+class Fit:
+    ram_need: int  # weights kept in RAM + KV caches + buffers
+    cache_need: int  # the part that must be free right now (KV caches and buffers are not file-backed)
+    vram_need: int
+    ram_total: int
+    ram_available: int
+    vram_free: int | None  # None: no GPU this build can use
+    problems: list[str] = field(default_factory=list)  # it will not load
+    warnings: list[str] = field(default_factory=list)  # it loads, but slowly or barely
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        parts = [f"needs about {self.ram_need / GIB:.1f} GiB of RAM ({self.ram_available / GIB:.1f} GiB free of "
+                 f"{self.ram_total / GIB:.1f})"]
+        if self.vram_need:
+            parts.append(f"{self.vram_need / GIB:.1f} GiB of GPU memory"
+                         + (f" ({self.vram_free / GIB:.1f} GiB free)" if self.vram_free is not None else ""))
+        return " and ".join(parts)
+
+
+def estimate(loads: list[Load], gpus: list[Gpu] | None = None) -> Fit:
+    """Weights are memory-mapped (the OS can page them back to their file), so they must fit in RAM to run at
+    speed; KV caches and buffers are anonymous memory and must fit in what is free right now."""
     vm = psutil.virtual_memory()
-    weights = sum(m.size_bytes for m, _, on_gpu in loads if not on_gpu)
-    cache = sum(m.kv_bytes_per_token * n_ctx + OVERHEAD for m, n_ctx, _ in loads)
-    names = " + ".join(m.path.name for m, _, _ in loads)
+    gpus = gpus or []
+    vram_need = sum(m.gpu_bytes() for m in loads)
+    cache = sum(int(m.kv_bytes * (1 - m.gpu_fraction())) + OVERHEAD for m in loads)
+    weights = sum(int(m.size_bytes * (1 - m.gpu_fraction())) for m in loads)
+    vram_free = sum(g.free for g in gpus) if gpus else None
+    fit = Fit(weights + cache, cache, vram_need, vm.total, vm.available, vram_free)
+    names = " + ".join(m.name for m in loads)
     if weights + cache > 0.9 * vm.total:
-        raise EngineError(
+        fit.problems.append(
             f"{names} need about {(weights + cache) / GIB:.1f} GiB but this machine has {vm.total / GIB:.1f} GiB "
             "of RAM. Choose a smaller quantization or model, a smaller context (--ctx), or offload layers to a GPU "
             "(-ngl / -ngld)."
         )
-    if cache > vm.available:
-        raise EngineError(
-            f"The context needs about {cache / GIB:.1f} GiB but only {vm.available / GIB:.1f} GiB of memory is free. "
-            "Use a smaller context (--ctx) or close other programs."
+    elif cache > vm.available:
+        fit.problems.append(
+            f"The context needs about {cache / GIB:.1f} GiB but only {vm.available / GIB:.1f} GiB of memory is "
+            "free. Use a smaller context (--ctx) or close other programs."
         )
+    elif weights + cache > vm.available:
+        fit.warnings.append(
+            f"{names} need about {(weights + cache) / GIB:.1f} GiB and {vm.available / GIB:.1f} GiB is free: "
+            "it loads, but the system will page weights from disk until other programs free memory."
+        )
+    if vram_need:
+        if vram_free is None:
+            fit.warnings.append("GPU layers were asked for (-ngl / -ngld) but this llama.cpp build cannot offload: "
+                                "everything runs on the CPU. Install a CUDA or Metal build to use the GPU.")
+        elif vram_need + OVERHEAD > vram_free:
+            fit.problems.append(
+                f"The layers put on the GPU need about {(vram_need + OVERHEAD) / GIB:.1f} GiB but "
+                f"{vram_free / GIB:.1f} GiB of GPU memory is free. Put fewer layers on the GPU (-ngl / -ngld)."
+            )
+    return fit
+
+
+def check_fits(loads: list[Load], gpus: list[Gpu] | None = None) -> None:
+    fit = estimate(loads, gpus)
+    if fit.problems:
+        raise EngineError(fit.problems[0])
+
+
+def recommend_offload(target: Load, draft: Load | None, gpus: list[Gpu]) -> tuple[int, int]:
+    """(-ngl, -ngld) for this machine: everything on the GPU when it fits; else the draft first (it runs many
+    small sequential steps, where a CPU is slowest), then as many target layers as fit; (0, 0) without a GPU."""
+    if not gpus:
+        return 0, 0
+    budget = int(0.9 * sum(g.free for g in gpus)) - OVERHEAD
+    per_layer = (target.size_bytes + target.kv_bytes) / (target.n_layer + 1)
+    ngld = 0
+    if draft is not None:
+        draft_all = _with_layers(draft, ALL).gpu_bytes()
+        if draft_all <= budget:
+            ngld, budget = ALL, budget - draft_all
+    if _with_layers(target, ALL).gpu_bytes() <= budget:
+        return ALL, ngld
+    return max(int(budget // per_layer), 0), ngld
+
+
+def _with_layers(m: Load, layers: int) -> Load:
+    from dataclasses import replace
+
+    return replace(m, gpu_layers=layers)

@@ -1,0 +1,102 @@
+"""Judge a pair before loading it: both files' GGUF metadata, llama.cpp's compatibility rule, memory fit with
+recommended -ngl / -ngld, and catalog drafts that suit a target. Nothing here loads weights."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .catalog import load_catalog, local_path, status
+from .engine import EngineError
+from .engine.compat import compatibility_problems
+from .engine.gguf_file import GgufInfo, read_info
+from .engine.llama import gpus
+from .engine.memory import GIB, Fit, Load, estimate, recommend_offload
+
+DEFAULT_CTX = 4096  # what the engine gives a model when no context size is chosen
+
+
+@dataclass
+class PairReport:
+    target: GgufInfo
+    draft: GgufInfo | None
+    problems: list[str]  # why the draft cannot draft for the target (empty: compatible)
+    n_ctx: int
+    fit: Fit  # at the chosen -ngl / -ngld
+    recommended: tuple[int, int]  # (-ngl, -ngld) for this machine
+    suggestions: list[str] = field(default_factory=list)
+
+    @property
+    def compatible(self) -> bool:
+        return not self.problems
+
+
+def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ngl: int | None = None,
+                ngld: int | None = None) -> PairReport:
+    t = read_info(Path(target).expanduser())
+    d = read_info(Path(draft).expanduser()) if draft else None
+    problems = compatibility_problems(t, d) if d else []
+    ctx = n_ctx or min(t.context_length or DEFAULT_CTX, DEFAULT_CTX)
+    devices = gpus()
+    loads = [_load(t, ctx, 0)] + ([_load(d, ctx, 0)] if d else [])
+    rec = recommend_offload(loads[0], loads[1] if d else None, devices)
+    chosen = (rec[0] if ngl is None else ngl, rec[1] if ngld is None else ngld)
+    fit = estimate([_load(t, ctx, chosen[0])] + ([_load(d, ctx, chosen[1])] if d else []), devices)
+    return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [])
+
+
+def _load(info: GgufInfo, n_ctx: int, gpu_layers: int) -> Load:
+    return Load(info.path.name, info.size_bytes, info.kv_bytes_per_token, info.n_layer, n_ctx, gpu_layers)
+
+
+def suggest_drafts(target: GgufInfo) -> list[str]:
+    """Catalog drafts for this target: those on disk are checked with the rule; the others are named when the
+    catalog pairs them with this very file or when their name is of the target's model family."""
+    out, seen = [], set()
+    family = _family(target.name) or _family(target.path.name)
+    for pair in load_catalog().values():
+        src = pair.draft
+        key = src.describe()
+        if key in seen:
+            continue
+        if status(src).state in ("builtin", "downloaded"):
+            try:
+                info = read_info(local_path(src, pair.name))
+            except EngineError:
+                continue
+            if info.path != target.path and not compatibility_problems(target, info):
+                seen.add(key)
+                out.append(f"{key} (on disk; tokenizer checked: compatible)")
+        elif target.path.name in pair.target.files() or (family and _family(src.file or "") == family):
+            seen.add(key)
+            out.append(f"{key} (from pair {pair.name}; `specchat pull {pair.name}`, checked after download)")
+    return out
+
+
+def _family(name: str) -> str:
+    """'Qwen2.5-Coder-7B-Instruct-Q4_K_M' -> 'qwen2.5-coder': the name before its parameter count."""
+    m = re.match(r"^(.*?)[-_ ]\d+(\.\d+)?[bBmM]\b", name.replace(" ", "-"))
+    return m.group(1).lower().replace("_", "-") if m else ""
+
+
+def describe(r: PairReport) -> list[str]:
+    """The report as lines for a terminal (the app renders the same report as HTML)."""
+    lines = []
+    for role, info in (("target", r.target), ("draft", r.draft)):
+        if info:
+            lines.append(f"{role}: {info.path.name}  {info.name}  [{info.architecture}, {info.quantization}, "
+                         f"{info.size_bytes / GIB:.2f} GiB{f', {info.n_shards} shards' if info.n_shards > 1 else ''}, "
+                         f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
+    if r.draft:
+        lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
+                     "NOT compatible: " + "; ".join(r.problems))
+    lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
+    lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
+    ngl, ngld = r.recommended
+    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}" + ("" if gpus() else " (no GPU in this build)"))
+    if r.suggestions:
+        lines.append("drafts that suit this target:")
+        lines += [f"  {s}" for s in r.suggestions]
+    elif r.draft is None or not r.compatible:
+        lines.append("no catalog draft is known to suit this target; --drafter ngram speculates without one")
+    return lines

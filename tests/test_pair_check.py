@@ -1,0 +1,108 @@
+"""Judging a pair before loading: GGUF metadata read without llama.cpp agrees with llama.cpp, memory fit and
+offload recommendations, draft suggestions, `specchat check`."""
+import pytest
+from tiny_gguf import write_model
+
+from app import starter
+from app.cli import main
+from app.engine.compat import compatibility_problems
+from app.engine.gguf_file import read_info
+from app.engine.llama import Model, devices
+from app.engine.memory import ALL, GIB, Gpu, Load, estimate, recommend_offload
+from app.pair_check import _family, check_files, suggest_drafts
+
+VARIANTS = ["draft", "close_draft", "other_text", "other_size", "other_type", "other_bos"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_metadata_verdict_matches_llama_cpp(models, variant):
+    by_meta = compatibility_problems(read_info(models["target"]), read_info(models[variant]))
+    t, d = Model(models["target"], vocab_only=True), Model(models[variant], vocab_only=True)
+    try:
+        assert by_meta == compatibility_problems(t, d)
+    finally:
+        t.close()
+        d.close()
+    assert bool(by_meta) == variant.startswith("other_")
+
+
+def test_starter_pair_metadata(specchat_home):
+    t, d = read_info(starter.target_path()), read_info(starter.draft_path())
+    assert (t.quantization, d.quantization) == ("F32", "Q4_1")
+    assert t.architecture == "llama" and t.n_vocab == d.n_vocab == 49152 and t.context_length == 8192
+    assert compatibility_problems(t, d) == []
+    m = Model(starter.target_path())
+    try:
+        assert t.kv_bytes_per_token == m.kv_bytes_per_token and t.n_layer == m.n_layer
+        assert abs(t.size_bytes - m.size_bytes) / m.size_bytes < 0.01
+    finally:
+        m.close()
+
+
+def test_starter_draft_with_another_vocabulary_is_refused(models, specchat_home):
+    problems = compatibility_problems(read_info(models["target"]), read_info(starter.draft_path()))
+    assert any("differ in size" in p for p in problems) and any("tokenizer types" in p for p in problems)
+
+
+def test_split_gguf_metadata_counts_every_shard(tmp_path):
+    first = write_model(tmp_path / "s.gguf", seed=1, split_max_tensors=8)
+    info = read_info(first)
+    shards = sorted(tmp_path.glob("s-*.gguf"))
+    assert info.n_shards == len(shards) == 3
+    assert info.size_bytes == sum(p.stat().st_size for p in shards)
+    assert info.n_vocab > 0 and info.n_layer == 2
+
+
+def test_ggml_devices_are_read_from_llama_cpp():
+    kinds = {kind for _, kind, _, _ in devices()}
+    assert 0 in kinds  # the CPU device is always there
+    assert all(total > 0 for _, _, _, total in devices())
+
+
+def _model(gb: float, layers: int = 31, kv_per_token: int = 128 * 1024, ctx: int = 4096, gpu: int = 0) -> Load:
+    return Load("m.gguf", int(gb * GIB), kv_per_token, layers, ctx, gpu)
+
+
+def test_offload_recommendation():
+    target, draft = _model(4.0), _model(0.5, layers=23)
+    assert recommend_offload(target, draft, []) == (0, 0)
+    assert recommend_offload(target, draft, [Gpu("big", 24 * GIB, 24 * GIB)]) == (ALL, ALL)
+    ngl, ngld = recommend_offload(target, draft, [Gpu("small", 3 * GIB, 4 * GIB)])
+    assert ngld == ALL and 0 < ngl < 32
+    # what is recommended must fit
+    assert estimate([_model(4.0, gpu=ngl), _model(0.5, layers=23, gpu=ngld)],
+                    [Gpu("small", 3 * GIB, 4 * GIB)]).ok
+    assert recommend_offload(target, draft, [Gpu("tiny", GIB // 4, GIB)]) == (0, 0)
+
+
+def test_fit_problems_and_warnings():
+    huge = estimate([_model(10_000.0)], [])
+    assert not huge.ok and "of RAM" in huge.problems[0]
+    no_gpu = estimate([_model(1.0, gpu=ALL)], [])
+    assert no_gpu.ok and "cannot offload" in no_gpu.warnings[0]
+    small_gpu = estimate([_model(8.0, gpu=ALL)], [Gpu("g", 2 * GIB, 4 * GIB)])
+    assert not small_gpu.ok and "GPU memory is free" in small_gpu.problems[0]
+
+
+def test_draft_suggestions(models, specchat_home):
+    assert _family("Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf") == "qwen2.5-coder"
+    assert _family("google_gemma-3-27b-it-Q4_K_M.gguf") == "google-gemma-3"
+    suggestions = suggest_drafts(read_info(starter.target_path()))
+    assert any(s.startswith("smollm2-135m-instruct-q4_1") and "compatible" in s for s in suggestions)
+    assert suggest_drafts(read_info(models["target"])) == []
+    qwen = write_model(models["target"].parent / "Qwen2.5-7B-Instruct-Q4_K_M.gguf", seed=1)
+    named = suggest_drafts(read_info(qwen))
+    assert any("qwen2.5-0.5b-instruct-q8_0.gguf" in s and "specchat pull" in s for s in named)
+
+
+def test_check_report_and_cli(models, specchat_home, capsys):
+    r = check_files(models["target"], models["other_text"])
+    assert not r.compatible and r.fit.ok and r.recommended == (0, 0)
+    assert main(["check", "--target", str(models["target"]), "--draft", str(models["other_text"])]) == 1
+    out = capsys.readouterr().out
+    assert "NOT compatible: token 300 means" in out and "--drafter ngram" in out
+    assert main(["check", "--pair", "starter"]) == 0
+    out = capsys.readouterr().out
+    assert "compatible: the draft shares the target's tokenizer" in out and "recommended offload: -ngl 0" in out
+    assert main(["check", "--target", str(models["target"]), "--ctx", "-5"]) == 1
+    assert "Invalid --ctx" in capsys.readouterr().err
