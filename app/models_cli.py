@@ -20,6 +20,7 @@ def cmd_list(args) -> int:
         for role in ("target", "draft"):
             print(f"  {role:6} {r[role]}  {r[role + '_quant']}  ~{r[role + '_gb']:.2f} GB  {r[role + '_status']}")
         print(f"  context {r['context']:,}  license: {r['license']}")
+        print(f"  this machine: {r['fit']}")
     print("\nDownload a pair with: specchat pull NAME")
     return 0
 

@@ -11,7 +11,7 @@ from .engine import EngineError
 from .engine.compat import compatibility_problems
 from .engine.gguf_file import GgufInfo, read_info
 from .engine.llama import gpus
-from .engine.memory import GIB, Fit, Load, estimate, recommend_offload
+from .engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
 DEFAULT_CTX = 4096  # what the engine gives a model when no context size is chosen
 
@@ -100,3 +100,19 @@ def describe(r: PairReport) -> list[str]:
     elif r.draft is None or not r.compatible:
         lines.append("no catalog draft is known to suit this target; --drafter ngram speculates without one")
     return lines
+
+
+def fit_note(target_gb: float, draft_gb: float) -> str:
+    """A catalog pair against this machine, from its published sizes (the KV cache comes on top)."""
+    weights = int((target_gb + draft_gb) * 1e9)
+    devices = gpus()
+    vram = sum(g.free for g in devices)
+    if devices and weights + 2 * OVERHEAD <= 0.9 * vram:
+        return f"fits in GPU memory ({vram / GIB:.0f} GiB free): use -ngl -1 -ngld -1"
+    fit = estimate([Load("pair", weights, 0, 1, 0, 0)], devices)
+    if not fit.ok:
+        return (f"too large: {weights / GIB:.1f} GiB of weights, {fit.ram_total / GIB:.0f} GiB of RAM"
+                + ("; offload part to the GPU" if devices else ""))
+    if fit.warnings:
+        return f"tight: {weights / GIB:.1f} GiB of weights, {fit.ram_available / GIB:.1f} GiB free"
+    return f"fits in RAM ({weights / GIB:.1f} GiB of weights)"

@@ -40,6 +40,8 @@ def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
 
 def rows() -> list[dict]:
     """One row per catalog pair for `specchat list` and the Models view."""
+    from .pair_check import fit_note
+
     out = []
     for p in load_catalog().values():
         t, d = status(p.target), status(p.draft)
@@ -50,5 +52,6 @@ def rows() -> list[dict]:
             "draft": p.draft.describe(), "draft_quant": p.draft.quantization, "draft_gb": p.draft.size_gb,
             "target_status": t.describe(), "draft_status": d.describe(),
             "ready": t.state in READY and d.state in READY,
+            "fit": fit_note(p.target.size_gb, p.draft.size_gb),
         })
     return out

@@ -32,11 +32,36 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def fake_hub(tmp_path_factory):
+    """A local stand-in for the Hub serving a tiny pair ("tiny"), which the app's catalog gains."""
+    from fake_hub import FakeHub
+    from tiny_gguf import write_model
+
+    d = tmp_path_factory.mktemp("hub-pair")
+    hub = FakeHub()
+    hub.add("tests/tiny", {"tiny-target-F32.gguf": write_model(d / "t.gguf", seed=1, n_embd=128).read_bytes(),
+                           "tiny-draft-F32.gguf": write_model(d / "d.gguf", seed=2, base_seed=1, noise=0.1,
+                                                              n_embd=128).read_bytes()})
+    catalog = d / "models.toml"
+    catalog.write_text((Path(__file__).parent.parent / "models.toml").read_text() + """
+[pairs.tiny]
+description = "A tiny random pair served by the tests' fake Hub."
+license = "test"
+target = { repo = "tests/tiny", file = "tiny-target-F32.gguf", quantization = "F32", size_gb = 0.0005 }
+draft = { repo = "tests/tiny", file = "tiny-draft-F32.gguf", quantization = "F32", size_gb = 0.0005 }
+""")
+    yield hub, catalog
+    hub.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, fake_hub):
     home = tmp_path_factory.mktemp("home")
     port = _free_port()
     net_log = home / "outside-connections.log"
-    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(net_log))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(net_log),
+               HF_ENDPOINT=fake_hub[0].url, HF_HUB_CACHE=str(home / "hub"), SPECCHAT_MODELS=str(fake_hub[1]))
     # specchat's main(), with every connection beyond loopback logged (tests/net_guard.py)
     guard = Path(__file__).with_name("net_guard.py")
     proc = subprocess.Popen([sys.executable, str(guard), "--no-browser", "--port", str(port)], env=env,
@@ -282,3 +307,71 @@ def test_a_pair_that_fails_to_load_keeps_the_previous_one(page, tmp_path):
     page.send("Say hello.")
     page.wait_state(("running", "done"))
     assert page.wait_state(("done", "error"))["state"] == "done"
+
+
+def test_models_view_downloads_with_progress_and_offers_the_pair(page, fake_hub):
+    hub = fake_hub[0]
+    hub.rate = 150_000  # bytes/s: the ~0.5 MB pair takes a few seconds, so progress is seen moving
+    p = page.page
+    p.get_by_role("tab", name="Models").click()
+    row = p.locator('#models-table tr[data-pair="tiny"]')
+    row.wait_for(timeout=30_000)
+    assert row.get_attribute("data-state") == "none"
+    assert p.locator('#models-table tr[data-pair="qwen2.5-7b-instruct"]').count() == 1
+    p.locator("#models-pair input").click()
+    p.get_by_role("option", name="tiny", exact=True).click()
+    p.locator("#models-download").click()
+
+    seen_partial = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        box = p.locator("#models-progress .spec-download")
+        if box.count() and box.get_attribute("data-state") == "done":
+            break
+        for f in p.locator("#models-progress .spec-dl-file").all():
+            done, total = int(f.get_attribute("data-done")), int(f.get_attribute("data-total"))
+            seen_partial |= 0 < done < total
+        if seen_partial and not os.path.exists(ARTIFACTS / "models-downloading.png"):
+            page.shot("models-downloading")
+        time.sleep(0.1)
+    assert p.locator("#models-progress .spec-download").get_attribute("data-state") == "done"
+    assert seen_partial, "no intermediate progress was shown"
+    assert "Downloaded and verified 2 file(s)" in p.locator("#models-progress").inner_text()
+    p.locator('#models-table tr[data-pair="tiny"][data-state="ready"]').wait_for(timeout=10_000)
+    page.shot("models-downloaded")
+
+    # the chat's pair picker now offers it, and it loads and answers
+    p.get_by_label("Toggle Sidebar").click()
+    p.locator("#pair input").click()
+    p.get_by_role("option", name="tiny", exact=True).click()
+    p.locator("#load").click()
+    p.get_by_role("tab", name="Chat").click()
+    p.locator("#notice .info").get_by_text("Loaded tiny").wait_for(timeout=60_000)
+    page.send("the cat")
+    assert page.wait_state(("done", "error"))["state"] == "done"
+
+    # back to the starter, so the rest of the session is as it began
+    p.locator("#pair input").click()
+    p.get_by_role("option", name="starter", exact=True).click()
+    p.locator("#load").click()
+    p.locator("#notice .info").get_by_text("Loaded starter").wait_for(timeout=60_000)
+
+
+def test_models_view_checks_your_own_pair(page, tmp_path):
+    from tiny_gguf import write_model
+
+    target = write_model(tmp_path / "t.gguf", seed=1)
+    other = write_model(tmp_path / "o.gguf", seed=2, rename={300: "▁zebra"})
+    p = page.page
+    p.get_by_role("tab", name="Models").click()
+    p.locator("#own-target textarea").fill(str(target))
+    p.locator("#own-draft textarea").fill(str(other))
+    p.locator("#own-check").click()
+    p.locator("#pair-report-body").wait_for(timeout=30_000)
+    text = p.locator("#pair-report").inner_text()
+    assert "NOT compatible: token 300 means" in text and "recommended offload: -ngl 0 -ngld 0" in text
+    page.shot("models-check")
+    p.locator("#own-draft textarea").fill(str(tmp_path / "missing.gguf"))
+    p.locator("#own-check").click()
+    p.locator("#pair-report .error").wait_for(timeout=30_000)
+    assert "not found" in p.locator("#pair-report").inner_text()

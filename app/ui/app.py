@@ -15,7 +15,6 @@ from pathlib import Path
 import gradio as gr
 
 from .. import hardware
-from ..catalog import load_catalog
 from ..engine import EngineError
 from ..history import for_model, load_history, save_history
 from ..loader import LoadSpec
@@ -23,8 +22,8 @@ from ..resources import resource
 from ..runtime import Runtime
 from ..settings import Settings, load_settings, save_settings
 from . import render
+from .models_view import FILES, ModelsView, ready_pairs
 
-FILES = "(GGUF files below)"
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 # Settings edited in the panel, in the order the handlers receive them.
 SETTING_NAMES = [f.name for f in fields(Settings) if f.name != "models"]
@@ -58,6 +57,7 @@ class SpecChatUI:
         self.cancels: dict[str, threading.Event] = {}  # per browser session: the generation Stop should end
         self.logo = resource("assets/logo.svg").read_text(encoding="utf-8")
         self.exports = Path(tempfile.mkdtemp(prefix="specchat-compare-"))
+        self.models = ModelsView(self._tab, lambda: self.runtime.spec.pair if self.runtime.spec else None)
 
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
@@ -75,12 +75,6 @@ class SpecChatUI:
     def _hardware(self) -> str:
         return render.hardware_panel(hardware.snapshot(), self.runtime.info())
 
-    def _pair_choices(self) -> list[str]:
-        try:
-            return list(load_catalog()) + [FILES]
-        except EngineError:
-            return ["starter", FILES]
-
     def _save(self, settings: Settings) -> None:
         try:
             save_settings(replace(settings, models=self.runtime.spec or settings.models))
@@ -96,7 +90,8 @@ class SpecChatUI:
         values = [getattr(settings, n) for n in SETTING_NAMES]
         return [history, render.chat_messages(history, settings.show_draft_tokens),
                 render.notice(" ".join(notes), "warning") if notes else "", self._header(), self._hardware(),
-                spec.pair or FILES, spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld, *values]
+                gr.Dropdown(choices=ready_pairs(), value=spec.pair or FILES), spec.target or "", spec.draft or "",
+                spec.ctx, spec.ngl, spec.ngld, *values, self.models.refresh()]
 
     # --- chat -----------------------------------------------------------------------------------------------
     def submit(self, text: str, history: list, show_draft: bool, request: gr.Request):
@@ -273,6 +268,8 @@ class SpecChatUI:
                     c_table = gr.Dataframe(headers=["run", "prompt", "drafter", "tokens", "tok/s off", "tok/s on",
                                                     "speedup", "acceptance", "identical"],
                                            interactive=False, elem_id="cmp-table")
+                with gr.Tab("Models", id="models"):
+                    self.models.build()
                 with gr.Tab("Hardware", id="hardware"):
                     hw = gr.HTML(elem_id="hardware")
                     hw_refresh = gr.Button("Refresh", size="sm")
@@ -292,7 +289,7 @@ class SpecChatUI:
                 seed = gr.Number(s.seed, label="Seed (-1 = random)", precision=0)
                 max_tokens = gr.Number(s.max_tokens, label="Max tokens", precision=0, elem_id="max-tokens")
                 gr.Markdown("### Models")
-                pair = gr.Dropdown(self._pair_choices(), value="starter", label="Pair", elem_id="pair")
+                pair = gr.Dropdown(ready_pairs(), value="starter", label="Pair", elem_id="pair")
                 target = gr.Textbox(label="Target GGUF (with the files option)", elem_id="target-path")
                 draft = gr.Textbox(label="Draft GGUF (optional)", elem_id="draft-path")
                 ctx = gr.Number(0, label="Context size (0 = model default, at most 4096)", precision=0)
@@ -306,8 +303,9 @@ class SpecChatUI:
                            show_draft_tokens=show_draft)
             values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
 
+            m = self.models
             demo.load(self.page_load, None,
-                      [history, chatbot, notice, header, hw, pair, target, draft, ctx, ngl, ngld, *values])
+                      [history, chatbot, notice, header, hw, pair, target, draft, ctx, ngl, ngld, *values, m.table])
             respond_out = [history, chatbot, live, notice, msg]
             # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
             for trigger, api in ((send.click, "public"), (msg.submit, "undocumented")):
@@ -327,6 +325,15 @@ class SpecChatUI:
             load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *values],
                        [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive], **ENGINE)
             hw_refresh.click(self._hardware, None, hw, queue=False)
+            # Models: downloads have their own slot, so a chat can go on while a pair comes down.
+            download = dict(concurrency_id="download", concurrency_limit=1, show_progress="hidden")
+            m.download.click(m.pull_pair, [m.pick], [m.progress, m.table, pair], api_name="pull", **download)
+            m.fetch.click(m.pull_file, [m.repo, m.file, m.role], [m.progress, m.table, pair, target, draft],
+                          **download)
+            m.stop.click(m.stop_download, None, None, queue=False)
+            m.remove.click(m.remove_pair, [m.pick], [m.progress, m.table, pair], queue=False)
+            m.check.click(m.check_pair, [m.own_target, m.own_draft, m.own_ctx], m.report)
+            m.use.click(m.use_in_chat, [m.own_target, m.own_draft], [pair, target, draft, m.report], queue=False)
         return demo
 
 

@@ -199,3 +199,43 @@ def header(pair: str | None, logo_svg: str = "") -> str:
     return (f'<div class="spec-header"><span class="logo">{logo_svg}</span>'
             f'<span class="name">SpecChat</span><span class="tag">same output, faster</span>'
             f'<span class="pair" title="loaded pair">{badge}</span></div>')
+
+
+# --- models view --------------------------------------------------------------------------------------------
+def models_table(rows: list[dict]) -> str:
+    """The catalog: one row per pair with what is on disk and whether it fits this machine."""
+    e = html.escape
+    body = []
+    for r in rows:
+        state = "ready" if r["ready"] else "partial" if "partly" in r["target_status"] + r["draft_status"] else "none"
+        label = {"ready": "ready", "partial": "partly downloaded", "none": "not downloaded"}[state]
+        body.append(
+            f'<tr data-pair="{e(r["pair"])}" data-state="{state}"><td><b>{e(r["pair"])}</b><br>'
+            f'<small>{e(r["description"])}</small></td><td>{e(r["use"])}</td>'
+            f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB<br><small>{e(r["target_status"])}</small></td>'
+            f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB<br><small>{e(r["draft_status"])}</small></td>'
+            f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{e(r["fit"])}</small></td>'
+            f'<td><small>{e(r["license"])}</small></td></tr>')
+    return ('<table class="spec-models"><thead><tr><th>Pair</th><th>Use</th><th>Target</th><th>Draft</th>'
+            '<th>Context</th><th>On disk</th><th>This machine</th><th>License</th></tr></thead><tbody>'
+            + "".join(body) + "</tbody></table>")
+
+
+def download_progress(files: list, state: str, message: str = "") -> str:
+    """Per-file progress bars; ``files`` are app.hub.Progress snapshots (one per file seen so far)."""
+    e = html.escape
+    bars = []
+    for p in files:
+        frac = p.done / p.total if p.total else 1.0
+        bars.append(f'<div class="spec-dl-file" data-file="{e(p.file)}" data-done="{p.done}" data-total="{p.total}">'
+                    f'<div class="spec-dl-label">[{p.index}/{p.count}] {e(p.file)} — {p.done / 1e6:,.1f} of '
+                    f'{p.total / 1e6:,.1f} MB ({frac:.0%})</div>'
+                    f'<div class="spec-dl-bar"><div style="width:{frac * 100:.1f}%"></div></div></div>')
+    note = f'<div class="spec-dl-note">{e(message)}</div>' if message else ""
+    return f'<div class="spec-download" data-state="{state}">{"".join(bars)}{note}</div>'
+
+
+def pair_report(lines: list[str], ok: bool) -> str:
+    """app.pair_check's report, one line per fact."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f'<div class="spec-notice {"info" if ok else "warning"}" id="pair-report-body"><ul>{items}</ul></div>'

@@ -1,0 +1,162 @@
+"""The Models tab: the catalog with what is downloaded and whether it fits, downloads with per-file progress,
+removal, one GGUF from any Hub repo, and a check of your own pair before loading it. No llama_cpp here."""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterator
+
+import gradio as gr
+
+from .. import hub, pairs
+from ..catalog import get_pair, load_catalog
+from ..engine import EngineError
+from ..pair_check import check_files, describe
+from . import render
+
+FILES = "(GGUF files below)"
+POLL = 0.25  # seconds between progress updates
+
+
+def ready_pairs() -> list[str]:
+    """What the chat's pair picker offers: pairs whose files are all on this machine, then "your own files"."""
+    try:
+        return [r["pair"] for r in pairs.rows() if r["ready"]] + [FILES]
+    except EngineError:
+        return ["starter", FILES]
+
+
+class ModelsView:
+    """Components of the tab (built by ``build``) and their handlers; SpecChatUI wires the events."""
+
+    def __init__(self, tab_key: Callable[[gr.Request | None], str], loaded_pair: Callable[[], str | None]):
+        self._tab_key = tab_key
+        self._loaded_pair = loaded_pair
+        self.cancels: dict[str, threading.Event] = {}
+
+    def build(self) -> None:
+        names = list(load_catalog())
+        gr.Markdown("Pairs from `models.toml`. Downloads go to the Hugging Face cache (`HF_HUB_CACHE` / `HF_HOME`; "
+                    "`HF_TOKEN` for gated models), resume after an interruption and are checked against the "
+                    "Hub's SHA-256. A downloaded pair appears in the chat's pair picker (Settings).")
+        self.table = gr.HTML(elem_id="models-table")
+        with gr.Row():
+            self.pick = gr.Dropdown(names, value=names[0] if names else None, label="Pair", scale=3,
+                                    elem_id="models-pair")
+            self.download = gr.Button("Download", variant="primary", elem_id="models-download")
+            self.stop = gr.Button("Stop", variant="stop", elem_id="models-stop")
+            self.remove = gr.Button("Remove", elem_id="models-remove")
+        self.progress = gr.HTML(elem_id="models-progress")
+        with gr.Accordion("One GGUF file from the Hub", open=False):
+            with gr.Row():
+                self.repo = gr.Textbox(label="Repo id", placeholder="owner/name", elem_id="hub-repo")
+                self.file = gr.Textbox(label="GGUF file (a split model: its first shard)", elem_id="hub-file")
+                self.role = gr.Radio(["target", "draft"], value="target", label="Use as", elem_id="hub-role")
+            self.fetch = gr.Button("Download file", elem_id="hub-fetch")
+        gr.Markdown("### Your own pair\nAny two GGUF files: their metadata is read (no weights loaded) to check "
+                    "that the draft shares the target's tokenizer, to estimate memory and recommend GPU offload.")
+        with gr.Row():
+            self.own_target = gr.Textbox(label="Target GGUF", elem_id="own-target")
+            self.own_draft = gr.Textbox(label="Draft GGUF (empty: suggest drafts)", elem_id="own-draft")
+            self.own_ctx = gr.Number(0, label="Context (0 = default)", precision=0, elem_id="own-ctx")
+        with gr.Row():
+            self.check = gr.Button("Check pair", elem_id="own-check")
+            self.use = gr.Button("Use in chat", elem_id="own-use")
+        self.report = gr.HTML(elem_id="pair-report")
+
+    # --- handlers -------------------------------------------------------------------------------------------
+    def refresh(self) -> str:
+        return render.models_table(pairs.rows())
+
+    def pull_pair(self, name: str, request: gr.Request) -> Iterator[tuple]:
+        """Outputs: progress, table, chat pair picker."""
+        try:
+            pair = get_pair(name or "")
+        except EngineError as exc:
+            yield render.notice(str(exc)), gr.skip(), gr.skip()
+            return
+        if not pairs.hub_files([pair.target, pair.draft]):
+            yield render.download_progress([], "done", f"{name} is built in: nothing to download."), gr.skip(), \
+                gr.skip()
+            return
+        for html, paths in self._pull(lambda p, c: pairs.pull(pair, p, c), request):
+            if paths is None:
+                yield html, gr.skip(), gr.skip()
+            else:
+                yield html, self.refresh(), gr.Dropdown(choices=ready_pairs(), value=name)
+
+    def pull_file(self, repo: str, file: str, role: str, request: gr.Request) -> Iterator[tuple]:
+        """Outputs: progress, table, chat pair picker, target path, draft path."""
+        repo, file = (repo or "").strip(), (file or "").strip()
+        if not repo or not file.endswith(".gguf"):
+            yield render.notice("Give a repo id (owner/name) and a .gguf file name."), *[gr.skip()] * 4
+            return
+        for html, paths in self._pull(lambda p, c: hub.pull_files([(repo, file)], on_progress=p, cancel=c), request):
+            if paths is None:
+                yield html, *[gr.skip()] * 4
+            else:
+                path = str(paths[0])
+                yield (html, gr.skip(), gr.Dropdown(choices=ready_pairs(), value=FILES),
+                       path if role == "target" else gr.skip(), path if role == "draft" else gr.skip())
+
+    def _pull(self, work, request) -> Iterator[tuple[str, list | None]]:
+        """Run a download on a worker thread, yielding (progress HTML, None) while it runs and (HTML, paths) at
+        the end; an error or Stop ends with a message (the partial file is kept for a resume)."""
+        cancel = self.cancels[self._tab_key(request)] = threading.Event()
+        seen: dict[int, hub.Progress] = {}
+        result: dict = {}
+
+        def run():
+            try:
+                result["paths"] = work(lambda p: seen.__setitem__(p.index, p), cancel)
+            except Exception as exc:  # shown in the UI; the app keeps running
+                result["error"] = exc
+
+        worker = threading.Thread(target=run, name="specchat-download", daemon=True)
+        worker.start()
+        yield render.download_progress([], "running", "Asking the Hub for the files…"), None
+        while worker.is_alive():
+            worker.join(POLL)
+            yield render.download_progress(list(seen.values()), "running"), None
+        files = list(seen.values())
+        if "error" in result:
+            exc = result["error"]
+            state = "cancelled" if isinstance(exc, hub.DownloadCancelled) else "error"
+            words = str(exc) if isinstance(exc, EngineError) else f"Download failed: {exc}"
+            yield render.download_progress(files, state, words), None
+            return
+        paths = result["paths"]
+        yield render.download_progress(files, "done", f"Downloaded and verified {len(paths)} file(s)."), paths
+
+    def stop_download(self, request: gr.Request) -> None:
+        ev = self.cancels.get(self._tab_key(request))
+        if ev:
+            ev.set()
+
+    def remove_pair(self, name: str) -> tuple:
+        """Outputs: progress, table, chat pair picker."""
+        if name and name == self._loaded_pair():
+            return render.notice(f"{name} is loaded in the chat: load another pair first."), gr.skip(), gr.skip()
+        try:
+            freed, removed, kept = pairs.remove(get_pair(name or ""))
+        except (EngineError, OSError) as exc:
+            return render.notice(str(exc)), gr.skip(), gr.skip()
+        msg = (f"Removed {len(removed)} file(s) of {name}, {freed / 1e9:.2f} GB freed."
+               + "".join(f" Kept {k}: another downloaded pair uses it." for k in kept)) if removed or kept \
+            else f"Nothing of {name} is downloaded."
+        return render.notice(msg, "info"), self.refresh(), gr.Dropdown(choices=ready_pairs())
+
+    def check_pair(self, target: str, draft: str, ctx) -> str:
+        if not (target or "").strip():
+            return render.notice("Give the path of a target GGUF file.")
+        try:
+            report = check_files((target or "").strip(), (draft or "").strip() or None, int(ctx or 0))
+        except (EngineError, ValueError, TypeError, OSError) as exc:
+            return render.notice(str(exc))
+        return render.pair_report(describe(report), report.compatible and report.fit.ok)
+
+    def use_in_chat(self, target: str, draft: str) -> tuple:
+        """Outputs: chat pair picker, target path, draft path, report."""
+        if not (target or "").strip():
+            return gr.skip(), gr.skip(), gr.skip(), render.notice("Give the path of a target GGUF file.")
+        return (gr.Dropdown(choices=ready_pairs(), value=FILES), target.strip(), (draft or "").strip(),
+                render.notice("Files set in Settings → Models: press Load models there.", "info"))
