@@ -216,7 +216,7 @@ def _fetch_verified(remote: RemoteFile, cache: Path, report, cancel) -> None:
             report(remote.size)
             return
         _forget(blob, cache, remote)  # damaged on disk: drop it and its snapshot links, then fetch again
-    for attempt in (1, 2):
+    for _ in range(2):
         part = blobs / (remote.etag + ".incomplete")
         digest = _download(remote, part, report, cancel)
         if digest == remote.etag:
@@ -313,7 +313,8 @@ def _forget(blob: Path, cache: Path, remote: RemoteFile) -> None:
 
 def remove_files(files: list[tuple[str, str]], keep: set[tuple[str, str]] = frozenset(),
                  cache: Path | None = None) -> tuple[int, list[str]]:
-    """Delete cached files (split GGUFs: every shard) except those in ``keep``; return (bytes freed, names)."""
+    """Delete cached files and partial downloads (split GGUFs: every shard) except those in ``keep``;
+    return (bytes freed, names removed)."""
     cache = Path(cache or cache_dir())
     keep_all = {(r, s) for r, n in keep for s in shard_names(n)}
     freed, removed = 0, []
@@ -321,17 +322,25 @@ def remove_files(files: list[tuple[str, str]], keep: set[tuple[str, str]] = froz
         for shard in shard_names(name):
             if (repo, shard) in keep_all:
                 continue
-            storage = cache / repo_folder_name(repo_id=repo, repo_type="model")
-            links = list((storage / "snapshots").glob(f"*/{shard}")) if (storage / "snapshots").is_dir() else []
+            blobs = _blobs(repo, cache)
+            snapshots = blobs.parent / "snapshots"
+            links = list(snapshots.glob(f"*/{shard}")) if snapshots.is_dir() else []
             for link in links:
                 blob = link.resolve()
                 link.unlink()
-                if blob.exists() and blob.parent.name == "blobs" and not _still_linked(storage, blob):
+                if blob.exists() and blob.parent.name == "blobs" and not _still_linked(snapshots, blob):
                     freed += blob.stat().st_size
                     blob.unlink()
+            part = blobs / f"{_partials(blobs).get(shard)}.incomplete"
+            had_partial = part.exists()
+            if had_partial:
+                freed += part.stat().st_size
+                part.unlink()
+                _note_partial(blobs, shard, None)
+            if links or had_partial:
                 removed.append(shard)
     return freed, removed
 
 
-def _still_linked(storage: Path, blob: Path) -> bool:
-    return any(p.is_symlink() and p.resolve() == blob for p in (storage / "snapshots").rglob("*"))
+def _still_linked(snapshots: Path, blob: Path) -> bool:
+    return any(p.is_symlink() and p.resolve() == blob for p in snapshots.rglob("*"))

@@ -258,3 +258,24 @@ def test_cli_usage_errors(env):
     assert r.returncode == 0 and r.stdout.strip().endswith("target-Q8_0.gguf")
     r = specchat(env, "generate", "--pair", "big", "--prompt", "x")
     assert r.returncode == 1 and "specchat pull big" in r.stderr
+
+
+def test_stop_keeps_the_partial_download_and_remove_frees_it(tmp_path, fake, files):
+    import threading
+
+    fake.rate = 1 << 20
+    stop = threading.Event()
+
+    def progress(p):
+        if p.done > 0:
+            stop.set()  # what the Models view's Stop button does
+
+    with pytest.raises(hub.DownloadCancelled, match="run the pull again to resume"):
+        hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url, on_progress=progress,
+                       cancel=stop)
+    kept = hub.partial_bytes(BIG_REPO, "big-Q4_K_M.gguf", tmp_path)
+    assert 0 < kept < len(files["big"])
+    freed, removed = hub.remove_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path)
+    assert (freed, removed) == (kept, ["big-Q4_K_M.gguf"])
+    assert hub.partial_bytes(BIG_REPO, "big-Q4_K_M.gguf", tmp_path) == 0
+    assert not list((tmp_path / "models--tests--big").rglob("*.incomplete"))
