@@ -102,10 +102,10 @@ def describe(r: PairReport) -> list[str]:
     return lines
 
 
-def fit_note(target_gb: float, draft_gb: float) -> str:
-    """A catalog pair against this machine, from its published sizes (the KV cache comes on top)."""
+def fit_note(target_gb: float, draft_gb: float, devices: list) -> str:
+    """A catalog pair against this machine (``devices``: its GPUs), from its published sizes (the KV cache comes
+    on top)."""
     weights = int((target_gb + draft_gb) * 1e9)
-    devices = gpus()
     vram = sum(g.free for g in devices)
     if devices and weights + 2 * OVERHEAD <= 0.9 * vram:
         return f"fits in GPU memory ({vram / GIB:.0f} GiB free): use -ngl -1 -ngld -1"

@@ -40,8 +40,10 @@ def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
 
 def rows() -> list[dict]:
     """One row per catalog pair for `specchat list` and the Models view."""
+    from .engine.llama import gpus
     from .pair_check import fit_note
 
+    devices = gpus()  # once for the whole table
     out = []
     for p in load_catalog().values():
         t, d = status(p.target), status(p.draft)
@@ -52,6 +54,6 @@ def rows() -> list[dict]:
             "draft": p.draft.describe(), "draft_quant": p.draft.quantization, "draft_gb": p.draft.size_gb,
             "target_status": t.describe(), "draft_status": d.describe(),
             "ready": t.state in READY and d.state in READY,
-            "fit": fit_note(p.target.size_gb, p.draft.size_gb),
+            "fit": fit_note(p.target.size_gb, p.draft.size_gb, devices),
         })
     return out
