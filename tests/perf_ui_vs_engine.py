@@ -1,10 +1,12 @@
 """Benchmark: does streaming through the app cost speed? Tokens/s of the same greedy chat answer, generated
 (a) by the engine directly in this process and (b) through the running app's API (gradio_client), interleaved.
 
-    python tests/perf_ui_vs_engine.py [--repeats 6] [--max-tokens 256]
+    python tests/perf_ui_vs_engine.py [--repeats 6] [--max-tokens 256] [--browser]
 
 Prints, per run and overall, the engine's tokens/s, the app's (measured by the engine inside the server while
-it streams to a client) and the rate at which tokens reached the client, and the ratios app / engine.
+it streams to a viewer) and, with the API viewer, the rate at which tokens reached the client, and the ratios
+app / engine. --browser views the stream in headless chromium instead, which renders every update on the same
+cores, as a user's browser would.
 """
 from __future__ import annotations
 
@@ -38,60 +40,114 @@ def start_app(home: str) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the app did not start")
 
 
+class ApiViewer:
+    """Streams the answer through the app's API (gradio_client), timing the updates as they arrive."""
+
+    def __init__(self, url: str, values: list):
+        from gradio_client import Client
+
+        self.client, self.values = Client(url, verbose=False), values
+
+    def run(self) -> tuple[float, float, int]:
+        self.client.predict(PROMPT, False, api_name="/submit")
+        arrivals = []
+        for out in self.client.submit(*self.values, api_name="/chat"):
+            html = next((o for o in out if isinstance(o, str) and "spec-live" in o), "")  # the live panel
+            m = re.search(r'data-tps="([\d.]+)" data-tokens="(\d+)"', html)
+            if m:
+                arrivals.append((time.perf_counter(), int(m.group(2)), float(m.group(1))))
+        (t0, n0, _), (t1, n1, app) = arrivals[0], arrivals[-1]
+        self.client.predict(api_name="/clear")
+        return app, (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, n1
+
+    def close(self) -> None:
+        pass
+
+
+class BrowserViewer:
+    """Sends the prompt in headless chromium, which renders every update (markdown, live panel, chart)."""
+
+    def __init__(self, url: str):
+        from playwright.sync_api import sync_playwright
+
+        self._pw = sync_playwright().start()
+        self._browser = self._pw.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update"])
+        self.page = self._browser.new_page(viewport={"width": 1400, "height": 950})
+        self.page.goto(url, wait_until="domcontentloaded")
+        self.page.locator("#msg textarea").wait_for(state="visible", timeout=60_000)
+
+    def _state(self) -> str:
+        return self.page.locator("#live-stats .spec-live").get_attribute("data-state")
+
+    def run(self) -> tuple[float, None, int]:
+        self.page.locator("#clear").click()
+        self.page.wait_for_function("document.querySelector('#live-stats .spec-live').dataset.state == 'idle'")
+        self.page.locator("#msg textarea").fill(PROMPT)
+        self.page.locator("#send").click()
+        # Poll slowly: the measurement should not pay for its own observation.
+        self.page.wait_for_function("document.querySelector('#live-stats .spec-live').dataset.state == 'done'",
+                                    polling=500, timeout=300_000)
+        el = self.page.locator("#live-stats .spec-live")
+        return float(el.get_attribute("data-tps")), None, int(el.get_attribute("data-tokens"))
+
+    def close(self) -> None:
+        self._browser.close()
+        self._pw.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--browser", action="store_true",
+                    help="view the stream in headless chromium (Debian's /usr/bin/chromium) instead of the API")
     args = ap.parse_args()
     home = tempfile.mkdtemp(prefix="specchat-perf-")
     os.environ["SPECCHAT_HOME"] = home
-    from gradio_client import Client
 
     from app.catalog import get_pair
     from app.loader import LoadSpec
     from app.runtime import Runtime
-    from app.settings import Settings
+    from app.settings import Settings, save_settings
     from app.ui.app import SETTING_NAMES
 
-    settings = Settings(max_tokens=args.max_tokens).with_draft_params(get_pair("starter").draft_params)
-    values = [getattr(settings, n) for n in SETTING_NAMES]
+    settings = Settings(max_tokens=args.max_tokens, models=LoadSpec(pair="starter"))
+    settings = settings.with_draft_params(get_pair("starter").draft_params)
+    save_settings(settings)  # what the app (and so the browser's settings panel) starts with
     messages = [{"role": "user", "content": PROMPT}]
 
     proc, url = start_app(home)
     runtime = Runtime()
     runtime.load(LoadSpec(pair="starter"))
     engine_tps, app_tps, client_tps = [], [], []
+    viewer = BrowserViewer(url) if args.browser else ApiViewer(url, [getattr(settings, n) for n in SETTING_NAMES])
     try:
-        client = Client(url, verbose=False)
         for i in range(args.repeats + 1):  # the first round warms both up and is not counted
             live = None
             for live in runtime.answer(messages, settings):
                 pass
             e = live.stats.tokens_per_second
-
-            client.predict(PROMPT, False, api_name="/submit")
-            job = client.submit(*values, api_name="/chat")
-            arrivals = []
-            for out in job:
-                html = next((o for o in out if isinstance(o, str) and "spec-live" in o), "")  # the live panel
-                m = re.search(r'data-tps="([\d.]+)" data-tokens="(\d+)"', html)
-                if m:
-                    arrivals.append((time.perf_counter(), int(m.group(2)), float(m.group(1))))
-            (t0, n0, _), (t1, n1, a) = arrivals[0], arrivals[-1]
-            c = (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+            a, c, n = viewer.run()
             tag = "warm-up" if i == 0 else f"run {i}"
-            print(f"{tag:8s} engine {e:6.1f} tok/s   app {a:6.1f} tok/s ({a / e:.3f})   "
-                  f"client receives {c:6.1f} tok/s ({c / e:.3f})   {n1} tokens", flush=True)
+            received = f"   client receives {c:6.1f} tok/s ({c / e:.3f})" if c is not None else ""
+            print(f"{tag:8s} engine {e:6.1f} tok/s   app {a:6.1f} tok/s ({a / e:.3f}){received}   {n} tokens",
+                  flush=True)
             if i:
                 engine_tps.append(e), app_tps.append(a), client_tps.append(c)
-            client.predict(api_name="/clear")
     finally:
+        viewer.close()
         runtime.close()
         proc.terminate()
-    e, a, c = (statistics.mean(x) for x in (engine_tps, app_tps, client_tps))
+    e, a = statistics.mean(engine_tps), statistics.mean(app_tps)
     per_run = statistics.median(x / y for x, y in zip(app_tps, engine_tps))
-    print(f"overall  engine {e:.1f} tok/s, app {a:.1f} tok/s, client {c:.1f} tok/s; "
-          f"app/engine = {a / e:.3f} (median of per-run ratios {per_run:.3f}), client/engine = {c / e:.3f}")
+    received = ""
+    if client_tps[0] is not None:
+        c = statistics.mean(client_tps)
+        received = f", client {c:.1f} tok/s; client/engine = {c / e:.3f}"
+    print(f"overall ({'browser' if args.browser else 'API'} viewer)  engine {e:.1f} tok/s, app {a:.1f} tok/s; "
+          f"app/engine = {a / e:.3f} (median of per-run ratios {per_run:.3f}){received}")
 
 
 if __name__ == "__main__":
