@@ -1,0 +1,63 @@
+"""The adaptive draft-length controller on synthetic measurements (times in seconds, as the loop reports them)."""
+from app.engine.draft_control import DraftLength, DraftParams
+
+ADAPTIVE = DraftParams(draft_max=8, adaptive=True)
+VERIFY_1 = 0.010  # the target's time for one token
+
+
+def verify(n: int) -> float:
+    return VERIFY_1 + 0.002 * (n - 1)
+
+
+def feed(c: DraftLength, rounds: int, accept, t_draft: float) -> list[int]:
+    """Run ``rounds`` rounds: draft what the controller asks, or fewer (drafts end early on unsure tokens), with
+    ``accept(k)`` of them accepted, and report the times."""
+    asked = []
+    for i in range(rounds):
+        k = c.next()
+        asked.append(k)
+        k = min(k, (8, 3, 1, 5)[i % 4])
+        c.update(k, accept(k), k * t_draft, verify(k + 1), n_evals=k)
+    return asked
+
+
+def test_drafts_when_it_pays():
+    c = DraftLength(ADAPTIVE)
+    asked = feed(c, 30, lambda k: k, t_draft=0.002)
+    assert all(k == 8 for k in asked[5:])
+
+
+def test_turns_off_when_drafting_costs_more_than_it_saves_and_rarely_probes_then():
+    """Every draft accepted, but a draft token costs as much as a target token: speculation loses. The cause is
+    the cost, so probing again (the draft first catching up on every token since) is kept rare."""
+    c = DraftLength(ADAPTIVE)
+    asked = feed(c, 200, lambda k: k, t_draft=0.011)
+    assert asked[10:].count(0) > 0.95 * len(asked[10:])
+    off = asked[asked.index(0):]
+    assert sum(1 for k in off if k) <= 2  # at most one probe in ~190 rounds off
+
+
+def test_probes_often_when_it_was_off_for_poor_acceptance():
+    c = DraftLength(ADAPTIVE)
+    asked = feed(c, 200, lambda k: 0, t_draft=0.002)
+    off = asked[asked.index(0):]
+    assert 5 <= sum(1 for k in off if k) <= 10  # a probe every 24 rounds
+
+
+def test_measured_loss_turns_speculation_off_even_where_the_model_says_it_pays():
+    """Rounds whose draft call ends before its first token still pay for that call; the geometric model does not
+    see it, the measured rate does."""
+    c = DraftLength(ADAPTIVE)
+    for _ in range(3):  # measurements that make drafting look cheap and accepted
+        k = c.next()
+        c.update(k, k, k * 0.001, verify(k + 1), n_evals=k)
+    assert c.next() > 0
+    for _ in range(20):  # then draft calls that end before their first token, at 0.004 s each
+        c.next()
+        c.update(0, 0, 0.004, verify(1), n_evals=1)
+    assert c._best_k() > 0 and c.next() == 0
+
+
+def test_fixed_mode_always_drafts_draft_max():
+    c = DraftLength(DraftParams(draft_max=5))
+    assert feed(c, 20, lambda k: 0, t_draft=0.05) == [5] * 20
