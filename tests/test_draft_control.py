@@ -61,3 +61,16 @@ def test_measured_loss_turns_speculation_off_even_where_the_model_says_it_pays()
 def test_fixed_mode_always_drafts_draft_max():
     c = DraftLength(DraftParams(draft_max=5))
     assert feed(c, 20, lambda k: 0, t_draft=0.05) == [5] * 20
+
+
+def test_model_free_drafters_keep_probing_often():
+    """An n-gram lookup costs nothing to resume, so probes stay frequent (n_evals=0: no draft model)."""
+    c = DraftLength(ADAPTIVE)
+    asked = []
+    for i in range(200):
+        k = c.next()
+        asked.append(k)
+        k = min(k, (8, 3, 1, 5)[i % 4])
+        c.update(k, k, k * 0.011, verify(k + 1))
+    off = asked[asked.index(0):]
+    assert 5 <= sum(1 for k in off if k) <= 10

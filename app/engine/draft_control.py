@@ -14,9 +14,9 @@ Adaptive mode decides token by token, from measurements of this generation:
       tokens(k) = (1 - a^(k+1)) / (1 - a),    time(k) = k * t_draft + t_verify(k + 1)
   and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
   then turns it back on when the text becomes predictable.
-- The model can be wrong where the round has costs it does not see (a draft call whose first token is judged
-  not worth drafting, the draft catching up after rounds off), so the measured rate of the rounds that drafted
-  is checked against plain decoding's, and speculation goes off when it is lower.
+- The model can be wrong where the round has costs it does not see (a draft model call whose first token is
+  judged not worth drafting, the draft catching up after rounds off), so the measured rate of the rounds that
+  called the draft model is checked against plain decoding's, and speculation goes off when it is lower.
 """
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ class DraftParams:
 
 class DraftLength:
     PROBE_EVERY = 24  # rounds with speculation off between two probe drafts
-    # ...when drafts were being accepted and speculation still lost, drafting costs too much on this machine: a
-    # probe would only learn that again, and its draft must first catch up on every token made since (costly).
+    # ...when a draft model's drafts were being accepted and speculation still lost, drafting costs too much on
+    # this machine: a probe would only learn that again, and the draft model must first catch up on every token
+    # made since (costly). Model-free drafters probe for free.
     PROBE_EVERY_WHEN_COSTLY = 192
     DECAY = 0.9  # weight of the past in the running estimates (about the last 10 rounds)
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
@@ -78,7 +79,7 @@ class DraftLength:
         k = self._best_k() if not self._measured_loss() else 0
         if k == 0:
             self._off_rounds += 1
-            costly = self.acceptance() >= 0.9
+            costly = self._spec[0] > 0 and self.acceptance() >= 0.9
             if self._off_rounds >= (self.PROBE_EVERY_WHEN_COSTLY if costly else self.PROBE_EVERY):
                 self._off_rounds = 0
                 return min(2, self.p.draft_max)
@@ -120,7 +121,7 @@ class DraftLength:
     def _measured_loss(self) -> bool:
         """Have the rounds that drafted made tokens more slowly than plain decoding does?"""
         rounds, tokens, seconds = self._spec
-        return rounds >= 4 and tokens / seconds < 1.0 / self._verify_time(1)
+        return rounds >= 6 and tokens / seconds < 1.0 / self._verify_time(1)
 
     def _best_k(self) -> int:
         a = min(self.acceptance(), 0.999)
@@ -149,6 +150,7 @@ class DraftLength:
             # A drafted token costs one draft-model call (model-free drafters: their time per token)
             per_token = draft_s / (n_evals or n_drafted)
             self._t_draft = per_token if self._t_draft is None else d * self._t_draft + (1 - d) * per_token
+        if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
         n = n_drafted + 1
