@@ -144,6 +144,34 @@ def test_bundle_opens_the_browser_and_stops_when_its_terminal_closes(bundle, tmp
     assert proc.returncode == 0 and "shutting down" in out, out
 
 
+def test_bundle_downloads_from_the_hub_into_the_users_cache_and_runs_it(bundle, tmp_path):
+    """The frozen Hub client (huggingface_hub, httpx, certifi, tqdm) against the local stand-in for the Hub: the
+    file lands in HF_HUB_CACHE as for the installed app, verified, and the bundle's llama.cpp generates with it."""
+    from fake_hub import FakeHub
+    from tiny_gguf import write_model
+
+    hub = FakeHub()
+    hub.add("tests/tiny", {"tiny-F32.gguf": write_model(tmp_path / "t.gguf", seed=1).read_bytes()})
+    env = dict(_bare_env(tmp_path), HF_ENDPOINT=hub.url)
+    del env["HF_HUB_OFFLINE"]
+    try:
+        pull = subprocess.run([str(bundle / "specchat"), "pull", "--repo", "tests/tiny", "--file", "tiny-F32.gguf"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        hub.close()
+    assert pull.returncode == 0, pull.stdout + pull.stderr
+    cached = list((tmp_path / "hub").glob("models--tests--tiny/snapshots/*/tiny-F32.gguf"))
+    assert len(cached) == 1 and cached[0].read_bytes() == (tmp_path / "t.gguf").read_bytes()
+    args = ["generate", "--target", str(cached[0]), "--prompt", "a b", "--max-tokens", "16", "--json"]
+    frozen = subprocess.run([str(bundle / "specchat"), *args], env=env, capture_output=True, text=True, timeout=120)
+    assert frozen.returncode == 0, frozen.stderr
+    installed = subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, capture_output=True, text=True,
+                               timeout=120)
+    assert installed.returncode == 0, installed.stderr
+    out = json.loads(frozen.stdout)
+    assert out["n_tokens"] > 0 and out["token_ids"] == json.loads(installed.stdout)["token_ids"]
+
+
 def test_linux_launcher_installs_the_bundle_in_the_menu(bundle, tmp_path):
     data = tmp_path / "share"
     env = dict(os.environ, XDG_DATA_HOME=str(data))
