@@ -90,11 +90,13 @@ class BrowserViewer:
 
     @contextlib.contextmanager
     def _attached(self):
-        for _ in range(100):  # chromium takes a moment to open its DevTools port
+        for attempt in range(100):  # chromium takes a moment to open its DevTools port
             try:
                 browser = self._pw.chromium.connect_over_cdp(f"http://127.0.0.1:{self._port}")
                 break
             except Exception:
+                if attempt == 99:
+                    raise
                 time.sleep(0.1)
         try:
             yield browser.contexts[0].pages[0]

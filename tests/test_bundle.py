@@ -54,7 +54,7 @@ def test_bundle_carries_runtime_frontend_and_only_the_starter_model(bundle):
 
 
 def _snapshot(folder: Path) -> dict:
-    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if not p.is_symlink()}
+    return {p: (st.st_size, st.st_mtime_ns) for p in folder.rglob("*") if not p.is_symlink() for st in [p.stat()]}
 
 
 def _free_port() -> int:

@@ -65,7 +65,7 @@ class DraftLength:
         self._seen = 0.0  # draft tokens examined by the target (decayed)
         self._t_draft = None  # seconds to draft one more token
         self._fit = [0.0] * 5  # decayed sums for verify_s ~ a + b * n: S, Sn, Snn, St, Snt
-        self._spec = [0.0, 0.0, 0.0]  # rounds that called the drafter (decayed): count, tokens made, seconds
+        self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
         self._off_rounds = 0
 
     # --- decisions ------------------------------------------------------------------------------------------
