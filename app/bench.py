@@ -3,6 +3,10 @@
 Fairness rules: one warm-up generation per mode first; off and on alternate which goes first; both KV caches are
 cleared before every run, so no run profits from a cache another run left behind. Every number is measured in
 this run; ratios compare runs made minutes apart at most.
+
+Between prompts it also times the operations a round is made of (``engine.costs``): the speedup they would allow
+if every draft token were accepted says how much of the possible speedup the engine reached on this machine in
+this run (the host's state moves that ceiling between runs).
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TextIO
 
-from .engine import Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
+from .engine import Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
 
 
 def load_prompts(path: Path) -> list[dict]:
@@ -62,6 +66,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
     _run(engine, encoded[0], "none", warm)
     _run(engine, encoded[0], drafter, warm)
+    costs = []
 
     rows = []
     for i, (p, ids) in enumerate(zip(prompts, encoded)):
@@ -73,6 +78,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
                                  off_params if mode == "off" else on_params))
         row = _row(p, off, on)
         rows.append(row)
+        costs.append(engine.measure_costs(dp.draft_max, drafter))
         if progress:
             progress.write(f"[{i + 1}/{len(prompts)}] {row['category']}: off {row['tps_off']:.1f} tok/s, "
                            f"on {row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, acceptance "
@@ -81,6 +87,12 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     by_cat = defaultdict(list)
     for row in rows:
         by_cat[row["category"]].append(row)
+    overall = _aggregate(rows)
+    mean_costs = Costs.mean(costs)
+    ceiling = None
+    if drafter == "model":  # n-gram proposals come and go with the text: its ceiling is not a round's cost
+        best, k = mean_costs.ceiling(dp.draft_max)
+        ceiling = {"speedup": best, "draft_length": k, "reached": overall["speedup"] / best}
     return {
         "drafter": drafter,
         "draft": {"draft_max": dp.draft_max, "draft_min": dp.draft_min, "draft_p_min": dp.draft_p_min,
@@ -89,7 +101,9 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
         "repeats": repeats,
         "prompts": rows,
         "categories": {c: _aggregate(rs) for c, rs in by_cat.items()},
-        "overall": _aggregate(rows),
+        "overall": overall,
+        "costs": mean_costs.as_dict(),
+        "ceiling": ceiling,
     }
 
 
@@ -118,6 +132,7 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
         "_decode_tokens": [sum(max(d.stats.n_tokens - 1, 0) for d in r) for r in (off, on)],
         "_decode_seconds": [sum(d.stats.decode_seconds for d in r) for r in (off, on)],
         "_counts": [drafted, accepted, rounds],
+        "_split": [sum(d.stats.draft_seconds for d in on), sum(d.stats.verify_seconds for d in on)],
     }
 
 
@@ -131,6 +146,7 @@ def _aggregate(rows: list[dict]) -> dict:
     rounds = sum(r["_counts"][2] for r in rows)
     tps_off = tok_off / s_off if s_off else 0.0
     tps_on = tok_on / s_on if s_on else 0.0
+    ms = 1e3 / tok_on if tok_on else 0.0  # per decoded token of the runs with speculation on
     return {
         "n_prompts": len(rows),
         "tps_off": tps_off,
@@ -140,6 +156,10 @@ def _aggregate(rows: list[dict]) -> dict:
         "acceptance": accepted / drafted if drafted else 0.0,
         "mean_accepted_per_round": accepted / rounds if rounds else 0.0,
         "all_identical": all(r["identical"] for r in rows),
+        "ms_per_token_off": 1e3 / tps_off if tps_off else 0.0,
+        "ms_per_token_on": 1e3 / tps_on if tps_on else 0.0,
+        "draft_ms_per_token": ms * sum(r["_split"][0] for r in rows),
+        "verify_ms_per_token": ms * sum(r["_split"][1] for r in rows),
     }
 
 
@@ -159,3 +179,17 @@ def print_report(report: dict) -> None:
         print(line.format(f"{name} ({c['n_prompts']})", c["tps_off"], c["tps_on"], c["speedup"], c["acceptance"],
                           c["mean_accepted_per_round"], "yes" if c["all_identical"] else "NO")
               + f"   min speedup {c['min_speedup']:.2f}x")
+    o = report["overall"]
+    print(f"time per token: off {o['ms_per_token_off']:.1f} ms; on {o['ms_per_token_on']:.1f} ms "
+          f"(drafting {o['draft_ms_per_token']:.1f}, verifying {o['verify_ms_per_token']:.1f})")
+    verify, draft = report["costs"]["verify_ms"], report["costs"].get("draft_ms")
+    batches = [n for n in verify if n > 1]
+    line = (f"costs timed between prompts: plain step {verify[1]:.1f} ms; verifying "
+            + "/".join(map(str, batches)) + " tokens " + "/".join(f"{verify[n]:.1f}" for n in batches) + " ms")
+    if draft:
+        line += f"; drafting 1/2 tokens {draft[1]:.1f}/{draft[2]:.1f} ms"
+    print(line)
+    if report["ceiling"]:
+        cl = report["ceiling"]
+        print(f"ceiling if every draft token were accepted: {cl['speedup']:.2f}x with {cl['draft_length']} draft "
+              f"tokens per round; this run reached {cl['reached']:.0%} of it")

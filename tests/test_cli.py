@@ -106,9 +106,26 @@ def test_bench_reports_off_vs_on(models, tmp_path):
         assert row["speedup"] == pytest.approx(row["tps_on"] / row["tps_off"])
         assert row["acceptance"] > 0 and row["mean_accepted_per_round"] > 0
     assert rep["overall"]["all_identical"] and rep["overall"]["n_prompts"] == 2
+    o = rep["overall"]
+    assert o["draft_ms_per_token"] > 0 and o["verify_ms_per_token"] > 0
+    assert o["draft_ms_per_token"] + o["verify_ms_per_token"] <= o["ms_per_token_on"] * 1.001
+    # the round's costs were timed (default --draft-max 8: batches up to 9) and give the ceiling
+    assert set(rep["costs"]["verify_ms"]) == {"1", "2", "4", "8", "9"}
+    assert all(v > 0 for v in rep["costs"]["verify_ms"].values())
+    assert all(v > 0 for v in rep["costs"]["draft_ms"].values())
+    ceiling = rep["ceiling"]
+    assert ceiling["speedup"] >= 1.0 and 0 <= ceiling["draft_length"] <= 8
+    assert ceiling["reached"] == pytest.approx(o["speedup"] / ceiling["speedup"])
     text = cli("bench", "--target", models["target"], "--draft", models["close_draft"], "--prompts", prompts,
                "--max-tokens", 16)
     assert text.returncode == 0 and "OVERALL" in text.stdout and "speedup" in text.stdout
+    assert "costs timed between prompts: plain step" in text.stdout
+    assert "ceiling if every draft token were accepted" in text.stdout
+    ngram = cli("bench", "--target", models["target"], "--drafter", "ngram", "--prompts", prompts,
+                "--max-tokens", 16, "--json")
+    assert ngram.returncode == 0, ngram.stderr
+    rep = json.loads(ngram.stdout)
+    assert rep["ceiling"] is None and "draft_ms" not in rep["costs"]
 
 
 def test_bench_rejects_bad_prompt_files(models, tmp_path):

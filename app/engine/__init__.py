@@ -1,4 +1,5 @@
 """SpecChat's speculative decoding engine over llama.cpp. No UI code may be imported below this package."""
+from .costs import Costs
 from .draft_control import DraftParams
 from .engine import DRAFTERS, Engine
 from .errors import EngineError
@@ -8,7 +9,7 @@ from .loop import GenerationParams
 from .sampling import SamplingParams
 
 __all__ = [
-    "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "ModelSettings",
+    "Costs", "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "ModelSettings",
     "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant", "quantize", "supports_gpu_offload",
     "system_info",
 ]

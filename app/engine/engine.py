@@ -7,6 +7,7 @@ from typing import Iterator
 
 from .chat import render_chat
 from .compat import check_pair
+from .costs import Costs, measure
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError
@@ -133,6 +134,18 @@ class Engine:
             finally:
                 if self.draft:
                     self.draft.ctx.set_cancel(None)
+
+    def measure_costs(self, draft_max: int, drafter: str = "model") -> Costs:
+        """Time the operations of a speculative round with the loaded models (see ``costs``); the draft model's
+        only for the model drafter (the others cost next to nothing). Clears both caches."""
+        with self._lock:
+            try:
+                draft = self.draft.ctx if self.draft and drafter == "model" else None
+                return measure(self.target.ctx, draft, draft_max)
+            finally:
+                for loaded in (self.target, self.draft):
+                    if loaded:
+                        loaded.ctx.truncate(0)
 
     def reset(self) -> None:
         """Forget the cached conversation (both KV caches)."""

@@ -1,0 +1,98 @@
+"""What a speculative round costs with the loaded models on this machine now, and the speedup those costs allow.
+
+A benchmark's speedup means little without its ceiling: on a small CPU the relative cost of drafting a token and
+of verifying one more position changes with the host's state (compute- or memory-bound spells), so the best
+possible speedup of one pair moves between runs. ``measure`` times the operations one round is made of, with
+the engine's own contexts; ``Costs.ceiling`` turns them into the best speedup any draft length could reach if
+the target accepted every draft token.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from .llama import Context
+
+POSITION = 128  # scratch tokens cached before timing: a short chat's worth of attention
+
+
+@dataclass(frozen=True)
+class Costs:
+    verify_s: dict[int, float]  # a target batch of n tokens -> seconds (n = 1 is one step of plain decoding)
+    draft_s: tuple[float, float] | None = None  # draft model: one token; the two tokens a round opens with
+
+    @classmethod
+    def mean(cls, samples: list[Costs]) -> Costs:
+        """Average of measurements taken at different times (between benchmark prompts)."""
+        verify = {n: statistics.fmean(c.verify_s[n] for c in samples) for n in samples[0].verify_s}
+        drafts = [c.draft_s for c in samples if c.draft_s]
+        draft = tuple(statistics.fmean(d[i] for d in drafts) for i in (0, 1)) if drafts else None
+        return cls(verify, draft)
+
+    def verify(self, n: int) -> float:
+        """Seconds for a verification batch of n tokens, linear between (and beyond) the measured sizes."""
+        sizes = sorted(self.verify_s)
+        if n in self.verify_s:
+            return self.verify_s[n]
+        lo = max([s for s in sizes if s < n], default=sizes[0])
+        hi = min([s for s in sizes if s > n and s != lo], default=None)
+        if hi is None:  # past the largest size: extend the last segment
+            lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (lo, lo)
+        if hi == lo:
+            return self.verify_s[lo] * n / lo
+        slope = (self.verify_s[hi] - self.verify_s[lo]) / (hi - lo)
+        return self.verify_s[lo] + slope * (n - lo)
+
+    def draft(self, k: int) -> float:
+        """Drafting k tokens in a round after a fully accepted one: the draft catches up on two tokens (its own
+        last, never evaluated, and the target's bonus) in one call, then takes k - 1 single steps."""
+        if k == 0 or not self.draft_s:
+            return 0.0
+        one, two = self.draft_s
+        return two + (k - 1) * one
+
+    def ceiling(self, draft_max: int) -> tuple[float, int]:
+        """(best speedup over plain decoding, the draft length reaching it) if every draft token were accepted:
+        max over k of (k + 1) tokens per round / round time, times one plain step. No drafter with these costs
+        can do better; rejections only lower it."""
+        best, best_k = 1.0, 0
+        for k in range(1, draft_max + 1):
+            speedup = (k + 1) * self.verify(1) / (self.draft(k) + self.verify(k + 1))
+            if speedup > best:
+                best, best_k = speedup, k
+        return best, best_k
+
+    def as_dict(self) -> dict:
+        out = {"verify_ms": {n: s * 1e3 for n, s in sorted(self.verify_s.items())}}
+        if self.draft_s:
+            out["draft_ms"] = {1: self.draft_s[0] * 1e3, 2: self.draft_s[1] * 1e3}
+        return out
+
+
+def batch_sizes(draft_max: int) -> list[int]:
+    """Verification batch sizes to time: 1, powers of two, and the largest a round can use."""
+    top = draft_max + 1
+    return sorted({1, top} | {n for n in (2, 4, 8, 16, 32) if n < top})
+
+
+def measure(target: Context, draft: Context | None, draft_max: int, reps: int = 5) -> Costs:
+    """Median time of each operation over ``reps`` tries, at ``POSITION`` cached tokens. Leaves both caches
+    holding scratch tokens: the caller clears them."""
+    verify = {n: _time(target, n, min(n, target.n_outputs_max), reps) for n in batch_sizes(draft_max)}
+    draft_s = (_time(draft, 1, 1, reps), _time(draft, 2, 1, reps)) if draft is not None else None
+    return Costs(verify, draft_s)
+
+
+def _time(ctx: Context, n: int, n_logits: int, reps: int) -> float:
+    n_vocab = ctx.model.n_vocab
+    position = min(POSITION, ctx.n_ctx - n - 1)
+    scratch = [(7 + 13 * i) % n_vocab for i in range(position + n)]  # any valid ids: the cost is the same
+    ctx.decode(scratch[ctx.reuse_prefix(scratch[:position]) : position], n_logits=0)  # prefilled once
+    times = []
+    for _ in range(reps):
+        ctx.truncate(position)
+        t0 = time.perf_counter()
+        ctx.decode(scratch[position:], n_logits=n_logits)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -1,0 +1,51 @@
+"""The cost model behind bench's ceiling: arithmetic on known costs, and real timings on tiny models."""
+import pytest
+
+from app.engine import Costs
+from app.engine.costs import batch_sizes
+
+
+def test_verify_time_is_linear_between_and_beyond_measured_batches():
+    c = Costs({1: 0.010, 2: 0.012, 4: 0.016})
+    assert c.verify(1) == 0.010 and c.verify(4) == 0.016
+    assert c.verify(3) == pytest.approx(0.014)
+    assert c.verify(6) == pytest.approx(0.020)  # the last segment extended
+
+
+def test_ceiling_takes_the_best_draft_length():
+    c = Costs({1: 0.010, 2: 0.012, 4: 0.016}, draft_s=(0.004, 0.006))
+    assert c.draft(0) == 0 and c.draft(1) == 0.006 and c.draft(3) == pytest.approx(0.014)
+    # k=1: 2 tokens in 0.006+0.012; k=2: 3 in 0.010+0.014; k=3: 4 in 0.014+0.016 -> 4 * 0.010 / 0.030
+    assert c.ceiling(3) == (pytest.approx(4 / 3), 3)
+    assert c.ceiling(1) == (pytest.approx(0.02 / 0.018), 1)
+    # drafting dearer than it saves: no draft length beats plain decoding
+    assert Costs({1: 0.010, 2: 0.020}, draft_s=(0.010, 0.015)).ceiling(4) == (1.0, 0)
+
+
+def test_mean_of_samples():
+    a = Costs({1: 0.010, 2: 0.014}, (0.004, 0.006))
+    b = Costs({1: 0.020, 2: 0.018}, (0.006, 0.010))
+    m = Costs.mean([a, b])
+    assert m.verify_s == {1: pytest.approx(0.015), 2: pytest.approx(0.016)}
+    assert m.draft_s == (pytest.approx(0.005), pytest.approx(0.008))
+
+
+def test_batch_sizes_cover_every_round_shape():
+    assert batch_sizes(0) == [1]
+    assert batch_sizes(8) == [1, 2, 4, 8, 9]
+    assert batch_sizes(12) == [1, 2, 4, 8, 13]
+
+
+def test_measured_on_real_models_and_caches_left_empty(tiny_engine):
+    from app.engine import GenerationParams, SamplingParams
+
+    costs = tiny_engine.measure_costs(6)
+    assert sorted(costs.verify_s) == [1, 2, 4, 7] and all(t > 0 for t in costs.verify_s.values())
+    assert costs.draft_s is not None and all(t > 0 for t in costs.draft_s)
+    for loaded in (tiny_engine.target, tiny_engine.draft):
+        assert loaded.ctx.tokens == [] and loaded.ctx.memory_pos_max() == -1
+    assert tiny_engine.measure_costs(2, "ngram").draft_s is None
+    # the engine generates normally afterwards
+    ids = tiny_engine.tokenize("the cat")
+    done = list(tiny_engine.generate(ids, GenerationParams(max_tokens=8, sampling=SamplingParams(temperature=0))))[-1]
+    assert done.stats.n_tokens > 0
