@@ -10,6 +10,7 @@ def test_verify_time_is_linear_between_and_beyond_measured_batches():
     assert c.verify(1) == 0.010 and c.verify(4) == 0.016
     assert c.verify(3) == pytest.approx(0.014)
     assert c.verify(6) == pytest.approx(0.020)  # the last segment extended
+    assert Costs({1: 0.010}).verify(3) == pytest.approx(0.030)  # one size known: proportional
 
 
 def test_ceiling_takes_the_best_draft_length():

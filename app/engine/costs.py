@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from .llama import Context
@@ -31,18 +32,13 @@ class Costs:
         return cls(verify, draft)
 
     def verify(self, n: int) -> float:
-        """Seconds for a verification batch of n tokens, linear between (and beyond) the measured sizes."""
+        """Seconds for a verification batch of n tokens: linear between the measured sizes (and past the last)."""
         sizes = sorted(self.verify_s)
-        if n in self.verify_s:
-            return self.verify_s[n]
-        lo = max([s for s in sizes if s < n], default=sizes[0])
-        hi = min([s for s in sizes if s > n and s != lo], default=None)
-        if hi is None:  # past the largest size: extend the last segment
-            lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (lo, lo)
-        if hi == lo:
-            return self.verify_s[lo] * n / lo
-        slope = (self.verify_s[hi] - self.verify_s[lo]) / (hi - lo)
-        return self.verify_s[lo] + slope * (n - lo)
+        if n in self.verify_s or len(sizes) == 1:
+            return self.verify_s.get(n, self.verify_s[sizes[0]] * n / sizes[0])
+        i = min(max(bisect_left(sizes, n), 1), len(sizes) - 1)
+        lo, hi = sizes[i - 1], sizes[i]
+        return self.verify_s[lo] + (self.verify_s[hi] - self.verify_s[lo]) * (n - lo) / (hi - lo)
 
     def draft(self, k: int) -> float:
         """Drafting k tokens in a round after a fully accepted one: the draft catches up on two tokens (its own
