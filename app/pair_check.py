@@ -9,11 +9,10 @@ from pathlib import Path
 from .catalog import load_catalog, local_path, status
 from .engine import EngineError
 from .engine.compat import compatibility_problems
+from .engine.engine import DEFAULT_CTX
 from .engine.gguf_file import GgufInfo, read_info
 from .engine.llama import gpus
 from .engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
-
-DEFAULT_CTX = 4096  # what the engine gives a model when no context size is chosen
 
 
 @dataclass
@@ -93,7 +92,7 @@ def describe(r: PairReport) -> list[str]:
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
     ngl, ngld = r.recommended
-    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}" + ("" if gpus() else " (no GPU in this build)"))
+    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}" + ("" if r.fit.vram_free is not None else " (no GPU in this build)"))
     if r.suggestions:
         lines.append("drafts that suit this target:")
         lines += [f"  {s}" for s in r.suggestions]

@@ -143,16 +143,17 @@ class Engine:
                 draft = self.draft.ctx if self.draft and drafter == "model" else None
                 return measure(self.target.ctx, draft, draft_max)
             finally:
-                for loaded in (self.target, self.draft):
-                    if loaded:
-                        loaded.ctx.truncate(0)
+                self._clear_caches()
 
     def reset(self) -> None:
         """Forget the cached conversation (both KV caches)."""
         with self._lock:
-            for loaded in (self.target, self.draft):
-                if loaded:
-                    loaded.ctx.truncate(0)
+            self._clear_caches()
+
+    def _clear_caches(self) -> None:  # the caller holds the lock
+        for loaded in (self.target, self.draft):
+            if loaded:
+                loaded.ctx.truncate(0)
 
     def memory_bytes(self) -> int:
         """Weights plus KV caches of the loaded models (what the pair costs in RAM or VRAM)."""

@@ -33,8 +33,13 @@ class Load:
     def kv_bytes(self) -> int:
         return self.kv_bytes_per_token * self.n_ctx
 
+    @property
+    def total_bytes(self) -> int:
+        """Weights plus KV cache: what the model takes with every layer on one device."""
+        return self.size_bytes + self.kv_bytes
+
     def gpu_bytes(self) -> int:
-        return int((self.size_bytes + self.kv_bytes) * self.gpu_fraction())
+        return int(self.total_bytes * self.gpu_fraction())
 
 
 @dataclass(frozen=True)
@@ -119,18 +124,9 @@ def recommend_offload(target: Load, draft: Load | None, gpus: list[Gpu]) -> tupl
     if not gpus:
         return 0, 0
     budget = int(0.9 * sum(g.free for g in gpus)) - OVERHEAD
-    per_layer = (target.size_bytes + target.kv_bytes) / (target.n_layer + 1)
     ngld = 0
-    if draft is not None:
-        draft_all = _with_layers(draft, ALL).gpu_bytes()
-        if draft_all <= budget:
-            ngld, budget = ALL, budget - draft_all
-    if _with_layers(target, ALL).gpu_bytes() <= budget:
+    if draft is not None and draft.total_bytes <= budget:
+        ngld, budget = ALL, budget - draft.total_bytes
+    if target.total_bytes <= budget:
         return ALL, ngld
-    return max(int(budget // per_layer), 0), ngld
-
-
-def _with_layers(m: Load, layers: int) -> Load:
-    from dataclasses import replace
-
-    return replace(m, gpu_layers=layers)
+    return max(int(budget // (target.total_bytes / (target.n_layer + 1))), 0), ngld
