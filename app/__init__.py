@@ -1,0 +1,1 @@
+"""SpecChat: local chat with speculative decoding on llama.cpp."""

@@ -1,3 +1,6 @@
-from .cli import main
+"""`python -m app`: the specchat command."""
 import sys
+
+from .cli import main
+
 sys.exit(main())

@@ -56,7 +56,7 @@ def close_engine(models):
 
 @pytest.fixture(scope="session")
 def starter_engine(specchat_home):
-    from app import starter
+    from app.models import starter
     from app.engine import Engine, ModelSettings
 
     e = Engine(ModelSettings(starter.target_path(), n_ctx=2048), ModelSettings(starter.draft_path(), n_ctx=2048))

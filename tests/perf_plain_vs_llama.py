@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     if args.model is None:
-        from app import starter
+        from app.models import starter
 
         args.model = starter.target_path()
     from llama_cpp import Llama

@@ -133,10 +133,10 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="specchat-perf-")
     os.environ["SPECCHAT_HOME"] = home
 
-    from app.catalog import get_pair
-    from app.loader import LoadSpec
-    from app.runtime import Runtime
-    from app.settings import Settings, save_settings
+    from app.models.catalog import get_pair
+    from app.models.loader import LoadSpec
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings, save_settings
     from app.ui.app import SETTING_NAMES
 
     settings = Settings(max_tokens=args.max_tokens, models=LoadSpec(pair="starter"))

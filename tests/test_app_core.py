@@ -7,13 +7,13 @@ import threading
 import pytest
 
 from app.engine import EngineError
-from app.history import for_model, load_history, save_history
-from app.loader import LoadSpec
+from app.chat.history import for_model, load_history, save_history
+from app.models.loader import LoadSpec
 from app.paths import config_dir, data_dir
-from app.runtime import Runtime
-from app.settings import Settings, load_settings, save_settings
-from app.store import load_json, save_json
-from app.streaming import Generation
+from app.chat.runtime import Runtime
+from app.chat.settings import Settings, load_settings, save_settings
+from app.chat.store import load_json, save_json
+from app.chat.streaming import Generation
 
 
 # --- files ---------------------------------------------------------------------------------------------------

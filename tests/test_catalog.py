@@ -1,7 +1,7 @@
 """models.toml: the shipped catalog loads, bad catalogs are explained, pairs resolve to local files."""
 import pytest
 
-from app.catalog import get_pair, load_catalog, local_path
+from app.models.catalog import get_pair, load_catalog, local_path
 from app.engine import EngineError
 
 

@@ -75,14 +75,14 @@ def test_vocab_size_within_128_is_allowed(models, tmp_path):
 
 
 def test_starter_draft_refuses_a_foreign_vocabulary(models):
-    from app import starter
+    from app.models import starter
 
     with pytest.raises(EngineError, match="cannot draft for"):
         Engine(ModelSettings(starter.draft_path()), ModelSettings(models["target"]))
 
 
 def test_starter_pair_is_compatible():
-    from app import starter
+    from app.models import starter
 
     t, d = Model(starter.target_path(), vocab_only=True), Model(starter.draft_path(), vocab_only=True)
     assert compatibility_problems(t, d) == []

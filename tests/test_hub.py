@@ -13,7 +13,7 @@ import pytest
 from fake_hub import FakeHub
 from tiny_gguf import write_model
 
-from app import hub
+from app.models import hub
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_REPO, SPLIT_REPO, BIG_REPO, DRAFT_REPO = "tests/tiny-target", "tests/tiny-split", "tests/big", "tests/tiny-draft"

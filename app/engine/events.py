@@ -25,9 +25,14 @@ class Stats:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property
+    def rate_measured(self) -> bool:
+        """A rate needs two timed tokens: the first only starts the clock. Until then tokens/s is unknown (0.0)."""
+        return self.n_tokens > 1 and self.decode_seconds > 0
+
+    @property
     def tokens_per_second(self) -> float:
         """Decode speed: tokens after the first, over the time since the first (prompt processing excluded)."""
-        return (self.n_tokens - 1) / self.decode_seconds if self.n_tokens > 1 and self.decode_seconds > 0 else 0.0
+        return (self.n_tokens - 1) / self.decode_seconds if self.rate_measured else 0.0
 
     @property
     def mean_accepted_per_round(self) -> float:

@@ -1,4 +1,4 @@
-"""The Gradio app: thin views over app.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
+"""The Gradio app: thin views over app.chat.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
 
 Every handler that touches the engine shares one concurrency slot ("engine"), so two tabs sending at once are
 queued (Gradio shows the queue) rather than interleaved; Stop runs outside the queue so it acts at once.
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import hardware
+from ..models import hardware
 from ..engine import EngineError
-from ..history import for_model, load_history, save_history
-from ..loader import LoadSpec
+from ..chat.history import for_model, load_history, save_history
+from ..models.loader import LoadSpec
 from ..resources import resource
-from ..runtime import Runtime
-from ..settings import Settings, load_settings, save_settings
+from ..chat.runtime import Runtime
+from ..chat.settings import Settings, load_settings, save_settings
 from . import render
-from .models_view import FILES, ModelsView, ready_pairs
+from .models_tab import FILES, ModelsView, ready_pairs
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 # Settings edited in the panel, in the order the handlers receive them.

@@ -15,10 +15,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from ..engine import EngineError  # noqa: E402
-from ..loader import LoadSpec  # noqa: E402
+from ..models.loader import LoadSpec  # noqa: E402
 from ..resources import resource  # noqa: E402
-from ..runtime import Runtime  # noqa: E402
-from ..settings import load_settings, save_settings  # noqa: E402
+from ..chat.runtime import Runtime  # noqa: E402
+from ..chat.settings import load_settings, save_settings  # noqa: E402
 
 STARTER = LoadSpec(pair="starter")
 

@@ -11,12 +11,17 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
+def _rate(stats: Stats) -> str:
+    """Tokens/s, or "—" until two tokens are timed (a rate cannot be measured from one)."""
+    return f"{stats.tokens_per_second:.1f}" if stats.rate_measured else "—"
+
+
 def stats_title(stats: Stats, finish: str | None) -> str:
     """The one-line summary each finished answer keeps."""
     end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped"}.get(finish or "", "")
     if stats.drafter == "none":
-        return f"⚡ {stats.tokens_per_second:.1f} tok/s · {stats.n_tokens} tokens · speculation off{end}"
-    return (f"⚡ {stats.tokens_per_second:.1f} tok/s · acceptance {_pct(stats.acceptance_rate)} · "
+        return f"⚡ {_rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
+    return (f"⚡ {_rate(stats)} tok/s · acceptance {_pct(stats.acceptance_rate)} · "
             f"{stats.mean_accepted_per_round:.2f} accepted/round · {stats.n_tokens} tokens{end}")
 
 
@@ -70,7 +75,7 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
     d = s.draft_seconds / busy if busy else 0.0
     metrics = "".join([
         _metric(_pct(s.acceptance_rate), "acceptance", "acceptance"),
-        _metric(f"{s.tokens_per_second:.1f}", "tokens/s", "tps"),
+        _metric(_rate(s), "tokens/s", "tps"),
         _metric(f"{s.mean_accepted_per_round:.2f}", "accepted / round", "per-round"),
         _metric(f"{s.n_accepted}/{s.n_drafted}", "accepted / drafted", "counts"),
         _metric(f"{s.time_to_first_token_s * 1000:.0f} ms", "first token", "ttft"),
@@ -78,7 +83,7 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
     ])
     return (
         f'<div class="spec-live" data-state="{state}" data-acceptance="{s.acceptance_rate:.4f}" '
-        f'data-tps="{s.tokens_per_second:.2f}" data-tokens="{s.n_tokens}">'
+        f'data-tps="{f"{s.tokens_per_second:.2f}" if s.rate_measured else ""}" data-tokens="{s.n_tokens}">'
         f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
         f'<span class="drafter">{html.escape(s.drafter)}</span></div>'
         f'<div class="spec-metrics">{metrics}</div>'
@@ -236,6 +241,6 @@ def download_progress(files: list, state: str, message: str = "") -> str:
 
 
 def pair_report(lines: list[str], ok: bool) -> str:
-    """app.pair_check's report, one line per fact."""
+    """app.models.check's report, one line per fact."""
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     return f'<div class="spec-notice {"info" if ok else "warning"}" id="pair-report-body"><ul>{items}</ul></div>'

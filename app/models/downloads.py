@@ -40,8 +40,8 @@ def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
 
 def rows() -> list[dict]:
     """One row per catalog pair for `specchat list` and the Models view."""
-    from .engine.llama import gpus
-    from .pair_check import fit_note
+    from ..engine.llama import gpus
+    from .check import fit_note
 
     devices = gpus()  # once for the whole table
     out = []

@@ -30,8 +30,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from .engine.errors import EngineError
-from .engine.gguf_file import shard_names
+from ..engine.errors import EngineError
+from ..engine.gguf_file import shard_names
 
 CHUNK = 1 << 20
 DISK_MARGIN = 256 << 20  # keep this much free beyond the download itself

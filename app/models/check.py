@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalog import load_catalog, local_path, status
-from .engine import EngineError
-from .engine.compat import compatibility_problems
-from .engine.engine import DEFAULT_CTX
-from .engine.gguf_file import GgufInfo, read_info
-from .engine.llama import gpus
-from .engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
+from ..engine import EngineError
+from ..engine.compat import compatibility_problems
+from ..engine.engine import DEFAULT_CTX
+from ..engine.gguf_file import GgufInfo, read_info
+from ..engine.llama import gpus
+from ..engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
 
 @dataclass

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from .engine import Done, Event
+from ..engine import Done, Event
 
 _END = object()
 # Snapshots per second a viewer gets: 5 redraws/s read as smooth streaming and cost little decoding speed

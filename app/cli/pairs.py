@@ -1,15 +1,15 @@
-"""``specchat list / pull / remove``: model pairs from the command line."""
+"""``specchat list / pull / remove / check``: model pairs from the command line."""
 from __future__ import annotations
 
 import json
 
-from . import hub, pairs
-from .catalog import get_pair
-from .engine import EngineError
+from ..models import downloads, hub
+from ..models.catalog import get_pair
+from ..engine import EngineError
 
 
 def cmd_list(args) -> int:
-    rows = pairs.rows()
+    rows = downloads.rows()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -35,7 +35,7 @@ def cmd_pull(args) -> int:
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
         files = [(args.repo, args.file)]
     elif args.pair:
-        files = pairs.hub_files([(p := get_pair(args.pair)).target, p.draft])
+        files = downloads.hub_files([(p := get_pair(args.pair)).target, p.draft])
         if not files:
             print(f"{args.pair} is built in: nothing to download.")
             return 0
@@ -64,7 +64,7 @@ def _show(bars: dict, p: hub.Progress) -> None:
 
 def cmd_remove(args) -> int:
     pair = get_pair(args.pair)
-    freed, removed, kept = pairs.remove(pair)
+    freed, removed, kept = downloads.remove(pair)
     if not removed and not kept:
         print(f"Nothing of {pair.name} is downloaded.")
         return 0
@@ -75,8 +75,8 @@ def cmd_remove(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .loader import LoadSpec, resolve
-    from .pair_check import check_files, describe
+    from ..models.loader import LoadSpec, resolve
+    from ..models.check import check_files, describe
 
     if args.ctx < 0:
         raise EngineError(f"Invalid --ctx {args.ctx}: use a positive number, or 0 for the default.")

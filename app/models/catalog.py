@@ -7,9 +7,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine import DraftParams, EngineError
-from .engine.gguf_file import shard_names
-from .resources import resource
+from ..engine import DraftParams, EngineError
+from ..engine.gguf_file import shard_names
+from ..resources import resource
 
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
               "target", "draft"}

@@ -7,9 +7,9 @@ import sys
 import threading
 from pathlib import Path
 
-from .engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams
-from .engine import SamplingParams, TextDelta, batch_invariant
-from .loader import LoadSpec, load_engine, resolve
+from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams
+from ..engine import SamplingParams, TextDelta, batch_invariant
+from ..models.loader import LoadSpec, load_engine, resolve
 
 
 class _Parser(argparse.ArgumentParser):
@@ -255,8 +255,8 @@ def cmd_chat(args) -> int:
 def cmd_app(args) -> int:
     from dataclasses import replace
 
-    from .settings import Settings, load_settings
-    from .ui.launch import serve
+    from ..chat.settings import Settings, load_settings
+    from ..ui.launch import serve
 
     if args.draft and not args.target:
         raise EngineError("--draft needs --target (or choose a --pair).")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["app"] + argv  # plain `specchat [flags]`: the chat app
     args = build_parser().parse_args(argv)
     try:
-        from .models_cli import cmd_check, cmd_list, cmd_pull, cmd_remove
+        from .pairs import cmd_check, cmd_list, cmd_pull, cmd_remove
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
                     "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}

@@ -7,10 +7,10 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from .. import hub, pairs
-from ..catalog import get_pair, load_catalog
+from ..models import downloads, hub
+from ..models.catalog import get_pair, load_catalog
 from ..engine import EngineError
-from ..pair_check import check_files, describe
+from ..models.check import check_files, describe
 from . import render
 
 FILES = "(GGUF files below)"
@@ -20,7 +20,7 @@ POLL = 0.25  # seconds between progress updates
 def ready_pairs() -> list[str]:
     """What the chat's pair picker offers: pairs whose files are all on this machine, then "your own files"."""
     try:
-        return [r["pair"] for r in pairs.rows() if r["ready"]] + [FILES]
+        return [r["pair"] for r in downloads.rows() if r["ready"]] + [FILES]
     except EngineError:
         return ["starter", FILES]
 
@@ -65,7 +65,7 @@ class ModelsView:
 
     # --- handlers -------------------------------------------------------------------------------------------
     def refresh(self) -> str:
-        return render.models_table(pairs.rows())
+        return render.models_table(downloads.rows())
 
     def pull_pair(self, name: str, request: gr.Request) -> Iterator[tuple]:
         """Outputs: progress, table, chat pair picker."""
@@ -74,11 +74,11 @@ class ModelsView:
         except EngineError as exc:
             yield render.notice(str(exc)), gr.skip(), gr.skip()
             return
-        if not pairs.hub_files([pair.target, pair.draft]):
+        if not downloads.hub_files([pair.target, pair.draft]):
             yield render.download_progress([], "done", f"{name} is built in: nothing to download."), gr.skip(), \
                 gr.skip()
             return
-        for html, paths in self._pull(lambda p, c: pairs.pull(pair, p, c), request):
+        for html, paths in self._pull(lambda p, c: downloads.pull(pair, p, c), request):
             if paths is None:
                 yield html, gr.skip(), gr.skip()
             else:
@@ -137,7 +137,7 @@ class ModelsView:
         if name and name == self._loaded_pair():
             return render.notice(f"{name} is loaded in the chat: load another pair first."), gr.skip(), gr.skip()
         try:
-            freed, removed, kept = pairs.remove(get_pair(name or ""))
+            freed, removed, kept = downloads.remove(get_pair(name or ""))
         except (EngineError, OSError) as exc:
             return render.notice(str(exc)), gr.skip(), gr.skip()
         msg = (f"Removed {len(removed)} file(s) of {name}, {freed / 1e9:.2f} GB freed."

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .engine import DraftParams, Engine, EngineError, ModelSettings
+from ..engine import DraftParams, Engine, EngineError, ModelSettings
 
 
 @dataclass(frozen=True)

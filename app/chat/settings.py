@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from .engine import DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
-from .loader import LoadSpec
-from .paths import config_dir
+from ..engine import DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
+from ..models.loader import LoadSpec
+from ..paths import config_dir
 from .store import load_json, save_json
 
 FILE = "settings.json"

@@ -1,7 +1,7 @@
 """The saved conversation: messages with, for each answer, its text runs (draft vs target) and its stats."""
 from __future__ import annotations
 
-from .paths import data_dir
+from ..paths import data_dir
 from .store import load_json, save_json
 
 FILE = "history.json"

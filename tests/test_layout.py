@@ -1,0 +1,101 @@
+"""The package's shape: import arrows run one way (DESIGN.md, "Layout"), few modules at the top, each module says
+what it is for. Reads the source with ``ast``; imports inside functions count as much as those at the top."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parent.parent / "app"
+
+# Parts from the bottom up: a module may import its own part and any part below it, never one above. Parts on the
+# same level (ui, server) do not import each other. `base` (paths, resources) serves every part but the engine.
+LEVELS = {"engine": 0, "base": 1, "models": 2, "chat": 3, "ui": 4, "server": 4, "cli": 5, "main": 6}
+TOP_MODULES = {"__init__", "__main__", "paths", "resources"}
+FORBIDDEN = {"engine": {"gradio", "fastapi", "huggingface_hub"}, "ui": {"llama_cpp"}, "server": {"llama_cpp", "gradio"},
+             "chat": {"gradio"}, "models": {"gradio"}}
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in APP.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def dotted(path: Path) -> list[str]:
+    parts = ["app", *path.relative_to(APP).with_suffix("").parts]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def part_of(name: list[str]) -> str:
+    """The part a dotted module name (app.x.y) belongs to."""
+    if len(name) == 1:
+        return "main"  # the app package itself
+    head = name[1]
+    if head in ("paths", "resources"):
+        return "base"
+    if head == "__main__":
+        return "main"
+    return head
+
+
+def imports(source: str, package: list[str]) -> list[tuple[int, str, list[str] | None]]:
+    """(line, top-level package, dotted name inside app or None) for every import in ``source``, a module of
+    ``package``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.name.split(".")
+                out.append((node.lineno, name[0], name if name[0] == "app" else None))
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            if node.module:
+                out.append((node.lineno, "app", base + node.module.split(".")))
+            else:  # `from . import x` imports the module x of that package
+                out.extend((node.lineno, "app", base + [a.name]) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            name = node.module.split(".")
+            out.append((node.lineno, name[0], name if name[0] == "app" else None))
+    return out
+
+
+def wrong_arrows(source: str, module: list[str], is_package: bool = False) -> list[str]:
+    me = part_of(module)
+    wrong = []
+    for line, top, name in imports(source, module if is_package else module[:-1]):
+        if top in FORBIDDEN.get(me, ()):
+            wrong.append(f"line {line}: {me} imports {top}")
+        if name is not None and (other := part_of(name)) != me and LEVELS[other] >= LEVELS[me]:
+            wrong.append(f"line {line}: {me} imports {'.'.join(name)} ({other} is not below {me})")
+    return wrong
+
+
+def test_at_most_four_modules_directly_under_app():
+    top = {p.stem for p in APP.glob("*.py")}
+    assert top <= TOP_MODULES, f"modules directly under app/ beyond {sorted(TOP_MODULES)}: {sorted(top - TOP_MODULES)}"
+    parts = {p.name for p in APP.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert parts <= set(LEVELS), f"packages under app/ that no layer rule covers: {sorted(parts - set(LEVELS))}"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(APP)))
+def test_import_arrows_run_one_way(path):
+    wrong = wrong_arrows(path.read_text(encoding="utf-8"), dotted(path), path.name == "__init__.py")
+    assert not wrong, f"{path.relative_to(APP)}:\n" + "\n".join(wrong)
+
+
+def test_the_checker_catches_wrong_arrows():
+    ui_probe = ["app", "ui", "probe"]
+    assert wrong_arrows("from ..chat.runtime import Runtime\nfrom . import render\nfrom ..engine import Stats\n",
+                        ui_probe) == []
+    assert len(wrong_arrows("import llama_cpp\nfrom ..cli import main\nfrom ..server import api\n", ui_probe)) == 3
+    engine_probe = ["app", "engine", "probe"]
+    assert len(wrong_arrows("from ..paths import data_dir\nimport gradio\nfrom app.models import hub\n",
+                            engine_probe)) == 3
+    assert wrong_arrows("from .loop import run\nimport numpy\n", engine_probe) == []
+    assert wrong_arrows("from . import starter\n", ["app", "models"], is_package=True) == []
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(APP)))
+def test_every_module_says_what_it_is_for(path):
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    assert doc and doc.strip(), f"{path.relative_to(APP)} has no opening docstring"
