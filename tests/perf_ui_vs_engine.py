@@ -59,7 +59,7 @@ class ApiViewer:
             if m:
                 arrivals.append((time.perf_counter(), int(m.group(2)), float(m.group(1))))
         (t0, n0, _), (t1, n1, app) = arrivals[0], arrivals[-1]
-        self.client.predict(api_name="/clear")
+        self.client.predict(api_name="/new_chat")
         return app, (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, n1
 
     def close(self) -> None:
@@ -105,7 +105,7 @@ class BrowserViewer:
 
     def run(self, expected_s: float) -> tuple[float, None, int]:
         with self._attached() as page:
-            page.locator("#clear").click()
+            page.locator("#new-chat").click()
             page.wait_for_function("document.querySelector('#live-stats .spec-live').dataset.state == 'idle'")
             page.locator("#msg textarea").fill(PROMPT)
             page.locator("#send").click()

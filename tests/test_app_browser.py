@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -54,35 +55,47 @@ draft = { repo = "tests/tiny", file = "tiny-draft-F32.gguf", quantization = "F32
     hub.close()
 
 
+class App:
+    """`specchat` started as a person starts it (tests/net_guard.py logs any connection beyond loopback)."""
+
+    def __init__(self, home: Path, **env):
+        self.home, self.port = home, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.net_log = home / "outside-connections.log"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        environ.update(SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(self.net_log), **env)
+        guard = Path(__file__).with_name("net_guard.py")
+        self.proc = subprocess.Popen([sys.executable, str(guard), "--no-browser", "--port", str(self.port)],
+                                     env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and (line := self.proc.stdout.readline()):
+            self.lines.append(line)
+            if "running at" in line:
+                break
+        if not any(self.url in ln for ln in self.lines):
+            self.proc.kill()
+            raise AssertionError("".join(self.lines))
+
+    def stop(self) -> None:
+        """Ctrl-C: a clean shutdown, having reached nothing beyond 127.0.0.1."""
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=30)
+        assert self.proc.returncode == 0, "".join(self.lines) + out
+        assert self.net_log.read_text() == "", "the app reached beyond 127.0.0.1"
+
+    def kill(self) -> None:
+        """kill -9: no chance to save anything."""
+        self.proc.kill()
+        self.proc.communicate(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory, fake_hub):
     home = tmp_path_factory.mktemp("home")
-    port = _free_port()
-    net_log = home / "outside-connections.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(net_log),
-               HF_ENDPOINT=fake_hub[0].url, HF_HUB_CACHE=str(home / "hub"), SPECCHAT_MODELS=str(fake_hub[1]))
-    # specchat's main(), with every connection beyond loopback logged (tests/net_guard.py)
-    guard = Path(__file__).with_name("net_guard.py")
-    proc = subprocess.Popen([sys.executable, str(guard), "--no-browser", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "running at" in line:
-            break
-    else:
-        proc.kill()
-    assert any(f"http://127.0.0.1:{port}/" in ln for ln in lines), "".join(lines)
-    yield f"http://127.0.0.1:{port}/", home
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, "".join(lines) + out
-    assert net_log.read_text() == "", "the app reached beyond 127.0.0.1"
+    app = App(home, HF_ENDPOINT=fake_hub[0].url, HF_HUB_CACHE=str(home / "hub"), SPECCHAT_MODELS=str(fake_hub[1]))
+    yield app.url, home
+    app.stop()
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +130,15 @@ class Page:
         return {k: el.get_attribute(f"data-{k}") for k in ("state", "acceptance", "tps", "tokens")}
 
     def send(self, text: str) -> None:
-        self.page.locator("#msg textarea").fill(text)
-        self.page.locator("#send").click()
+        """As a person does: type the message, press Enter (a long text is pasted rather than typed)."""
+        box = self.page.locator("#msg textarea")
+        box.click()
+        self.page.keyboard.press("Control+A")  # replace whatever the box holds
+        if len(text) > 200:
+            box.fill(text)
+        else:
+            self.page.keyboard.type(text)
+        self.page.keyboard.press("Enter")
 
     def wait_state(self, states: tuple[str, ...], timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
@@ -135,6 +155,12 @@ class Page:
             self.page.get_by_label("Toggle Sidebar").click()
         sidebar.fill(value)
         sidebar.press("Tab")
+
+    def conversations(self) -> list[str]:
+        return [label.inner_text().strip() for label in self.page.locator("#conv-list label").all()]
+
+    def open_conversation(self, title: str) -> None:
+        self.page.locator("#conv-list label", has_text=title).click()
 
     def notice(self) -> str:
         return self.page.locator("#notice").inner_text()
@@ -154,7 +180,7 @@ class Page:
 @pytest.fixture
 def page(browser, app_url):
     p = Page(browser, app_url[0])
-    p.page.locator("#clear").click()
+    p.page.locator("#new-chat").click()
     yield p
     assert p.outside_requests() == []  # the page never reaches beyond 127.0.0.1
     p.close()
@@ -184,10 +210,12 @@ def test_chat_streams_with_live_stats(page, app_url):
     page.page.locator("#chat .tok-draft").first.wait_for(timeout=10_000)
     page.shot("chat-draft-tokens")
 
-    # The conversation is saved (atomically, as JSON) and comes back on reload.
-    saved = json.loads((app_url[1] / "data" / "history.json").read_text())
-    assert [m["role"] for m in saved["messages"]] == ["user", "assistant"]
-    assert saved["messages"][1]["stats"]["n_tokens"] == int(live["tokens"])
+    # The conversation is saved, with the answer's figures, and comes back on reload.
+    db = sqlite3.connect(app_url[1] / "data" / "conversations.sqlite3")
+    rows = db.execute("SELECT role, stats, state FROM messages ORDER BY id DESC LIMIT 2").fetchall()[::-1]
+    db.close()
+    assert [r[0] for r in rows] == ["user", "assistant"] and rows[1][2] == "done"
+    assert json.loads(rows[1][1])["n_tokens"] == int(live["tokens"])
     page.page.reload(wait_until="domcontentloaded")
     page.page.locator("#chat").get_by_text(LONG_PROMPT).wait_for(timeout=30_000)
 
@@ -209,13 +237,17 @@ def test_stop_ends_generation_within_a_second(page):
 
 def test_compare_reports_speedup_and_identical(page):
     page.page.get_by_role("tab", name="Compare").click()
-    page.page.locator("#cmp-prompt textarea").fill("Explain in three sentences why the sky is blue.")
-    page.page.locator("#cmp-run").click()
+    page.page.locator("#cmp-prompt textarea").click()
+    page.page.keyboard.type("Explain in three sentences why the sky is blue.")
+    page.page.keyboard.press("Enter")
     summary = page.page.locator("#cmp-summary .spec-compare[data-speedup]")
     summary.wait_for(timeout=180_000)
     assert float(summary.get_attribute("data-speedup")) > 0
     assert "outputs identical" in summary.inner_text()
-    assert page.page.locator("#cmp-off textarea").input_value() == page.page.locator("#cmp-on textarea").input_value()
+    off, on = (page.page.locator(f"#cmp-{side}").inner_text().split("\n", 1) for side in ("off", "on"))
+    assert re.match(r"Speculation off — \d+\.\d tok/s", off[0]) and re.match(r"Speculation on \(model\) — \d+\.\d", on[0])
+    assert off[1].strip() == on[1].strip() and len(off[1]) > 40  # the same text, rendered as markdown
+    assert page.page.locator("#cmp-off mark").count() == 0
     assert "1" in page.page.locator("#cmp-table").inner_text()  # the run is in the session's table
     page.page.locator("#cmp-chart svg.spec-bars").wait_for()
     page.shot("compare")
@@ -255,7 +287,7 @@ def test_two_tabs_are_queued_not_interleaved(browser, app_url):
     a, b = Page(browser, app_url[0]), Page(browser, app_url[0])
     try:
         for p in (a, b):
-            p.page.locator("#clear").click()
+            p.page.locator("#new-chat").click()
         prompt = "List five facts about the moon."
         a.send(prompt)
         b.send(prompt)
@@ -375,3 +407,150 @@ def test_models_view_checks_your_own_pair(page, tmp_path):
     p.locator("#own-check").click()
     p.locator("#pair-report .error").wait_for(timeout=30_000)
     assert "not found" in p.locator("#pair-report").inner_text()
+
+
+# --- chat habits: the keyboard, many conversations, nothing lost --------------------------------------------
+def test_shift_enter_makes_a_new_line_and_enter_sends(page):
+    box = page.page.locator("#msg textarea")
+    box.click()
+    page.page.keyboard.type("First line")
+    page.page.keyboard.press("Shift+Enter")
+    page.page.keyboard.type("second line")
+    time.sleep(0.5)
+    assert box.input_value() == "First line\nsecond line"
+    assert page.live()["state"] == "idle" and page.conversations().count("First line second line") == 0  # not sent
+    page.page.keyboard.press("Enter")
+    assert page.wait_state(("done", "error"))["state"] == "done"
+    assert box.input_value() == ""
+    assert "First line\nsecond line" in page.page.locator("#chat .user-row, #chat [data-testid='user']").first.inner_text() \
+        or "First line\nsecond line" in page.page.locator("#chat").inner_text()
+    assert page.conversations()[0] == "First line second line"  # a new conversation, titled by its first words
+
+
+def test_switching_conversations_while_an_answer_streams_is_refused(page):
+    page.send("Say hello to the tester.")
+    page.wait_state(("done",))
+    page.page.locator("#new-chat").click()
+    page.send(LONG_PROMPT)
+    page.wait_state(("running",))
+    page.open_conversation("Say hello to the tester.")
+    page.page.locator("#notice .warning").get_by_text("An answer is being written").wait_for(timeout=10_000)
+    page.page.locator("#new-chat").click()
+    assert LONG_PROMPT in page.page.locator("#chat").inner_text()  # still the conversation being answered
+    page.shot("switch-refused")
+    page.page.locator("#stop").click()
+    assert page.wait_state(("cancelled", "done"), timeout=10)["state"] == "cancelled"
+    page.open_conversation("Say hello to the tester.")  # now it may switch, and shows that conversation only
+    page.page.locator("#chat").get_by_text("Say hello to the tester.").wait_for(timeout=10_000)
+    assert LONG_PROMPT not in page.page.locator("#chat").inner_text()
+
+
+@pytest.fixture
+def fresh_home(tmp_path, app_url):
+    """An empty SpecChat home that shares the module's starter target (converting it again costs time)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "starter").symlink_to(app_url[1] / "data" / "starter")
+    return tmp_path
+
+
+def test_conversations_survive_a_restart_and_switch_rename_search_delete(browser, fresh_home):
+    app = App(fresh_home)
+    p = Page(browser, app.url)
+    try:
+        p.send("Name a colour.")
+        p.wait_state(("done",))
+        p.page.locator("#new-chat").click()
+        p.send("Name an animal.")
+        p.wait_state(("done",))
+        assert p.conversations() == ["Name an animal.", "Name a colour."]
+    finally:
+        p.close()
+        app.stop()
+
+    app = App(fresh_home)  # restarted: both are there, with their messages and stats lines
+    p = Page(browser, app.url)
+    try:
+        chat = p.page.locator("#chat")
+        chat.get_by_text("Name an animal.").wait_for(timeout=30_000)  # the latest opens first
+        assert p.conversations() == ["Name an animal.", "Name a colour."]
+        assert re.search(r"tok/s · acceptance \d+\.\d%", chat.inner_text())
+        p.open_conversation("Name a colour.")
+        chat.get_by_text("Name a colour.").wait_for(timeout=10_000)
+        assert "Name an animal." not in chat.inner_text()
+        assert re.search(r"tok/s · acceptance \d+\.\d%", chat.inner_text())
+        p.shot("conversations")
+
+        title = p.page.locator("#conv-title input, #conv-title textarea").first
+        title.click()
+        p.page.keyboard.press("Control+A")
+        p.page.keyboard.type("Colours")
+        p.page.keyboard.press("Enter")
+        p.page.locator("#conv-list label", has_text="Colours").wait_for(timeout=10_000)
+
+        search = p.page.locator("#conv-search input, #conv-search textarea").first
+        search.click()
+        p.page.keyboard.type("animal")
+        p.page.wait_for_function("document.querySelectorAll('#conv-list label').length === 1", timeout=10_000)
+        assert p.conversations() == ["Name an animal."]
+        p.page.keyboard.press("Control+A")
+        p.page.keyboard.press("Backspace")
+        p.page.wait_for_function("document.querySelectorAll('#conv-list label').length === 2", timeout=10_000)
+
+        p.page.locator("#conv-export").click()  # the open conversation ("Colours") as Markdown and JSON
+        files = p.page.locator("#conv-files")
+        files.get_by_text(".json").wait_for(timeout=10_000)
+        listed = files.inner_text().replace("\n", "")  # the file list shows each name's stem and suffix apart
+        assert "Colours.md" in listed and "Colours.json" in listed, listed
+
+        p.page.locator("#conv-delete").click()  # deletes the open one, and only it
+        p.page.locator("#conv-undo").wait_for(timeout=10_000)
+        assert p.conversations() == ["Name an animal."]
+        p.page.locator("#conv-undo").click()
+        p.page.locator("#conv-list label", has_text="Colours").wait_for(timeout=10_000)
+        assert sorted(p.conversations()) == ["Colours", "Name an animal."]
+        p.open_conversation("Colours")
+        p.page.locator("#chat").get_by_text("Name a colour.").wait_for(timeout=10_000)
+        p.page.locator("#conv-delete").click()
+        p.page.locator("#conv-undo").wait_for(timeout=10_000)
+        assert p.conversations() == ["Name an animal."]
+        assert "Name an animal." in p.page.locator("#chat").inner_text()  # the one left is shown
+    finally:
+        p.close()
+        app.stop()
+    db = sqlite3.connect(fresh_home / "data" / "conversations.sqlite3")
+    assert db.execute("SELECT title FROM conversations WHERE deleted IS NULL").fetchall() == [("Name an animal.",)]
+    db.close()
+
+
+def test_kill_9_mid_answer_keeps_the_question_and_the_partial_answer(browser, fresh_home):
+    app = App(fresh_home)
+    p = Page(browser, app.url)
+    try:
+        p.send(LONG_PROMPT)
+        p.wait_state(("running",))
+        deadline = time.monotonic() + 60
+        while int(p.live()["tokens"] or 0) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # the answer is saved at most a second apart while it streams
+    finally:
+        app.kill()
+        p.close()
+
+    app = App(fresh_home)
+    p = Page(browser, app.url)
+    try:
+        chat = p.page.locator("#chat")
+        chat.get_by_text(LONG_PROMPT).wait_for(timeout=30_000)
+        p.page.locator("#chat .interrupted").wait_for(timeout=10_000)
+        text = chat.inner_text()
+        assert "Interrupted" in text and "interrupted" in text  # the answer and its stats line say so
+        partial = text.split(LONG_PROMPT, 1)[1].split("⚠ Interrupted", 1)[0].strip()
+        assert len(partial.split()) >= 10, text  # what was written before the kill
+        p.shot("interrupted")
+        p.page.locator("#regen").click()  # Regenerate answers the question again
+        p.wait_state(("running",))
+        assert p.wait_state(("done", "error", "cancelled"))["state"] == "done"
+        assert p.page.locator("#chat .interrupted").count() == 0
+    finally:
+        p.close()
+        app.stop()

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from app.engine import EngineError
-from app.chat.history import for_model, load_history, save_history
+from app.chat.conversations import for_model
 from app.models.loader import LoadSpec
 from app.paths import config_dir, data_dir
 from app.chat.runtime import Runtime
@@ -44,14 +44,10 @@ def test_corrupt_file_is_set_aside_with_a_warning(tmp_path):
     assert load_json(path) == (None, None)
 
 
-def test_history_round_trip_and_bad_entries(specchat_home):
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", "segments": [["hello", True]],
-                                                "stats": {"n_tokens": 2}, "finish": "stop"}]
-    save_history(msgs)
-    assert load_history() == (msgs, None)
-    (data_dir() / "history.json").write_text(json.dumps({"messages": msgs + [{"role": "robot"}, 3]}))
-    loaded, warning = load_history()
-    assert loaded == msgs and "2 unreadable" in warning
+def test_what_the_template_sees():
+    msgs = [{"id": 1, "role": "user", "content": "hi"},
+            {"id": 2, "role": "assistant", "content": "hello", "segments": [["hello", True]], "stats": {"n_tokens": 2},
+             "finish": "stop"}]
     assert for_model(msgs, "Be brief.") == [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     assert for_model(msgs, "  ")[0]["role"] == "user"
@@ -201,3 +197,108 @@ def _last(it):
     for item in it:
         pass
     return item
+
+
+# --- thinking --------------------------------------------------------------------------------------------------
+def test_thinking_is_told_apart_from_the_answer():
+    from app.chat import thinking
+
+    assert thinking.split("plain answer") == thinking.Parts(None, False, 0)
+    text = "<think>\nweigh it up\n</think>\n\nThe answer."
+    parts = thinking.split(text)
+    assert parts.thinking == "weigh it up" and parts.thinking_done and text[parts.answer_start:] == "The answer."
+    streaming = thinking.split("<think>\nstill weigh")
+    assert streaming.thinking == "still weigh" and not streaming.thinking_done
+    r1 = thinking.split("opened by the template</think>Answer")  # DeepSeek-R1: no opening tag in the output
+    assert r1.thinking == "opened by the template" and r1.thinking_done
+    assert thinking.opens_thinking("<｜Assistant｜><think>\n") and not thinking.opens_thinking("assistant\n")
+
+
+def test_thinking_is_shown_collapsed_above_the_answer():
+    from app.ui import render
+
+    history = [{"role": "user", "content": "q"},
+               {"role": "assistant", "content": "<think>\nreasoning\n</think>\n\nAnswer **bold**",
+                "segments": [["<think>\nreasoning\n</think>\n\nAnswer", True], [" **bold**", False]],
+                "stats": {"drafter": "model", "n_tokens": 9, "n_drafted": 4, "n_accepted": 3, "decode_seconds": 1.0},
+                "finish": "stop"}]
+    out = render.chat_messages(history, show_draft=False)
+    assert out[1] == {"role": "assistant", "content": "reasoning", "metadata": {"title": "Thinking", "status": "done"}}
+    assert out[2] == {"role": "assistant", "content": "Answer **bold**"}
+    assert "8.0 tok/s" in out[3]["metadata"]["title"]
+    coloured = render.chat_messages(history, show_draft=True)[2]["content"]
+    assert '<span class="tok-draft">Answer</span><span class="tok-target"> **bold**</span>' in coloured
+
+    class Live:  # an answer still thinking
+        text = "<think>\nhmm"
+        segments = [["<think>\nhmm", False]]
+    live = render.chat_messages([], False, Live())
+    assert live == [{"role": "assistant", "content": "hmm", "metadata": {"title": "Thinking…", "status": "pending"}}]
+
+
+def test_an_interrupted_answer_says_so_with_its_stats():
+    from app.ui import render
+
+    out = render.chat_messages([{"role": "user", "content": "q"}, {
+        "role": "assistant", "content": "half", "finish": "interrupted",
+        "stats": {"drafter": "model", "n_tokens": 1}}], show_draft=False)
+    assert "Interrupted" in out[1]["content"] and "Regenerate" in out[1]["content"]
+    assert out[2]["metadata"]["title"].startswith("⚡ — tok/s") and "interrupted" in out[2]["metadata"]["title"]
+
+
+R1_STYLE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<User>{{ m['content'] }}"
+            "{% elif m['role'] == 'assistant' %}<Assistant>{{ m['content'].split('</think>')[-1] }}</s>{% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}<Assistant><think>\n{% endif %}")
+
+
+def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
+    """DeepSeek-R1's way: the generation prompt ends with <think>; earlier turns' thinking is left out."""
+    from tiny_gguf import write_model
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(write_model(tmp_path / "r1.gguf", seed=1, chat_template=R1_STYLE)), ctx=256))
+    try:
+        msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "secret plan</think>shown"},
+                {"role": "user", "content": "b"}]
+        prompt = rt.engine.chat_prompt(msgs)
+        assert "secret plan" not in prompt and "<Assistant>shown</s>" in prompt
+        live = _last(rt.answer(msgs, Settings(drafter="ngram", max_tokens=6)))
+        assert live.text.startswith("<think>\n") and live.text[len("<think>\n"):] == live.done.text
+        assert live.stats.n_tokens == len(live.done.token_ids)  # the tag is the template's, not a token counted
+    finally:
+        rt.close()
+
+
+def test_compare_marks_the_first_differing_token(runtime):
+    from app.chat.runtime import Comparison
+    from app.ui import render
+
+    cmp = Comparison("p", "model", True)
+    cmp.off.segments, cmp.on.segments = [["same start, red end", False]], [["same start, blue end", False]]
+    cmp.diff_spans = ((11, 15), (11, 16))
+    assert render.compare_pane(cmp, "off").endswith('same start,<mark class="first-diff" '
+                                                    'title="first token that differs"> red</mark> end')
+    assert '<mark class="first-diff" title="first token that differs"> blue</mark>' in render.compare_pane(cmp, "on")
+    # The real thing: identical greedy outputs mark nothing.
+    done = _last(runtime.compare([{"role": "user", "content": "the dog"}], Settings(max_tokens=24, draft_max=6)))
+    assert done.diff_spans is None and "<mark" not in render.compare_pane(done, "on")
+    assert render.compare_pane(done, "on").startswith("**Speculation on (model) — ")
+
+
+def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):
+    from app.chat.runtime import Comparison
+    from app.engine import Done, Stats
+
+    same, off_tail, on_tail = (tiny_engine.tokenize(t)[1:] for t in ("the cat", " sat", " dog"))
+    cmp = Comparison("p", "model", True)
+    cmp.off.done = Done("stop", "", same + off_tail, Stats())
+    cmp.on.done = Done("stop", "", same + on_tail, Stats())
+    cmp.locate_difference(tiny_engine.detokenize)
+    (a0, a1), (b0, b1) = cmp.diff_spans
+    off_text, on_text = (tiny_engine.detokenize(d.token_ids) for d in (cmp.off.done, cmp.on.done))
+    assert a0 == b0 >= len(tiny_engine.detokenize(same)) and off_text[:a0] == on_text[:b0]  # the shared start
+    assert off_text[a0:a1] and on_text[b0:b1] and off_text[a0:a1] != on_text[b0:b1]  # the first token that differs
+    cmp.on.done = Done("stop", "", same + off_tail, Stats())
+    cmp.diff_spans = None
+    cmp.locate_difference(tiny_engine.detokenize)
+    assert cmp.diff_spans is None

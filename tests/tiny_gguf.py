@@ -47,6 +47,7 @@ def write_model(
     noise: float = 0.0,
     logit_scale: float = 4.0,
     split_max_tensors: int = 0,
+    chat_template: str = CHATML,
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
     a perturbed copy of a target (partial acceptance, exercising both accept and reject paths).
@@ -75,7 +76,7 @@ def write_model(
     w.add_eos_token_id(eos)
     w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(chat_template)
 
     rng = np.random.default_rng(seed if base_seed is None else base_seed)
     noise_rng = np.random.default_rng(seed + 10_000)

@@ -12,6 +12,7 @@ from ..engine import Done, Engine, EngineError, Round, Stats, TextDelta, support
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from .settings import Settings
 from .streaming import INTERVAL, Generation
+from .thinking import OPEN, opens_thinking
 
 MAX_POINTS = 400  # chart points kept per answer
 
@@ -55,11 +56,21 @@ class Comparison:
     off: Live = field(default_factory=Live)
     on: Live = field(default_factory=Live)
     phase: str = "off"  # off | on | done
+    # Under greedy decoding, where the first differing token sits in each output: ((start, end) off, (start, end) on)
+    diff_spans: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     @property
     def speedup(self) -> float:
         a, b = self.off.stats.tokens_per_second, self.on.stats.tokens_per_second
         return b / a if a > 0 else 0.0
+
+    def locate_difference(self, detokenize: Callable[[list[int]], str]) -> None:
+        """Under greedy decoding, find where the first differing token sits in each output's text."""
+        if not (self.greedy and self.off.done and self.on.done) or (i := self.first_difference()) is None:
+            return
+        start = len(detokenize(self.off.done.token_ids[:i]))  # the same tokens on both sides up to i
+        self.diff_spans = tuple((start, len(detokenize(ids[:i + 1])))
+                                for ids in (self.off.done.token_ids, self.on.done.token_ids))
 
     def first_difference(self) -> int | None:
         """Index of the first token where the two outputs differ; None if they are identical."""
@@ -146,8 +157,11 @@ class Runtime:
         engine = self._engine()
         params = settings.generation()
         drafter = self._drafter(settings.drafter)
+        prompt = engine.chat_prompt(messages)
         live = Live()
-        for _ in _stream(engine, engine.chat_tokens(messages), params, drafter, cancel, interval, live):
+        if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
+            live.segments.append([OPEN + "\n", False])
+        for _ in _stream(engine, engine.chat_tokens(prompt), params, drafter, cancel, interval, live):
             yield live
 
     def compare(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
@@ -171,6 +185,7 @@ class Runtime:
             if cancel.is_set():
                 break
         cmp.phase = "done"
+        cmp.locate_difference(engine.detokenize)
         yield cmp
 
 

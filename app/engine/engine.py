@@ -79,14 +79,23 @@ class Engine:
         """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed."""
         return self.model.tokenize(text, add_special=True, parse_special=True)
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict]) -> str:
         """A conversation rendered with the model's chat template, ready for the assistant's reply."""
         m = self.model
         bos = m.piece_special(m.bos) if m.bos >= 0 else ""
         eos = m.piece_special(m.eos) if m.eos >= 0 else ""
-        text = render_chat(m.chat_template(), messages, bos_token=bos, eos_token=eos)
+        return render_chat(m.chat_template(), messages, bos_token=bos, eos_token=eos)
+
+    def chat_tokens(self, messages: list[dict] | str) -> list[int]:
+        """The tokens of a conversation (or of its rendered prompt)."""
+        m = self.model
+        text = messages if isinstance(messages, str) else self.chat_prompt(messages)
+        bos = m.piece_special(m.bos) if m.bos >= 0 else ""
         add_bos = m.add_bos and not (bos and text.startswith(bos))  # the template may already write BOS
         return m.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
 
     # --- generation -----------------------------------------------------------------------------------------
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:

@@ -9,6 +9,7 @@ import csv
 import json
 import tempfile
 import threading
+import time
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import gradio as gr
 
 from ..models import hardware
 from ..engine import EngineError
-from ..chat.history import for_model, load_history, save_history
+from ..chat.conversations import Conversations, for_model
 from ..models.loader import LoadSpec
 from ..resources import resource
 from ..chat.runtime import Runtime
@@ -25,6 +26,7 @@ from . import render
 from .models_tab import FILES, ModelsView, ready_pairs
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
+SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
 # Settings edited in the panel, in the order the handlers receive them.
 SETTING_NAMES = [f.name for f in fields(Settings) if f.name != "models"]
 LABELS = {"top_k": "Top-k", "seed": "Seed", "max_tokens": "Max tokens", "draft_max": "Draft max",
@@ -55,6 +57,11 @@ class SpecChatUI:
         self.runtime = runtime
         self.notes = list(startup_notes or [])
         self.cancels: dict[str, threading.Event] = {}  # per browser session: the generation Stop should end
+        self.busy: set[str] = set()  # browser sessions with an answer queued or streaming
+        self.store = Conversations()
+        if self.store.warning:
+            self.notes.append(self.store.warning)
+        self.store.import_legacy()
         self.logo = resource("assets/logo.svg").read_text(encoding="utf-8")
         self.exports = Path(tempfile.mkdtemp(prefix="specchat-compare-"))
         self.models = ModelsView(self._tab, lambda: self.runtime.spec.pair if self.runtime.spec else None)
@@ -81,54 +88,169 @@ class SpecChatUI:
         except OSError as exc:
             self.notes.append(f"Settings could not be saved: {exc}")
 
+    # --- conversations --------------------------------------------------------------------------------------
+    def _choices(self, query: str = "") -> list[tuple[str, int]]:
+        return [(c["title"], c["id"]) for c in self.store.list(query)]
+
+    def _open(self, conv: int | None, show_draft: bool, notice: str = "", query: str = "", undo: bool = False):
+        """Show one conversation (None: a new, empty one). Outputs: history, conv, chatbot, live panel, notice,
+        conversation list, title, undo button."""
+        history = self.store.messages(conv) if conv is not None else []
+        answers = [m for m in history if m.get("stats")]
+        if answers:  # the panel shows the last answer's figures (its chart points are not kept)
+            last = answers[-1]
+            panel = render.live_panel(render.stats_from(last["stats"]), [],
+                                      render.FINISH_STATE.get(last.get("finish"), "done"))
+        else:
+            panel = render.live_panel(None, [], "idle")
+        return (history, conv, render.chat_messages(history, show_draft), panel, notice,
+                gr.Radio(choices=self._choices(query), value=conv),
+                self.store.title(conv) if conv is not None else "", gr.Button(visible=undo))
+
+    def _refuse_if_busy(self, request: gr.Request | None, conv):
+        """Switching while this tab's answer streams would mix two conversations: refuse, keep the current one."""
+        if self._tab(request) not in self.busy:
+            return None
+        message = render.notice("An answer is being written: stop it (Stop) or let it finish, then switch.",
+                                "warning")
+        return (gr.skip(), gr.skip(), gr.skip(), gr.skip(), message, gr.Radio(value=conv), gr.skip(), gr.skip())
+
+    def select(self, picked, conv, show_draft: bool, query: str, request: gr.Request):
+        if (refused := self._refuse_if_busy(request, conv)) is not None:
+            return refused
+        return self._open(int(picked) if picked is not None and self.store.exists(int(picked)) else None,
+                          show_draft, query=query)
+
+    def new_chat(self, conv, show_draft: bool, request: gr.Request):
+        if (refused := self._refuse_if_busy(request, conv)) is not None:
+            return refused
+        return self._open(None, show_draft)
+
+    def delete(self, conv, show_draft: bool, request: gr.Request):
+        """Outputs: as _open, plus the id Undo restores."""
+        if conv is None:
+            return *self._open(None, show_draft), None
+        if (refused := self._refuse_if_busy(request, conv)) is not None:
+            return *refused, gr.skip()
+        title = self.store.title(conv)
+        self.store.delete(conv)
+        rest = self.store.list()
+        note = render.notice(f"Deleted “{title}”. Undo brings it back until the app restarts.", "info")
+        return *self._open(rest[0]["id"] if rest else None, show_draft, note, undo=True), conv
+
+    def undelete(self, deleted, conv, show_draft: bool, request: gr.Request):
+        if deleted is None or ((refused := self._refuse_if_busy(request, conv)) is not None):
+            return *(refused if deleted is not None else self._open(conv, show_draft)), gr.skip()
+        self.store.undelete(deleted)
+        return *self._open(deleted, show_draft), None
+
+    def rename(self, title: str, conv, query: str):
+        if conv is None:
+            return gr.skip(), render.notice("Send a message first: a new chat is saved with its first message.",
+                                            "warning")
+        self.store.rename(conv, title or "")
+        return gr.Radio(choices=self._choices(query), value=conv), ""
+
+    def search(self, query: str, conv):
+        return gr.Radio(choices=self._choices(query), value=conv)
+
+    def export(self, conv):
+        if conv is None:
+            return gr.File(visible=False), render.notice("Nothing to export yet: this chat is empty.", "warning")
+        folder = Path(tempfile.mkdtemp(prefix="specchat-chat-", dir=self.exports))
+        name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in self.store.title(conv))[:60] or "chat"
+        md, js = folder / f"{name}.md", folder / f"{name}.json"
+        md.write_text(self.store.export_markdown(conv), encoding="utf-8")
+        js.write_text(json.dumps(self.store.export(conv), indent=1, ensure_ascii=False), encoding="utf-8")
+        return gr.File(value=[str(md), str(js)], visible=True), ""
+
     # --- page load ------------------------------------------------------------------------------------------
     def page_load(self):
-        history, warning = load_history()
         settings, s_warning = load_settings()
-        notes = [n for n in (*self.notes, warning, s_warning) if n]
+        notes = [n for n in (*self.notes, s_warning) if n]
         spec = self.runtime.spec or settings.models or LoadSpec(pair="starter")
         values = [getattr(settings, n) for n in SETTING_NAMES]
-        return [history, render.chat_messages(history, settings.show_draft_tokens),
-                render.notice(" ".join(notes), "warning") if notes else "", self._header(), self._hardware(),
+        recent = self.store.list()
+        view = list(self._open(recent[0]["id"] if recent else None, settings.show_draft_tokens))
+        view[4] = render.notice(" ".join(notes), "warning") if notes else ""
+        return [*view[:-1], self._header(), self._hardware(),
                 gr.Dropdown(choices=ready_pairs(), value=spec.pair or FILES), spec.target or "", spec.draft or "",
                 spec.ctx, spec.ngl, spec.ngld, *values, self.models.refresh()]
 
     # --- chat -----------------------------------------------------------------------------------------------
-    def submit(self, text: str, history: list, show_draft: bool, request: gr.Request):
+    def submit(self, text: str, history: list, conv, show_draft: bool, request: gr.Request):
+        """Store the message before anything else happens. Outputs: textbox, history, conv, chatbot, notice,
+        conversation list, title."""
         text = (text or "").strip()
         if not text:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * 7
+        if self._tab(request) in self.busy:
+            return (gr.skip(), gr.skip(), gr.skip(), gr.skip(),
+                    render.notice("An answer is still being written: wait for it or press Stop.", "warning"),
+                    gr.skip(), gr.skip())
+        if conv is None or not self.store.exists(conv):
+            conv, history = self.store.create(), []
+        mid = self.store.add(conv, "user", text)
         self._cancel_for(request)
-        history = history + [{"role": "user", "content": text}]
-        return "", history, render.chat_messages(history, show_draft), ""
+        self.busy.add(self._tab(request))
+        history = history + [{"id": mid, "role": "user", "content": text}]
+        return ("", history, conv, render.chat_messages(history, show_draft), "",
+                gr.Radio(choices=self._choices(), value=conv), self.store.title(conv))
 
-    def respond(self, request: gr.Request, history: list, *values):
-        """Stream the answer to the last user message. Outputs: history, chatbot, live panel, notice, textbox."""
-        if not history or history[-1]["role"] != "user":
-            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            return
+    def respond(self, request: gr.Request, history: list, conv, *values):
+        """Stream the answer to the last user message, saving it as it goes. Outputs: history, chatbot, live
+        panel, notice, textbox."""
+        tab = self._tab(request)
+        try:
+            if not history or history[-1]["role"] != "user" or conv is None:
+                yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return
+            yield from self._respond(request, history, conv, values)
+        finally:
+            self.busy.discard(tab)
+
+    def _respond(self, request, history, conv, values):
         cancel = self.cancels.get(self._tab(request)) or threading.Event()
         show = bool(values[SETTING_NAMES.index("show_draft_tokens")])
-        live = None
+        live, mid, finished = None, None, False
         try:
             settings = collect(values)
-            for live in self.runtime.answer(for_model(history, settings.system_prompt), settings, cancel):
+            stream = self.runtime.answer(for_model(history, settings.system_prompt), settings, cancel)
+            mid = self.store.add(conv, "assistant", "", state="streaming", drafter=settings.drafter,
+                                 pair=self.runtime.spec.describe() if self.runtime.spec else None)
+            saved = time.monotonic()
+            for live in stream:
+                if time.monotonic() - saved >= SAVE_EVERY:
+                    self.store.update(mid, live.text, segments=live.segments, stats=live.stats.as_dict(),
+                                      state="streaming")
+                    saved = time.monotonic()
                 yield (gr.skip(), render.chat_messages(history, show, live),
                        render.live_panel(live.stats, live.points, "running"), gr.skip(), gr.skip())
         except EngineError as exc:
             # Nothing is lost: the message goes back into the box, the conversation stays as it was.
+            finished = True
+            if mid is not None:
+                self.store.remove_message(mid)
+            self.store.remove_message(history[-1]["id"])
             text, history = history[-1]["content"], history[:-1]
             yield (history, render.chat_messages(history, show), render.live_panel(None, [], "error"),
                    render.notice(str(exc)), text)
             return
+        finally:
+            if not finished and mid is not None and (live is None or live.done is None):
+                # The viewer went away mid-answer (tab closed): keep what was written, marked as stopped.
+                self.store.update(mid, live.text if live else "", segments=live.segments if live else None,
+                                  stats=live.stats.as_dict() if live else None, finish="cancelled")
+        finished = True
         done = live.done
-        history = history + [{"role": "assistant", "content": live.text, "segments": live.segments,
-                              "stats": done.stats.as_dict(), "finish": done.finish_reason}]
+        answer = {"role": "assistant", "content": live.text, "segments": live.segments,
+                  "stats": done.stats.as_dict(), "finish": done.finish_reason}
         notice = ""
         try:
-            save_history(history)
-        except OSError as exc:
-            notice = render.notice(f"The conversation could not be saved: {exc}", "warning")
+            self.store.update(mid, live.text, segments=live.segments, stats=answer["stats"], finish=done.finish_reason)
+        except Exception as exc:  # the answer is still shown; say it was not saved
+            notice = render.notice(f"The answer could not be saved: {exc}", "warning")
+        history = history + [{"id": mid, **answer}]
         self._save(settings)
         state = "cancelled" if done.finish_reason == "cancelled" else "done"
         yield (history, render.chat_messages(history, show), render.live_panel(live.stats, live.points, state),
@@ -140,15 +262,15 @@ class SpecChatUI:
             ev.set()
 
     def regenerate(self, history: list, show_draft: bool, request: gr.Request):
+        if self._tab(request) in self.busy:
+            return gr.skip(), gr.skip()
         if history and history[-1]["role"] == "assistant":
+            self.store.remove_message(history[-1]["id"])
             history = history[:-1]
         self._cancel_for(request)
+        if history:
+            self.busy.add(self._tab(request))
         return history, render.chat_messages(history, show_draft)
-
-    def clear(self, request: gr.Request):
-        self.stop(request)
-        save_history([])
-        return [], [], render.live_panel(None, [], "idle"), ""
 
     def redraw(self, history: list, show_draft: bool):
         return render.chat_messages(history, show_draft)
@@ -166,19 +288,16 @@ class SpecChatUI:
             settings = collect(values)
             messages = for_model([{"role": "user", "content": prompt}], settings.system_prompt)
             for cmp in self.runtime.compare(messages, settings, cancel):
-                yield (gr.Textbox(value=cmp.off.text), gr.Textbox(value=cmp.on.text), render.compare_summary(cmp),
+                yield (render.compare_pane(cmp, "off"), render.compare_pane(cmp, "on"), render.compare_summary(cmp),
                        *skip)
         except EngineError as exc:
             yield gr.skip(), gr.skip(), render.notice(str(exc)), *skip
             return
-        off_label = f"Speculation off — {cmp.off.stats.tokens_per_second:.1f} tok/s"
-        on_label = f"Speculation on ({cmp.drafter}) — {cmp.on.stats.tokens_per_second:.1f} tok/s"
         if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
-            yield gr.Textbox(label=off_label), gr.Textbox(label=on_label), render.compare_summary(cmp), *skip
             return
         rows = rows + [render.compare_row(cmp, len(rows) + 1)]
         csv_path, json_path = self._export(rows)
-        yield (gr.Textbox(label=off_label), gr.Textbox(label=on_label), render.compare_summary(cmp), rows,
+        yield (gr.skip(), gr.skip(), gr.skip(), rows,
                [list(r.values()) for r in rows], render.bar_chart([r["speedup"] for r in rows]),
                gr.DownloadButton(value=str(csv_path), interactive=True),
                gr.DownloadButton(value=str(json_path), interactive=True))
@@ -221,11 +340,26 @@ class SpecChatUI:
         s = Settings()
         with gr.Blocks(title="SpecChat", analytics_enabled=False) as demo:
             history = gr.State([])
+            conv = gr.State(None)  # the conversation shown in this tab (None: a new chat, saved on its first message)
+            deleted = gr.State(None)  # the conversation Undo brings back
             rows = gr.State([])
             header = gr.HTML(render.header(None, self.logo))
             with gr.Tabs():
                 with gr.Tab("Chat", id="chat"):
                     with gr.Row(equal_height=False):
+                        with gr.Column(scale=1, min_width=220, elem_id="conversations"):
+                            new_chat = gr.Button("+ New chat", size="sm", elem_id="new-chat")
+                            search = gr.Textbox(show_label=False, placeholder="Search chats…", lines=1, max_lines=1,
+                                                elem_id="conv-search")
+                            conv_list = gr.Radio([], show_label=False, elem_id="conv-list")
+                            title = gr.Textbox(label="Title (Enter renames)", lines=1, max_lines=1,
+                                               elem_id="conv-title")
+                            with gr.Row():
+                                delete = gr.Button("Delete", size="sm", variant="stop", elem_id="conv-delete")
+                                undo = gr.Button("Undo", size="sm", visible=False, elem_id="conv-undo")
+                                export = gr.Button("Export", size="sm", elem_id="conv-export")
+                            exported = gr.File(label="Markdown and JSON", file_count="multiple", visible=False,
+                                               interactive=False, elem_id="conv-files")
                         with gr.Column(scale=3):
                             chatbot = gr.Chatbot(elem_id="chat", height=560, show_label=False,
                                                  buttons=["copy", "copy_all"], feedback_options=None,
@@ -233,14 +367,15 @@ class SpecChatUI:
                                                              "are counted live on the right.")
                             notice = gr.HTML(elem_id="notice")
                             with gr.Row():
-                                msg = gr.Textbox(show_label=False, placeholder="Message SpecChat…", lines=2,
-                                                 max_lines=12, scale=6, elem_id="msg", autofocus=True)
+                                # lines=1 with room to grow: Enter sends, Shift+Enter starts a new line
+                                msg = gr.Textbox(show_label=False, placeholder="Message SpecChat… (Enter sends, "
+                                                 "Shift+Enter for a new line)", lines=1, max_lines=12, scale=6,
+                                                 elem_id="msg", autofocus=True)
                                 with gr.Column(scale=1, min_width=110):
                                     send = gr.Button("Send", variant="primary", elem_id="send")
                                     stop = gr.Button("Stop", variant="stop", elem_id="stop")
                             with gr.Row():
                                 regen = gr.Button("Regenerate", size="sm", elem_id="regen")
-                                clear = gr.Button("Clear", size="sm", elem_id="clear")
                                 show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens",
                                                          elem_id="show-draft")
                         with gr.Column(scale=1, min_width=300):
@@ -250,15 +385,16 @@ class SpecChatUI:
                     gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the "
                                 "whole machine; both start from an empty cache. Uses the settings from the Chat tab.")
                     with gr.Row():
-                        c_prompt = gr.Textbox(label="Prompt", lines=2, scale=6, elem_id="cmp-prompt")
+                        c_prompt = gr.Textbox(label="Prompt (Enter runs, Shift+Enter for a new line)", lines=1,
+                                              max_lines=8, scale=6, elem_id="cmp-prompt")
                         with gr.Column(scale=1, min_width=110):
                             c_run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
                             c_stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
                     with gr.Row():
-                        c_off = gr.Textbox(label="Speculation off", lines=12, max_lines=12, interactive=False,
-                                           elem_id="cmp-off")
-                        c_on = gr.Textbox(label="Speculation on", lines=12, max_lines=12, interactive=False,
-                                          elem_id="cmp-on")
+                        c_off = gr.Markdown("**Speculation off**", elem_id="cmp-off", height=360,
+                                            elem_classes=["cmp-pane"])
+                        c_on = gr.Markdown("**Speculation on**", elem_id="cmp-on", height=360,
+                                           elem_classes=["cmp-pane"])
                     c_summary = gr.HTML(elem_id="cmp-summary")
                     with gr.Row():
                         c_chart = gr.HTML(elem_id="cmp-chart")
@@ -304,24 +440,33 @@ class SpecChatUI:
             values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
 
             m = self.models
+            view = [history, conv, chatbot, live, notice, conv_list, title, undo]  # what _open returns
             demo.load(self.page_load, None,
-                      [history, chatbot, notice, header, hw, pair, target, draft, ctx, ngl, ngld, *values, m.table])
+                      [*view[:-1], header, hw, pair, target, draft, ctx, ngl, ngld, *values, m.table])
             respond_out = [history, chatbot, live, notice, msg]
+            submit_out = [msg, history, conv, chatbot, notice, conv_list, title]
             # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
             for trigger, api in ((send.click, "public"), (msg.submit, "undocumented")):
-                trigger(self.submit, [msg, history, show_draft], [msg, history, chatbot, notice], queue=False,
+                trigger(self.submit, [msg, history, conv, show_draft], submit_out, queue=False,
                         api_name="submit" if api == "public" else None, api_visibility=api) \
-                    .then(self.respond, [history, *values], respond_out, show_progress="hidden",
+                    .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden",
                           api_name="chat" if api == "public" else None, api_visibility=api, **ENGINE)
             stop.click(self.stop, None, None, queue=False)
             c_stop.click(self.stop, None, None, queue=False)
             regen.click(self.regenerate, [history, show_draft], [history, chatbot], queue=False) \
-                .then(self.respond, [history, *values], respond_out, show_progress="hidden", **ENGINE)
-            clear.click(self.clear, None, [history, chatbot, live, notice], queue=False, api_name="clear")
+                .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
+            new_chat.click(self.new_chat, [conv, show_draft], view, queue=False, api_name="new_chat")
+            conv_list.input(self.select, [conv_list, conv, show_draft, search], view, queue=False)
+            search.change(self.search, [search, conv], conv_list, queue=False)
+            title.submit(self.rename, [title, conv, search], [conv_list, notice], queue=False)
+            delete.click(self.delete, [conv, show_draft], [*view, deleted], queue=False)
+            undo.click(self.undelete, [deleted, conv, show_draft], [*view, deleted], queue=False)
+            export.click(self.export, conv, [exported, notice], queue=False)
             show_draft.change(self.redraw, [history, show_draft], chatbot, queue=False)
-            c_run.click(self.compare, [c_prompt, rows, *values],
-                        [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json], api_name="compare",
-                        **ENGINE)
+            for trigger, api in ((c_run.click, "public"), (c_prompt.submit, "undocumented")):
+                trigger(self.compare, [c_prompt, rows, *values],
+                        [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json],
+                        api_name="compare" if api == "public" else None, api_visibility=api, **ENGINE)
             load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *values],
                        [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive], **ENGINE)
             hw_refresh.click(self._hardware, None, hw, queue=False)

@@ -87,7 +87,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     url = f"http://127.0.0.1:{port}/"
     pair = runtime.spec.describe() if runtime.spec else "none loaded"
     print(f"SpecChat is running at {url}  (pair: {pair}; Ctrl-C to quit)", flush=True)
-    for note in notes:
+    for note in ui.notes:  # the pair's, the settings' and the conversations' notes
         print(f"specchat: note: {note}", file=sys.stderr)
     if open_browser:
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
@@ -102,6 +102,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         for cancel in list(ui.cancels.values()):  # end answers in progress
             cancel.set()
         demo.close(verbose=False)
+        ui.store.close()
         runtime.close()
     return 0
 

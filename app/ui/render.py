@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from ..chat import thinking
 from ..engine import Stats
 
 
@@ -18,7 +19,8 @@ def _rate(stats: Stats) -> str:
 
 def stats_title(stats: Stats, finish: str | None) -> str:
     """The one-line summary each finished answer keeps."""
-    end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped"}.get(finish or "", "")
+    end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped",
+           "interrupted": " · interrupted"}.get(finish or "", "")
     if stats.drafter == "none":
         return f"⚡ {_rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
     return (f"⚡ {_rate(stats)} tok/s · acceptance {_pct(stats.acceptance_rate)} · "
@@ -46,6 +48,39 @@ def answer_html(segments: list[list], show_draft: bool) -> str:
     return f'<div class="spec-tokens">{"".join(parts)}</div>'
 
 
+def stats_from(d: dict) -> Stats:
+    """Saved stats (a dict, perhaps from an older version) back into Stats."""
+    return Stats(**{k: v for k, v in d.items() if k in Stats.__dataclass_fields__})
+
+
+def _slice(segments: list[list], start: int) -> list[list]:
+    """The text runs from character ``start`` on."""
+    out, pos = [], 0
+    for text, from_draft in segments:
+        if pos + len(text) > start:
+            out.append([text[max(0, start - pos):], from_draft])
+        pos += len(text)
+    return out
+
+
+def _answer(content: str, segments: list[list], show_draft: bool, streaming: bool, finish: str | None) -> list[dict]:
+    """One answer as chat messages: its thinking (collapsed, titled) when it has some, then the answer itself."""
+    parts = thinking.split(content)
+    out = []
+    if parts.thinking is not None:
+        status = "done" if parts.thinking_done or not streaming else "pending"
+        title = "Thinking…" if status == "pending" else "Thinking"
+        out.append({"role": "assistant", "content": parts.thinking or "…",
+                    "metadata": {"title": title, "status": status}})
+    body = answer_html(_slice(segments, parts.answer_start), show_draft)
+    if finish == "interrupted":
+        body += ('\n\n<span class="interrupted">⚠ Interrupted: the app stopped while this answer was written. '
+                 'Regenerate to answer again.</span>')
+    if body or not out:
+        out.append({"role": "assistant", "content": body or "…"})
+    return out
+
+
 def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict]:
     """Chatbot messages: each answer, then its stats as a collapsed line; ``live`` is the answer streaming now."""
     out = []
@@ -53,14 +88,13 @@ def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict
         if m["role"] == "user":
             out.append({"role": "user", "content": m["content"]})
             continue
-        segments = m.get("segments") or [[m["content"], False]]
-        out.append({"role": "assistant", "content": answer_html(segments, show_draft)})
+        out += _answer(m["content"], m.get("segments") or [[m["content"], False]], show_draft, False, m.get("finish"))
         if m.get("stats"):
-            s = Stats(**{k: v for k, v in m["stats"].items() if k in Stats.__dataclass_fields__})
+            s = stats_from(m["stats"])
             out.append({"role": "assistant", "content": stats_details(s),
                         "metadata": {"title": stats_title(s, m.get("finish")), "status": "done"}})
     if live is not None:
-        out.append({"role": "assistant", "content": answer_html(live.segments, show_draft) or "…"})
+        out += _answer(live.text, live.segments, show_draft, True, None)
     return out
 
 
@@ -96,7 +130,8 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
 
 
 _STATE_TEXT = {"idle": "Ready", "running": "Generating…", "done": "Finished", "cancelled": "Stopped",
-               "error": "Error", "queued": "Waiting for the engine…"}
+               "error": "Error", "queued": "Waiting for the engine…", "interrupted": "Interrupted"}
+FINISH_STATE = {"cancelled": "cancelled", "interrupted": "interrupted"}  # an answer's finish → the panel's state
 
 
 def line_chart(points: list, w: int = 300, h: int = 110) -> str:
@@ -162,6 +197,22 @@ def compare_summary(cmp) -> str:
         f'acceptance {_pct(on.acceptance_rate)} · {on.mean_accepted_per_round:.2f} accepted/round · '
         f'drafter {html.escape(cmp.drafter)}</div><div class="check">{check}</div></div>'
     )
+
+
+def compare_pane(cmp, side: str) -> str:
+    """One side of Compare as markdown: its title with tokens/s (live while it runs), then its output; under greedy
+    decoding, the first token where the two outputs part is marked on both sides."""
+    live = getattr(cmp, side)
+    title = "Speculation off" if side == "off" else f"Speculation on ({html.escape(cmp.drafter)})"
+    if live.stats.n_tokens:
+        title += f" — {_rate(live.stats)} tok/s"
+    text = live.text
+    span = cmp.diff_spans[0 if side == "off" else 1] if cmp.diff_spans else None
+    if span:
+        a, b = span
+        text = (text[:a] + f'<mark class="first-diff" title="first token that differs">'
+                f'{html.escape(text[a:b]) or "⏎"}</mark>' + text[b:])
+    return f"**{title}**\n\n{text}"
 
 
 def compare_row(cmp, n: int) -> dict:
