@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -554,3 +555,41 @@ def test_kill_9_mid_answer_keeps_the_question_and_the_partial_answer(browser, fr
     finally:
         p.close()
         app.stop()
+
+
+# --- the OpenAI-compatible API on the app's own port -----------------------------------------------------------
+def test_a_browser_chat_and_an_api_stream_at_once_are_answered_in_turn(page, app_url):
+    import openai
+
+    client = openai.OpenAI(base_url=app_url[0] + "v1", api_key="none", max_retries=0, timeout=300)
+    question = "List three facts about owls."
+    # What each should answer, asked alone first (greedy, the app's settings on both sides).
+    alone = client.chat.completions.create(messages=[{"role": "user", "content": question}], model="starter")
+    api_text, errors = [], []
+
+    def stream():
+        try:
+            for c in client.chat.completions.create(messages=[{"role": "user", "content": question}],
+                                                    model="starter", stream=True):
+                api_text.append(c.choices[0].delta.content or "" if c.choices else "")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    page.send(question)
+    t = threading.Thread(target=stream)
+    t.start()
+    assert page.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
+    t.join(300)
+    assert not errors and "".join(api_text) == alone.choices[0].message.content
+    # The browser got the same answer, not a mix of the two (compared word by word: markdown renders list numbers).
+    answer = page.page.locator("#chat").inner_text().split(question, 1)[1].split("⚡", 1)[0]
+    words = lambda s: re.findall(r"[A-Za-z']+", s)  # noqa: E731
+    assert words(answer) == words(alone.choices[0].message.content)
+
+    page.page.get_by_role("tab", name="API").click()
+    panel = page.page.locator("#api-panel")
+    panel.get_by_text("/v1").first.wait_for(timeout=10_000)
+    text = panel.inner_text()
+    assert f"{app_url[0]}v1" in text and "from openai import OpenAI" in text and "curl" in text
+    assert re.search(r"chat\s+\d+\s+\d+\.\d\s+\d+\.\d%\s+model\s+(stop|length)", text), text
+    page.shot("api")

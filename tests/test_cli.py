@@ -1,6 +1,7 @@
 """The ``specchat`` command line, run as a user runs it (a subprocess)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,40 @@ def test_app_bad_flags_are_one_clear_line(args, words, tmp_path):
     r = subprocess.run([sys.executable, "-m", "app", *args, "--no-browser"], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "SPECCHAT_HOME": str(tmp_path)})
     assert_one_line_error(r, words)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--port", "0"], "Invalid --port"),
+    (["--pair", "nosuchpair"], "Unknown pair"),
+    (["--target", "missing.gguf"], "not found"),
+    (["--draft-max", "-1"], "draft-max"),
+])
+def test_serve_bad_flags_are_one_clear_line(args, words, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "app", "serve", *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "SPECCHAT_HOME": str(tmp_path)})
+    assert_one_line_error(r, words)
+
+
+def test_serve_on_the_network_without_a_key_warns_and_with_one_does_not(models, tmp_path):
+    """`--listen` without --api-key serves, but says plainly that anyone on the network may use it."""
+    env = {k: v for k, v in os.environ.items() if k != "SPECCHAT_API_KEY"}
+    env.update(SPECCHAT_HOME=str(tmp_path), PYTHONUNBUFFERED="1")
+    for extra, warned in (([], True), (["--api-key", "k"], False)):
+        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--target", str(models["target"]), "--listen",
+                                 "--port", str(_free_port()), *extra], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        lines = []
+        while (line := proc.stdout.readline()) and "running at" not in line:
+            lines.append(line)
+        proc.send_signal(signal.SIGINT)
+        out = "".join(lines) + line + proc.communicate(timeout=30)[0]
+        assert proc.returncode == 0, out
+        assert ("--listen serves to your whole network" in out) is warned, out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

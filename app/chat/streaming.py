@@ -5,10 +5,11 @@ time. The viewer gets everything that happened since its last look, at most ever
 """
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 from ..engine import Done, Event
 
@@ -65,3 +66,47 @@ class Generation:
             if not finished:  # the viewer left early (or an error): stop decoding for nobody
                 self.cancel.set()
             self._thread.join()
+
+
+async def batches_async(run: Callable[[threading.Event], Iterator[Event]],
+                        on_end: Callable[[], None] = lambda: None) -> AsyncIterator[list[Event]]:
+    """The same worker thread for an asyncio viewer (the HTTP API): as soon as there are events, all there are (a
+    verification round commits several tokens at once; sending them together saves the viewer work). Leaving early,
+    or being cancelled because the client went away, cancels the generation at once. ``on_end`` runs on the worker
+    when the generation is over, however it ended (even if this iterator is never read)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    cancel = threading.Event()
+
+    def put(item) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
+            cancel.set()
+
+    def work() -> None:
+        try:
+            for ev in run(cancel):
+                put(ev)
+        except BaseException as exc:  # handed to the viewer
+            put(exc)
+        finally:
+            on_end()
+            put(_END)
+
+    threading.Thread(target=work, daemon=True, name="specchat-generate").start()
+    try:
+        while True:
+            batch = [await q.get()]
+            while not q.empty():
+                batch.append(q.get_nowait())
+            for item in batch:
+                if isinstance(item, BaseException):
+                    raise item
+            events = [e for e in batch if e is not _END]
+            if events:
+                yield events
+            if batch[-1] is _END:
+                return
+    finally:
+        cancel.set()

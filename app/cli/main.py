@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -62,11 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system", help="system message")
     _sampling_flags(c, max_tokens=1024)
 
-    a = sub.add_parser("app", help="the chat app in your browser (what plain `specchat` runs)")
+    a = sub.add_parser("app", help="the chat app in your browser, with the OpenAI-compatible API at /v1 (what "
+                                   "plain `specchat` runs)")
     _model_flags(a)
-    a.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 7860 or the next free one)")
+    _serving_flags(a)
     a.add_argument("--no-browser", action="store_true", help="do not open a browser window")
-    a.add_argument("--listen", action="store_true", help="serve on every network interface (default: loopback only)")
+    sv = sub.add_parser("serve", help="the OpenAI-compatible API alone (/v1), no browser")
+    _model_flags(sv)
+    _serving_flags(sv)
 
     ls = sub.add_parser("list", help="the model pairs of models.toml and what is downloaded")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
@@ -84,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
     ck.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, help="draft layers on the GPU")
     return parser
+
+
+def _serving_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 7860 or the next free one)")
+    p.add_argument("--listen", action="store_true", help="serve on every network interface (default: loopback only)")
+    p.add_argument("--api-key", default=os.environ.get("SPECCHAT_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECCHAT_API_KEY, else none)")
+    p.add_argument("--cors", action="append", metavar="ORIGIN",
+                   help="let web pages from ORIGIN call /v1 (repeatable; default: none)")
 
 
 def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -256,7 +269,7 @@ def cmd_app(args) -> int:
     from dataclasses import replace
 
     from ..chat.settings import Settings, load_settings
-    from ..ui.launch import serve
+    from .serve import serve
 
     if args.draft and not args.target:
         raise EngineError("--draft needs --target (or choose a --pair).")
@@ -273,7 +286,8 @@ def cmd_app(args) -> int:
                                        draft_p_min=args.draft_p_min, adaptive=args.adaptive).items() if v is not None}
     if overrides:
         replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
-    return serve(requested, overrides, args.port, args.listen, not args.no_browser)
+    return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,
+                 api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         from .pairs import cmd_check, cmd_list, cmd_pull, cmd_remove
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
-                    "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}
+                    "serve": cmd_app, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}
         return commands[args.command](args)
     except EngineError as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)

@@ -27,6 +27,11 @@ def is_downloaded(pair: Pair) -> bool:
     return all(status(s).state in READY for s in (pair.target, pair.draft))
 
 
+def downloaded_pairs() -> list[str]:
+    """Names of the catalog pairs whose files are all here."""
+    return [p.name for p in load_catalog().values() if is_downloaded(p)]
+
+
 def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
     """Delete the pair's downloaded files, except those another downloaded pair still uses.
     Returns (bytes freed, files removed, files kept for other pairs)."""

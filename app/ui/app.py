@@ -53,8 +53,11 @@ def collect(values) -> Settings:
 
 
 class SpecChatUI:
-    def __init__(self, runtime: Runtime, startup_notes: list[str] | None = None):
+    def __init__(self, runtime: Runtime, startup_notes: list[str] | None = None, api_info=None):
+        """``api_info()``, where the app serves the OpenAI-compatible API too: its base URL, whether a key is
+        required and the requests served (newest first)."""
         self.runtime = runtime
+        self.api_info = api_info
         self.notes = list(startup_notes or [])
         self.cancels: dict[str, threading.Event] = {}  # per browser session: the generation Stop should end
         self.busy: set[str] = set()  # browser sessions with an answer queued or streaming
@@ -81,6 +84,9 @@ class SpecChatUI:
 
     def _hardware(self) -> str:
         return render.hardware_panel(hardware.snapshot(), self.runtime.info())
+
+    def _api(self) -> str:
+        return render.api_panel(self.api_info(), self.runtime.info()["pair"]) if self.api_info else ""
 
     def _save(self, settings: Settings) -> None:
         try:
@@ -409,6 +415,9 @@ class SpecChatUI:
                 with gr.Tab("Hardware", id="hardware"):
                     hw = gr.HTML(elem_id="hardware")
                     hw_refresh = gr.Button("Refresh", size="sm")
+                with gr.Tab("API", id="api", visible=self.api_info is not None) as api_tab:
+                    api_panel = gr.HTML(elem_id="api-panel")
+                    api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
             with gr.Sidebar(label="Settings", open=False, position="right", width=360):
                 gr.Markdown("### Speculation")
                 drafter = gr.Radio([("Draft model", "model"), ("N-gram lookup", "ngram"), ("Off", "none")],
@@ -456,6 +465,7 @@ class SpecChatUI:
             regen.click(self.regenerate, [history, show_draft], [history, chatbot], queue=False) \
                 .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
             new_chat.click(self.new_chat, [conv, show_draft], view, queue=False, api_name="new_chat")
+            chatbot.clear(self.new_chat, [conv, show_draft], view, queue=False)  # its bin icon: a fresh chat
             conv_list.input(self.select, [conv_list, conv, show_draft, search], view, queue=False)
             search.change(self.search, [search, conv], conv_list, queue=False)
             title.submit(self.rename, [title, conv, search], [conv_list, notice], queue=False)
@@ -470,6 +480,8 @@ class SpecChatUI:
             load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *values],
                        [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive], **ENGINE)
             hw_refresh.click(self._hardware, None, hw, queue=False)
+            for trigger in (api_tab.select, api_refresh.click):
+                trigger(self._api, None, api_panel, queue=False)
             # Models: downloads have their own slot, so a chat can go on while a pair comes down.
             download = dict(concurrency_id="download", concurrency_limit=1, show_progress="hidden")
             m.download.click(m.pull_pair, [m.pick], [m.progress, m.table, pair], api_name="pull", **download)

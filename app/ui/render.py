@@ -3,6 +3,7 @@ Styles live in assets/specchat.css."""
 from __future__ import annotations
 
 import html
+import time
 
 from ..chat import thinking
 from ..engine import Stats
@@ -244,6 +245,36 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
     ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="spec-hw">{body}</table>'
+
+
+def api_panel(info: dict, pair: str | None) -> str:
+    """Where the OpenAI-compatible API is, how to call it, and the requests it served."""
+    base = info["base_url"]
+    key = ' -H "Authorization: Bearer $SPECCHAT_API_KEY"' if info["key"] else ""
+    model = pair or "MODEL"
+    curl = (f"curl {base}/chat/completions{key} -H 'Content-Type: application/json' \\\n"
+            f"  -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    api_key = 'os.environ["SPECCHAT_API_KEY"]' if info["key"] else '"none"'
+    py = "\n".join([
+        *(["import os"] if info["key"] else []),
+        "from openai import OpenAI",
+        f'client = OpenAI(base_url="{base}", api_key={api_key})',
+        f'r = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}])',
+        'print(r.choices[0].message.content, r.model_extra["timings"])  # draft_n, draft_n_accepted, ...',
+    ])
+    rows = "".join(
+        f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(r.when))}</td><td>{html.escape(r.endpoint)}</td>"
+        f"<td>{r.tokens}</td><td>{'—' if r.tokens_per_second is None else f'{r.tokens_per_second:.1f}'}</td>"
+        f"<td>{'—' if r.acceptance is None else _pct(r.acceptance)}</td><td>{html.escape(r.drafter)}</td>"
+        f"<td>{html.escape(r.finish)}</td></tr>" for r in info["served"])
+    return (
+        f'<div class="spec-api"><p>Base URL <code>{html.escape(base)}</code> — point any OpenAI client at it '
+        f'(<code>OPENAI_BASE_URL={html.escape(base)}</code>). {"A key is required." if info["key"] else "No key is required (loopback only unless --listen)."}</p>'
+        f'<p>curl</p><pre><code>{html.escape(curl)}</code></pre><p>Python</p><pre><code>{html.escape(py)}</code></pre>'
+        f'<table class="spec-api-served"><thead><tr><th>time</th><th>endpoint</th><th>tokens</th><th>tok/s</th>'
+        f'<th>acceptance</th><th>drafter</th><th>finish</th></tr></thead><tbody>'
+        f'{rows or "<tr><td colspan=7>No requests yet.</td></tr>"}</tbody></table></div>'
+    )
 
 
 def notice(text: str | None, kind: str = "error") -> str:

@@ -1,0 +1,145 @@
+"""`specchat` (the app) and `specchat serve` (the API alone): load a pair, serve on loopback — the UI at ``/`` and the
+OpenAI-compatible API at ``/v1`` on one port — open the browser, stop on Ctrl-C."""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import webbrowser
+from dataclasses import replace
+
+# Before Gradio is imported: no analytics or version checks (nothing leaves the machine unasked).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from ..chat.runtime import Runtime  # noqa: E402
+from ..chat.settings import load_settings, save_settings  # noqa: E402
+from ..engine import EngineError  # noqa: E402
+from ..models.loader import LoadSpec  # noqa: E402
+from ..resources import resource  # noqa: E402
+
+STARTER = LoadSpec(pair="starter")
+
+
+def free_port(host: str, start: int = 7860, tries: int = 100) -> int:
+    """Gradio's usual port, or the next free one."""
+    for port in range(start, start + tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    raise EngineError(f"No free port between {start} and {start + tries - 1}; choose one with --port.")
+
+
+def startup_pair(requested: LoadSpec | None, last_used: LoadSpec | None, runtime: Runtime) -> list[str]:
+    """Load what was asked for, else the last-used pair, else the starter; say what happened."""
+    notes = []
+    if requested is not None:
+        runtime.load(requested)  # asked for explicitly: a failure is the user's to see, at once
+        return notes
+    for spec in dict.fromkeys(s for s in (last_used, STARTER) if s):
+        try:
+            runtime.load(spec)
+            return notes
+        except EngineError as exc:
+            notes.append(f"Could not load {spec.describe()}: {exc}")
+    notes.append("No pair is loaded: choose one under Settings → Models.")
+    return notes
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool,
+          api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True) -> int:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from ..server.openai_api import OpenAIServer
+
+    runtime = Runtime()
+    print("specchat: loading models…", flush=True)
+    settings, warning = load_settings()
+    notes = [warning] if warning else []
+    if with_ui:
+        notes += startup_pair(requested, settings.models, runtime)
+    else:  # the API alone serves what was asked for, else the last-used pair: nothing to choose from without a UI
+        runtime.load(requested or settings.models or STARTER)
+    if runtime.spec and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
+        settings = settings.with_draft_params(runtime.resolved.draft_params)
+    settings = replace(settings, **overrides, models=runtime.spec or settings.models)  # flags win
+    if with_ui:
+        save_settings(settings.for_pair(None, runtime.has_draft))
+
+    host = "0.0.0.0" if listen else "127.0.0.1"
+    port = port or free_port(host)
+    if listen and not api_key:
+        print("specchat: warning: --listen serves to your whole network and nobody needs a key: anyone who can reach "
+              f"this machine can use it. Add --api-key KEY (or set SPECCHAT_API_KEY) to require one on /v1.",
+              file=sys.stderr)
+    # What a request leaves out: the app's settings as last saved by the UI, or this command's.
+    defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
+    api = OpenAIServer(runtime, defaults, api_key)
+    root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    root.mount("/v1", api.app(cors))
+    ui = None
+    if with_ui:
+        import gradio as gr
+
+        from ..ui.app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
+
+        ui = SpecChatUI(runtime, notes, api_info=lambda: {"base_url": f"http://127.0.0.1:{port}/v1",
+                                                           "key": bool(api_key), "served": list(api.served)})
+        demo = ui.build()
+        demo.queue(default_concurrency_limit=1)
+        root = gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
+                                   theme=theme(), css=css(), footer_links=["api", "settings"],
+                                   favicon_path=str(resource("assets/logo.svg")))
+    server = uvicorn.Server(uvicorn.Config(root, host=host, port=port, log_level="warning", access_log=False,
+                                           lifespan="on"))
+    server.install_signal_handlers = lambda: None  # ours below; uvicorn's would swallow Ctrl-C
+    thread = threading.Thread(target=server.run, daemon=True, name="specchat-http")
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.05)
+    if not server.started:
+        raise EngineError(f"Could not serve on {host}:{port} (is the port in use?); choose another with --port.")
+    # Ctrl-C (even where a parent shell started us with SIGINT ignored), SIGTERM and SIGHUP (the terminal of a
+    # desktop launcher closed) all shut down cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _interrupt)
+    url = f"http://127.0.0.1:{port}/"
+    pair = runtime.spec.describe() if runtime.spec else "none loaded"
+    what = "SpecChat is running at" if with_ui else "SpecChat's API is running at"
+    print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
+    for note in (ui.notes if ui else notes):  # the pair's, the settings' and the conversations' notes
+        print(f"specchat: note: {note}", file=sys.stderr)
+    if open_browser and with_ui:
+        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        print("\nspecchat: shutting down…", file=sys.stderr)
+    finally:
+        # Saved files are written atomically, so a stuck shutdown loses nothing: if it takes over 15 s, print
+        # where it is stuck and exit anyway (the timer stays armed through interpreter exit).
+        faulthandler.dump_traceback_later(15, exit=True)
+        if ui:
+            for cancel in list(ui.cancels.values()):  # end answers in progress
+                cancel.set()
+        server.should_exit = True
+        thread.join(10)
+        if ui:
+            ui.store.close()
+        runtime.close()
+    return 0

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible API (``/v1``) over the loaded pair, with llama-server's ``timings`` on every answer.
+
+Requests take turns on the engine (its lock is the slot the chat UI uses too, so an API call and a browser chat
+never interleave in one context); a bounded number may wait, beyond that the answer is 503 with Retry-After.
+A client that goes away mid-stream cancels its generation at once.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..chat.runtime import Runtime
+from ..chat.settings import Settings
+from ..chat.streaming import batches_async
+from ..engine import Done, EngineError, Round, Stats, TextDelta
+from .requests import ApiError, Job, parse
+
+MAX_WAITING = 64  # requests queued or running at once; more get 503
+
+
+def timings(stats: Stats) -> dict:
+    """llama-server's ``timings`` object, from the engine's measured stats (``cache_n``: prompt tokens reused)."""
+    prompt_ms = stats.time_to_first_token_s * 1000
+    predicted_ms = stats.decode_seconds * 1000
+    return {
+        "cache_n": stats.prompt_cached,
+        "prompt_n": stats.prompt_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": stats.prompt_tokens / prompt_ms * 1000 if prompt_ms > 0 else None,
+        "predicted_n": stats.n_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": stats.tokens_per_second if stats.rate_measured else None,
+        "draft_n": stats.n_drafted,
+        "draft_n_accepted": stats.n_accepted,
+    }
+
+
+@dataclass
+class Served:
+    """One request answered, for the app's API section."""
+
+    when: float
+    endpoint: str
+    model: str
+    tokens: int
+    tokens_per_second: float | None
+    acceptance: float | None
+    drafter: str
+    finish: str
+
+
+class OpenAIServer:
+    def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, api_key: str | None = None,
+                 max_waiting: int = MAX_WAITING):
+        self.runtime = runtime
+        self.defaults = defaults  # the app's current settings: what a request leaves out
+        self.api_key = api_key
+        self.max_waiting = max_waiting
+        self.waiting = 0
+        self._count_lock = threading.Lock()
+        self.served: deque[Served] = deque(maxlen=50)
+
+    # --- the app --------------------------------------------------------------------------------------------
+    def app(self, cors: list[str] | None = None) -> FastAPI:
+        api = FastAPI(title="SpecChat OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+        if cors:
+            from fastapi.middleware.cors import CORSMiddleware
+
+            api.add_middleware(CORSMiddleware, allow_origins=cors, allow_methods=["*"], allow_headers=["*"])
+
+        @api.middleware("http")
+        async def guard(request: Request, call_next):
+            if self.api_key and request.method != "OPTIONS" and \
+                    request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+                return _error(ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
+                                       "invalid_request_error", code="invalid_api_key"))
+            try:
+                return await call_next(request)
+            except Exception as exc:  # never crash the server: say what went wrong
+                return _error(ApiError(500, f"Internal error: {exc}", "server_error"))
+
+        api.exception_handler(ApiError)(lambda request, exc: _error(exc))
+        api.exception_handler(404)(lambda request, exc: _error(ApiError(404, f"No such endpoint: {request.url.path}",
+                                                                      code="not_found")))
+        api.exception_handler(405)(lambda request, exc: _error(ApiError(405, f"{request.method} is not allowed on "
+                                                                      f"{request.url.path}.", code="method_not_allowed")))
+        api.get("/models")(self.models)
+        api.post("/chat/completions")(self.chat_completions)
+        api.post("/completions")(self.completions)
+        return api
+
+    async def models(self) -> dict:
+        from ..models.downloads import downloaded_pairs
+
+        loaded = self._loaded_name()
+        names = ([loaded] if loaded else []) + [n for n in downloaded_pairs() if n != loaded]
+        now = int(time.time())
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "specchat",
+                                            "loaded": n == loaded} for n in names]}
+
+    async def chat_completions(self, request: Request):
+        return await self._answer(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._answer(request, chat=False)
+
+    # --- answering ------------------------------------------------------------------------------------------
+    def _loaded_name(self) -> str | None:
+        return self.runtime.spec.describe() if self.runtime.spec and self.runtime.engine else None
+
+    async def _answer(self, request: Request, chat: bool):
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "The request body is not valid JSON.") from None
+        engine = self.runtime.engine
+        loaded = self._loaded_name()
+        if engine is None or loaded is None:
+            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
+                           "server_error", code="no_model_loaded")
+        job = parse(body, chat, self.defaults(), engine.draft is not None)
+        if job.model and job.model not in (loaded, engine.target.model.path.name):
+            raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
+                                "app first, or leave 'model' out.", param="model", code="model_not_found")
+        try:
+            ids = engine.chat_tokens(job.messages) if chat else engine.tokenize(job.prompt)
+        except EngineError as exc:
+            raise ApiError(400, str(exc)) from None
+        if len(ids) >= engine.n_ctx:
+            raise ApiError(400, f"The prompt is {len(ids)} tokens but the context holds {engine.n_ctx}: shorten it.",
+                           param="messages" if chat else "prompt", code="context_length_exceeded")
+
+        with self._count_lock:
+            if self.waiting >= self.max_waiting:
+                raise ApiError(503, f"Busy: {self.waiting} requests are queued; try again shortly.", "server_error",
+                               code="queue_full", headers={"Retry-After": "2"})
+            self.waiting += 1
+        # The worker leaves the queue when its generation is over, however it ends.
+        batches = batches_async(lambda cancel: engine.generate(ids, job.params, job.drafter, cancel), self._leave)
+        try:
+            first = await anext(batches)  # validation errors (and the wait for the engine) come before any output
+        except EngineError as exc:
+            raise ApiError(400, str(exc)) from None
+        meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
+                    model=loaded, chat=chat, prompt_n=len(ids))
+        if job.stream:
+            return StreamingResponse(self._stream(job, first, batches, meta), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        done = first[-1]
+        async for batch in batches:
+            done = batch[-1]
+        self._log(meta, done, chat)
+        return JSONResponse(self._final(meta, done))
+
+    def _leave(self) -> None:
+        with self._count_lock:
+            self.waiting -= 1
+
+    def _final(self, meta: dict, done: Done) -> dict:
+        finish = "length" if done.finish_reason == "length" else "stop"
+        if meta["chat"]:
+            choice = {"index": 0, "message": {"role": "assistant", "content": done.text}, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
+        return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
+                "created": meta["created"], "model": meta["model"], "choices": [choice],
+                "usage": _usage(meta, done.stats), "timings": timings(done.stats)}
+
+    async def _stream(self, job: Job, first: list, batches: AsyncIterator, meta: dict):
+        """Server-Sent Events: OpenAI's chunks, llama-server's timings on the last (and on each with
+        ``timings_per_token``), usage when asked, then ``[DONE]``. Closing the connection cancels the generation."""
+        chat = meta["chat"]
+        stats = Stats()
+
+        def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False) -> str:
+            if chat:
+                delta = ({"role": "assistant", "content": ""} if role else {"content": text} if text is not None else {})
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            out = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+                   "created": meta["created"], "model": meta["model"], "choices": [choice]}
+            if with_timings or job.timings_per_token:
+                out["timings"] = timings(stats)
+            return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
+
+        done = None
+        try:
+            if chat:
+                yield chunk(None, role=True)
+            batch = first
+            while True:
+                for ev in batch:
+                    if isinstance(ev, (Round, Done)):
+                        stats = ev.stats
+                done = batch[-1] if isinstance(batch[-1], Done) else None
+                text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
+                if text:  # what arrived together goes out as one chunk
+                    yield chunk(text)
+                if done is not None:
+                    break
+                batch = await anext(batches)
+            yield chunk(None, "length" if done.finish_reason == "length" else "stop", with_timings=True)
+            if job.include_usage:
+                tail = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+                        "created": meta["created"], "model": meta["model"], "choices": [],
+                        "usage": _usage(meta, done.stats)}
+                yield f"data: {json.dumps(tail)}\n\n"
+            yield "data: [DONE]\n\n"
+        except EngineError as exc:  # after the headers went out: the error as the stream's last event
+            yield f"data: {json.dumps(ApiError(500, str(exc), 'server_error').body())}\n\n"
+        finally:
+            await batches.aclose()  # a client gone away lands here too: the generation stops now
+            if done is not None:
+                self._log(meta, done, chat)
+
+    def _log(self, meta: dict, done: Done, chat: bool) -> None:
+        s = done.stats
+        self.served.appendleft(Served(time.time(), "chat" if chat else "completions", meta["model"], s.n_tokens,
+                                      s.tokens_per_second if s.rate_measured else None,
+                                      s.acceptance_rate if s.n_drafted else None, s.drafter, done.finish_reason))
+
+
+def _usage(meta: dict, stats: Stats) -> dict:
+    return {"prompt_tokens": meta["prompt_n"], "completion_tokens": stats.n_tokens,
+            "total_tokens": meta["prompt_n"] + stats.n_tokens}
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

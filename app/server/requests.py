@@ -1,0 +1,137 @@
+"""An OpenAI request body read into what the engine runs: messages or prompt, sampling, stop strings and the
+per-request speculation llama-server names (``speculative.n_max`` 0 = off, ``speculative.n_min``, ``.p_min``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..chat.settings import Settings
+from ..engine import DRAFTERS, EngineError, GenerationParams
+
+
+class ApiError(Exception):
+    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one request asks the engine for."""
+
+    model: str | None
+    messages: list[dict] | None  # chat
+    prompt: str | None  # completion
+    params: GenerationParams
+    drafter: str
+    stream: bool
+    include_usage: bool
+    timings_per_token: bool
+
+
+def _number(body: dict, name: str, kind: type, default=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ApiError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r}.",
+                       param=name)
+    return kind(value)
+
+
+def _speculative(body: dict, name: str):
+    """llama-server's flat key ("speculative.n_max"), or the same nested under "speculative"."""
+    nested = body.get("speculative")
+    if isinstance(nested, dict) and name in nested:
+        return {f"speculative.{name}": nested[name]}
+    return body
+
+
+def _text(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of parts of which only text is understood here."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}: only text content is supported (got a {part.get('type') if isinstance(part, dict) else type(part).__name__!r} part).",
+                               param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    if content is None:
+        return ""
+    raise ApiError(400, f"{where}: 'content' must be a string or a list of text parts.", param="messages")
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise ApiError(400, f"messages[{i}]: 'role' must be system, user or assistant.", param="messages")
+        role = "system" if m["role"] == "developer" else m["role"]  # OpenAI's newer name for the system role
+        out.append({"role": role, "content": _text(m.get("content"), f"messages[{i}]")})
+    return out
+
+
+def _prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be a string (one prompt per request).", param="prompt")
+    return prompt
+
+
+def parse(body, chat: bool, defaults: Settings, has_draft: bool) -> Job:
+    """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    if _number(body, "n", int, 1) != 1:
+        raise ApiError(400, "Only n = 1 is supported.", param="n")
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise ApiError(400, "'stop' must be a string or a list of strings.", param="stop")
+    max_tokens = _number(body, "max_completion_tokens", int) or _number(body, "max_tokens", int, defaults.max_tokens)
+    s = replace(
+        defaults,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", float, defaults.temperature),
+        top_p=_number(body, "top_p", float, defaults.top_p),
+        top_k=_number(body, "top_k", int, defaults.top_k),
+        min_p=_number(body, "min_p", float, defaults.min_p),
+        seed=_number(body, "seed", int, defaults.seed),
+        draft_max=_number(_speculative(body, "n_max"), "speculative.n_max", int, defaults.draft_max),
+        draft_min=_number(_speculative(body, "n_min"), "speculative.n_min", int, defaults.draft_min),
+        draft_p_min=_number(_speculative(body, "p_min"), "speculative.p_min", float, defaults.draft_p_min),
+    )
+    drafter = body.get("drafter") or (defaults.drafter if defaults.drafter != "model" or has_draft else "ngram")
+    if drafter not in DRAFTERS:
+        raise ApiError(400, f"'drafter' must be one of {', '.join(DRAFTERS)}.", param="drafter")
+    if drafter == "model" and not has_draft:
+        raise ApiError(400, "The loaded pair has no draft model: use drafter 'ngram' or 'none'.", param="drafter")
+    if s.draft_max == 0:  # llama-server's way to turn speculation off for one request
+        drafter, s = "none", replace(s, draft_min=0)
+    try:
+        params = replace(s.generation(), stop=tuple(stop or ()))
+    except EngineError as exc:
+        raise ApiError(400, str(exc)) from None
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string.", param="model")
+    return Job(model=model or None, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
+               params=params, drafter=drafter, stream=bool(body.get("stream")),
+               include_usage=bool(options.get("include_usage")), timings_per_token=bool(body.get("timings_per_token")))

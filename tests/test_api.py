@@ -1,0 +1,230 @@
+"""The OpenAI-compatible API: `specchat serve` on the starter pair, driven by the official `openai` client (and raw
+HTTP for what a broken client sends), plus the queue and the no-pair case in-process on tiny models."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+KEY = "sk-test-specchat"
+PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(specchat_home):
+    port = _free_port()
+    env = dict(os.environ, SPECCHAT_HOME=str(specchat_home), SPECCHAT_API_KEY=KEY, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--pair", "starter", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (line := proc.stdout.readline()):
+        lines.append(line)
+        if "running at" in line:
+            break
+    assert any(f"http://127.0.0.1:{port}/v1" in ln for ln in lines), "".join(lines)
+    yield f"http://127.0.0.1:{port}/v1"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, "".join(lines) + out
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server, api_key=KEY, max_retries=0, timeout=300)
+
+
+def _timings(obj) -> dict:
+    return obj.model_extra["timings"]
+
+
+def test_models_lists_the_loaded_pair(client):
+    models = client.models.list().data
+    assert models[0].id == "starter" and models[0].model_extra["loaded"] is True
+
+
+def test_chat_completion_with_usage_and_speculative_timings(client):
+    r = client.chat.completions.create(model="starter", messages=PROMPT, max_tokens=32, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert len(r.choices[0].message.content) > 10 and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens == _timings(r)["predicted_n"] <= 32
+    assert r.usage.prompt_tokens > 5 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    t = _timings(r)
+    assert set(t) >= {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+                      "predicted_per_second", "draft_n", "draft_n_accepted"}
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_per_second"] > 0
+
+
+def test_streamed_chat_matches_the_whole_answer_and_ends_with_timings_and_usage(client):
+    whole = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40, temperature=0)
+    chunks = list(client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # greedy: the same answer, streamed
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 3  # in pieces, as it is made
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    t = _timings(last)
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_n"] == whole.usage.completion_tokens
+    assert "timings" not in (chunks[1].model_extra or {})  # only the last, unless timings_per_token
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_timings_per_token_puts_running_figures_on_every_chunk(client):
+    chunks = list(client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=24, stream=True,
+                                                 extra_body={"timings_per_token": True}))
+    counts = [_timings(c)["predicted_n"] for c in chunks[1:]]
+    assert counts == sorted(counts) and counts[-1] > counts[0]
+
+
+def test_completion_streamed_and_not(client):
+    r = client.completions.create(model="starter", prompt="The capital of France is", max_tokens=16, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens <= 16
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="starter", prompt="The capital of France is", max_tokens=16, temperature=0, stream=True))
+    assert streamed == r.choices[0].text and _timings(r)["predicted_n"] == r.usage.completion_tokens
+
+
+def test_stop_strings_end_the_answer_before_them(client):
+    full = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40).choices[0].message.content
+    word = full.split()[3].strip(".,:;!")
+    r = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40, stop=[word])
+    assert r.choices[0].finish_reason == "stop" and word not in r.choices[0].message.content
+    assert full.startswith(r.choices[0].message.content)
+
+
+def test_speculation_off_per_request_gives_the_same_greedy_output(client):
+    on = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=48, temperature=0)
+    off = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=48, temperature=0,
+                                         extra_body={"speculative.n_max": 0})
+    assert off.choices[0].message.content == on.choices[0].message.content
+    assert _timings(off)["draft_n"] == 0 and _timings(on)["draft_n"] > 0
+    ngram = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=48, temperature=0,
+                                           extra_body={"drafter": "ngram", "speculative": {"n_max": 4}})
+    assert ngram.choices[0].message.content == on.choices[0].message.content
+
+
+def test_the_api_key_is_required(server):
+    for key in ("wrong", ""):
+        with pytest.raises(openai.AuthenticationError) as err:
+            openai.OpenAI(base_url=server, api_key=key or "x", max_retries=0,
+                          default_headers={} if key else {"Authorization": ""}).models.list()
+        assert err.value.status_code == 401 and err.value.body["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ("{not json", 400, "not valid JSON"),
+    (json.dumps({"messages": "hi"}), 400, "'messages' must be"),
+    (json.dumps({"messages": PROMPT, "temperature": "hot"}), 400, "'temperature' must be a number"),
+    (json.dumps({"messages": PROMPT, "top_k": -1}), 400, "top-k"),
+    (json.dumps({"messages": PROMPT, "n": 2}), 400, "n = 1"),
+    (json.dumps({"messages": PROMPT, "speculative.n_max": 2, "speculative.n_min": 5}), 400, "draft-min"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "only text"),
+    (json.dumps({"messages": PROMPT, "model": "gpt-4o"}), 404, "not loaded here"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 5000}]}), 400, "context holds"),
+    (json.dumps([1, 2]), 400, "JSON object"),
+])
+def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(server, client, body, status, words):
+    r = httpx.post(f"{server}/chat/completions", content=body, timeout=60,
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and set(err) == {"message", "type", "param", "code"}
+    assert client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=4).choices[0].message.content
+
+
+def test_a_client_that_goes_away_mid_stream_cancels_its_generation(server, client):
+    with httpx.stream("POST", f"{server}/chat/completions", timeout=60, headers={"Authorization": f"Bearer {KEY}"},
+                      json={"messages": [{"role": "user", "content": "Write a very long story."}],
+                            "max_tokens": 3000, "stream": True}) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 5:
+                break  # and hang up: 3000 tokens would take a minute or more on the starter pair
+    t0 = time.monotonic()
+    r = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=8)
+    assert r.usage.completion_tokens <= 8 and time.monotonic() - t0 < 20  # its turn came at once
+
+
+def test_twenty_concurrent_streams_are_queued_and_all_correct(client):
+    ask = dict(messages=PROMPT, model="starter", max_tokens=16, temperature=0)
+    reference = client.chat.completions.create(**ask).choices[0].message.content
+    results, errors = [None] * 20, []
+
+    def one(i):
+        try:
+            results[i] = "".join(c.choices[0].delta.content or "" for c in
+                                 client.chat.completions.create(**ask, stream=True) if c.choices)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and results == [reference] * 20
+
+
+# --- in-process: the queue bound, no pair --------------------------------------------------------------------
+@pytest.fixture
+def tiny_server(models):
+    """The API on tiny models in this process, allowing one request at a time in the queue."""
+    import uvicorn
+
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
+    api = OpenAIServer(rt, max_waiting=1)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(api.app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", rt, api
+    srv.should_exit = True
+    thread.join(10)
+    rt.close()
+
+
+def test_a_full_queue_answers_503_with_retry_after(tiny_server):
+    url, rt, api = tiny_server
+    body = {"prompt": "the cat", "max_tokens": 8}
+    first = {}
+    with rt.engine._lock:  # the engine is busy (as with a chat in the browser): the first request waits its turn
+        t = threading.Thread(target=lambda: first.update(r=httpx.post(f"{url}/completions", json=body, timeout=60)))
+        t.start()
+        while api.waiting < 1:
+            time.sleep(0.01)
+        r = httpx.post(f"{url}/completions", json=body, timeout=60)
+        assert r.status_code == 503 and r.headers["Retry-After"] and r.json()["error"]["code"] == "queue_full"
+    t.join(60)
+    assert first["r"].status_code == 200 and first["r"].json()["choices"][0]["text"]
+    assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 200  # served again
+
+
+def test_no_pair_loaded_is_503(tiny_server):
+    url, rt, _ = tiny_server
+    rt.close()
+    r = httpx.post(f"{url}/chat/completions", json={"messages": PROMPT}, timeout=30)
+    assert r.status_code == 503 and "No model pair is loaded" in r.json()["error"]["message"]
