@@ -157,7 +157,7 @@ class Runtime:
         engine = self._engine()
         params = settings.generation()
         drafter = self._drafter(settings.drafter)
-        prompt = engine.chat_prompt(messages)
+        prompt = engine.chat_prompt(messages, enable_thinking=settings.enable_thinking)
         live = Live()
         if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
             live.segments.append([OPEN + "\n", False])
@@ -173,7 +173,7 @@ class Runtime:
         drafter = self._drafter(settings.drafter)
         if drafter == "none":
             raise EngineError("Comparing needs a drafter: choose the draft model or n-gram drafter in Settings.")
-        ids = engine.chat_tokens(messages)
+        ids = engine.chat_tokens(messages, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
         cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
         for phase, kind in (("off", "none"), ("on", drafter)):

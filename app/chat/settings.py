@@ -25,6 +25,7 @@ class Settings:
     draft_min: int = 0
     draft_p_min: float = 0.5
     adaptive: bool = False
+    enable_thinking: bool = True  # passed to the chat template (Qwen3 thinks unless told not to, as Qwen ships it)
     show_draft_tokens: bool = False
     models: LoadSpec | None = None  # the last pair loaded
 

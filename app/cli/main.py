@@ -72,6 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(sv)
     _serving_flags(sv)
 
+    pr = sub.add_parser("prompt", help="print exactly the text (or tokens) the model sees for a conversation")
+    pr.add_argument("--pair", help="a pair from models.toml (its target's template)")
+    pr.add_argument("--target", "-m", type=Path, help="a GGUF file")
+    pr.add_argument("--system", help="system message")
+    pr.add_argument("--prompt", "-p", help="one user message")
+    pr.add_argument("--messages", type=Path, help="a JSON file: [{\"role\": ..., \"content\": ...}, ...]")
+    pr.add_argument("--no-thinking", action="store_true", help="pass enable_thinking=false to the template")
+    pr.add_argument("--tokens", action="store_true", help="print the token ids (one JSON list) instead of the text")
+
     ls = sub.add_parser("list", help="the model pairs of models.toml and what is downloaded")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     pl = sub.add_parser("pull", help="download a pair (or one GGUF) from the Hugging Face Hub into its cache")
@@ -265,6 +274,37 @@ def cmd_chat(args) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
+def cmd_prompt(args) -> int:
+    from ..engine import Model, chat_prompt, prompt_tokens
+
+    if (args.prompt is None) == (args.messages is None):
+        raise EngineError("Give the conversation with exactly one of --prompt TEXT or --messages FILE.json.")
+    if args.messages is not None:
+        try:
+            messages = json.loads(args.messages.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"Cannot read {args.messages}: {exc}") from exc
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise EngineError(f"{args.messages} must hold a JSON list of {{\"role\", \"content\"}} objects.")
+    else:
+        messages = [{"role": "user", "content": args.prompt}]
+    if args.system:
+        messages = [{"role": "system", "content": args.system}] + messages
+    path = resolve(LoadSpec(pair=args.pair, target=str(args.target) if args.target else None)).target
+    model = Model(path, vocab_only=True)  # the template and the tokenizer, no weights
+    try:
+        text = chat_prompt(model, messages, enable_thinking=not args.no_thinking)
+        if args.tokens:
+            print(json.dumps(prompt_tokens(model, text)))
+        else:
+            sys.stdout.write(text)
+    finally:
+        model.close()
+    return 0
+
+
 def cmd_app(args) -> int:
     from dataclasses import replace
 
@@ -299,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         from .pairs import cmd_check, cmd_list, cmd_pull, cmd_remove
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
-                    "serve": cmd_app, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}
+                    "serve": cmd_app, "prompt": cmd_prompt, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}
         return commands[args.command](args)
     except EngineError as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)

@@ -1,15 +1,15 @@
 """SpecChat's speculative decoding engine over llama.cpp. No UI code may be imported below this package."""
 from .costs import Costs
 from .draft_control import DraftParams
-from .engine import DRAFTERS, Engine
+from .engine import DRAFTERS, Engine, chat_prompt, prompt_tokens
 from .errors import EngineError
 from .events import Done, Event, Round, Stats, TextDelta
-from .llama import ModelSettings, batch_invariant, quantize, supports_gpu_offload, system_info
+from .llama import Model, ModelSettings, batch_invariant, quantize, supports_gpu_offload, system_info
 from .loop import GenerationParams
 from .sampling import SamplingParams
 
 __all__ = [
-    "Costs", "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "ModelSettings",
-    "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant", "quantize", "supports_gpu_offload",
-    "system_info",
+    "Costs", "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "Model",
+    "ModelSettings", "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant", "chat_prompt",
+    "prompt_tokens", "quantize", "supports_gpu_offload", "system_info",
 ]

@@ -1,33 +1,71 @@
-"""Chat prompts from the model's own template (GGUF ``tokenizer.chat_template``), rendered like Hugging Face does."""
+"""Chat prompts from the model's own template (GGUF ``tokenizer.chat_template``), rendered as Hugging Face's
+``apply_chat_template`` renders them; where jinja cannot, llama.cpp's own template matcher; else a clear error —
+never another family's format in silence (a Gemma or Llama model fed ChatML answers badly)."""
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from functools import lru_cache
+from typing import Callable
 
 from .errors import EngineError
 
+# What llama.cpp (and llama-server) use for a model that ships no template at all.
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
-def render_chat(template: str | None, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
-    """Render ``messages`` (role/content dicts) ending with the assistant's turn opened (ChatML if none)."""
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """Hugging Face's tojson: plain json.dumps (jinja2's own escapes <, >, & and ' for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str):
+    """The template in the environment Hugging Face renders chat templates in: a sandbox with trimmed blocks, loop
+    controls ({% break %}, {% continue %}), {% generation %} blocks (rendered as their body), HF's tojson,
+    raise_exception and strftime_now."""
     import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):  # HF marks assistant text with {% generation %}: it renders as its body
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
 
     def raise_exception(message):
         raise EngineError(f"The model's chat template refused the conversation: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                       extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env.from_string(template)
+
+
+def render_chat(template: str | None, messages: list[dict], bos_token: str = "", eos_token: str = "",
+                builtin: Callable[[str, list[dict]], str | None] | None = None, model: str = "the model",
+                **variables) -> str:
+    """Render ``messages`` (role/content dicts) ending with the assistant's turn opened. ``variables`` reach the
+    template (e.g. Qwen3's ``enable_thinking``). ``builtin(template, messages)`` is llama.cpp's matcher, tried when
+    jinja cannot render the template."""
+    if not template:
+        template = CHATML
     try:
-        return env.from_string(template or CHATML).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
-        )
+        return _compile(template).render(messages=messages, add_generation_prompt=True, bos_token=bos_token,
+                                         eos_token=eos_token, **variables)
     except EngineError:
         raise
-    except Exception as exc:  # a template using features jinja2 lacks: fall back to ChatML, which most use
-        if template and template != CHATML:
-            return render_chat(CHATML, messages, bos_token, eos_token)
-        raise EngineError(f"Could not render the chat template: {exc}") from exc
+    except Exception as exc:  # a feature jinja2 lacks, or a broken template
+        text = builtin(template, messages) if builtin else None
+        if text is None:
+            raise EngineError(f"The chat template of {model} could not be rendered ({type(exc).__name__}: {exc}) "
+                              "and llama.cpp does not recognise it; check it with `specchat prompt`.") from exc
+        return text

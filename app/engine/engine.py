@@ -12,12 +12,26 @@ from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError
 from .events import Event
-from .llama import Context, Model, ModelSettings, default_threads, gpus
+from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
 from .loop import GenerationParams, speculative_generate
 
 DRAFTERS = ("model", "ngram", "none")
 DEFAULT_CTX = 4096
+
+
+def chat_prompt(model: Model, messages: list[dict], **variables) -> str:
+    """The text ``model`` sees for a conversation: its own template (a vocab-only model is enough)."""
+    bos = model.piece_special(model.bos) if model.bos >= 0 else ""
+    eos = model.piece_special(model.eos) if model.eos >= 0 else ""
+    return render_chat(model.chat_template(), messages, bos_token=bos, eos_token=eos, builtin=builtin_chat,
+                       model=model.path.name, **variables)
+
+
+def prompt_tokens(model: Model, text: str) -> list[int]:
+    bos = model.piece_special(model.bos) if model.bos >= 0 else ""
+    add_bos = model.add_bos and not (bos and text.startswith(bos))  # the template may already write BOS
+    return model.tokenize(text, add_special=add_bos, parse_special=True)
 
 
 @dataclass
@@ -79,20 +93,14 @@ class Engine:
         """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed."""
         return self.model.tokenize(text, add_special=True, parse_special=True)
 
-    def chat_prompt(self, messages: list[dict]) -> str:
+    def chat_prompt(self, messages: list[dict], **variables) -> str:
         """A conversation rendered with the model's chat template, ready for the assistant's reply."""
-        m = self.model
-        bos = m.piece_special(m.bos) if m.bos >= 0 else ""
-        eos = m.piece_special(m.eos) if m.eos >= 0 else ""
-        return render_chat(m.chat_template(), messages, bos_token=bos, eos_token=eos)
+        return chat_prompt(self.model, messages, **variables)
 
-    def chat_tokens(self, messages: list[dict] | str) -> list[int]:
+    def chat_tokens(self, messages: list[dict] | str, **variables) -> list[int]:
         """The tokens of a conversation (or of its rendered prompt)."""
-        m = self.model
-        text = messages if isinstance(messages, str) else self.chat_prompt(messages)
-        bos = m.piece_special(m.bos) if m.bos >= 0 else ""
-        add_bos = m.add_bos and not (bos and text.startswith(bos))  # the template may already write BOS
-        return m.tokenize(text, add_special=add_bos, parse_special=True)
+        return prompt_tokens(self.model, messages if isinstance(messages, str)
+                             else self.chat_prompt(messages, **variables))
 
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")

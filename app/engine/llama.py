@@ -413,3 +413,21 @@ def quantize(src: Path, dst: Path, ftype: str = "F32", threads: int = 0) -> None
     rc = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise _failure(f"llama.cpp could not convert {src.name} to {ftype}", "Check free disk space.")
+
+
+def builtin_chat(template: str, messages: list[dict]) -> str | None:
+    """llama.cpp's own renderer for the template families it knows (matched from the template's text), the
+    generation prompt opened; None where it does not recognise the template."""
+    keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+    chat = (ll.llama_chat_message * len(keep))(*[ll.llama_chat_message(r, c) for r, c in keep])
+    tmpl = template.encode("utf-8")
+    size = 2 * sum(len(r) + len(c) for r, c in keep) + 256
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(tmpl, chat, len(keep), True, buf, size)
+        if n < 0:
+            return None
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n
+    return None

@@ -131,7 +131,7 @@ class OpenAIServer:
             raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
                                 "app first, or leave 'model' out.", param="model", code="model_not_found")
         try:
-            ids = engine.chat_tokens(job.messages) if chat else engine.tokenize(job.prompt)
+            ids = engine.chat_tokens(job.messages, **job.template_variables) if chat else engine.tokenize(job.prompt)
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         if len(ids) >= engine.n_ctx:

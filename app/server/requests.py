@@ -33,6 +33,7 @@ class Job:
     stream: bool
     include_usage: bool
     timings_per_token: bool
+    template_variables: dict  # chat_template_kwargs (e.g. {"enable_thinking": false}), as llama-server and vLLM take
 
 
 def _number(body: dict, name: str, kind: type, default=None):
@@ -129,9 +130,15 @@ def parse(body, chat: bool, defaults: Settings, has_draft: bool) -> Job:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    variables = body.get("chat_template_kwargs") or {}
+    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "builtin", "model"}
+    if not isinstance(variables, dict) or reserved & set(variables):
+        raise ApiError(400, "'chat_template_kwargs' must be an object of template variables other than "
+                            f"{', '.join(sorted(reserved))}.", param="chat_template_kwargs")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", param="model")
     return Job(model=model or None, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
                params=params, drafter=drafter, stream=bool(body.get("stream")),
-               include_usage=bool(options.get("include_usage")), timings_per_token=bool(body.get("timings_per_token")))
+               include_usage=bool(options.get("include_usage")), timings_per_token=bool(body.get("timings_per_token")),
+               template_variables={"enable_thinking": defaults.enable_thinking, **variables})

@@ -426,6 +426,8 @@ class SpecChatUI:
                 draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
                 draft_p_min = gr.Slider(0, 1, s.draft_p_min, step=0.01, label="Draft p-min")
                 adaptive = gr.Checkbox(s.adaptive, label="Adaptive draft length (learns when drafting pays)")
+                enable_thinking = gr.Checkbox(s.enable_thinking, label="Let reasoning models think (Qwen3's "
+                                              "enable_thinking)", elem_id="enable-thinking")
                 gr.Markdown("### Sampling")
                 temperature = gr.Slider(0, 2, s.temperature, step=0.05, label="Temperature (0 = greedy)")
                 top_p = gr.Slider(0.01, 1, s.top_p, step=0.01, label="Top-p")
@@ -445,6 +447,7 @@ class SpecChatUI:
             by_name = dict(system_prompt=system, drafter=drafter, temperature=temperature, top_k=top_k,
                            top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens, draft_max=draft_max,
                            draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
+                           enable_thinking=enable_thinking,
                            show_draft_tokens=show_draft)
             values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
 
