@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..engine import Stats
 from ..paths import data_dir
 from .store import load_json
 
@@ -212,13 +213,11 @@ class Conversations:
                                                         for m in self.messages(cid)]}
 
     def export_markdown(self, cid: int) -> str:
-        from ..engine import Stats  # only to word the stats line like the chat does
-
         parts = [f"# {self.title(cid)}\n"]
         for m in self.messages(cid):
             parts.append(f"## {'You' if m['role'] == 'user' else 'Assistant'}\n\n{m['content'].strip()}\n")
             if m.get("stats"):
-                s = Stats(**{k: v for k, v in m["stats"].items() if k in Stats.__dataclass_fields__})
+                s = Stats.from_dict(m["stats"])
                 parts.append(f"*{s.n_tokens} tokens · {s.tokens_per_second:.1f} tok/s · drafter {s.drafter} · "
                              f"acceptance {s.acceptance_rate:.1%}*\n")
         return "\n".join(parts)

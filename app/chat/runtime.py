@@ -38,7 +38,7 @@ class Live:
                 self.segments.append([ev.text, ev.from_draft])
         elif isinstance(ev, (Round, Done)):
             self.stats = ev.stats
-            if ev.stats.n_tokens > 1 and ev.stats.decode_seconds > 0:
+            if ev.stats.rate_measured:
                 self.points.append((ev.stats.n_tokens, ev.stats.tokens_per_second, ev.stats.acceptance_rate))
                 if len(self.points) > MAX_POINTS:  # keep the chart light on long answers: every other point
                     self.points = self.points[::2]

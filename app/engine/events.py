@@ -38,6 +38,11 @@ class Stats:
     def mean_accepted_per_round(self) -> float:
         return self.n_accepted / self.n_rounds if self.n_rounds else 0.0
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Stats":
+        """Saved stats (perhaps from an older or newer version) back into Stats: unknown keys are ignored."""
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..models import hardware
-from ..engine import EngineError
 from ..chat.conversations import Conversations, for_model
-from ..models.loader import LoadSpec
-from ..resources import resource
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings, load_settings, save_settings
+from ..engine import EngineError, Stats
+from ..models import hardware
+from ..models.loader import LoadSpec
+from ..resources import resource
 from . import render
 from .models_tab import FILES, ModelsView, ready_pairs
 
@@ -105,7 +105,7 @@ class SpecChatUI:
         answers = [m for m in history if m.get("stats")]
         if answers:  # the panel shows the last answer's figures (its chart points are not kept)
             last = answers[-1]
-            panel = render.live_panel(render.stats_from(last["stats"]), [],
+            panel = render.live_panel(Stats.from_dict(last["stats"]), [],
                                       render.FINISH_STATE.get(last.get("finish"), "done"))
         else:
             panel = render.live_panel(None, [], "idle")
@@ -145,8 +145,10 @@ class SpecChatUI:
         return *self._open(rest[0]["id"] if rest else None, show_draft, note, undo=True), conv
 
     def undelete(self, deleted, conv, show_draft: bool, request: gr.Request):
-        if deleted is None or ((refused := self._refuse_if_busy(request, conv)) is not None):
-            return *(refused if deleted is not None else self._open(conv, show_draft)), gr.skip()
+        if deleted is None:
+            return *self._open(conv, show_draft), gr.skip()
+        if (refused := self._refuse_if_busy(request, conv)) is not None:
+            return *refused, gr.skip()
         self.store.undelete(deleted)
         return *self._open(deleted, show_draft), None
 

@@ -49,11 +49,6 @@ def answer_html(segments: list[list], show_draft: bool) -> str:
     return f'<div class="spec-tokens">{"".join(parts)}</div>'
 
 
-def stats_from(d: dict) -> Stats:
-    """Saved stats (a dict, perhaps from an older version) back into Stats."""
-    return Stats(**{k: v for k, v in d.items() if k in Stats.__dataclass_fields__})
-
-
 def _slice(segments: list[list], start: int) -> list[list]:
     """The text runs from character ``start`` on."""
     out, pos = [], 0
@@ -91,7 +86,7 @@ def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict
             continue
         out += _answer(m["content"], m.get("segments") or [[m["content"], False]], show_draft, False, m.get("finish"))
         if m.get("stats"):
-            s = stats_from(m["stats"])
+            s = Stats.from_dict(m["stats"])
             out.append({"role": "assistant", "content": stats_details(s),
                         "metadata": {"title": stats_title(s, m.get("finish")), "status": "done"}})
     if live is not None:
