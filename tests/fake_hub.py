@@ -4,7 +4,8 @@ It answers as the Hub does: ``HEAD/GET /{repo}/resolve/{rev}/{file}`` redirects 
 ``X-Linked-Etag`` (the SHA-256), ``X-Linked-Size`` and ``X-Repo-Commit``; ``GET /lfs/{sha256}`` on a second port
 (the CDN) serves bytes with HTTP Range; errors carry ``X-Error-Code`` (RepoNotFound, GatedRepo, EntryNotFound) with the Hub's status codes.
 Tests select it with ``HF_ENDPOINT``. Knobs: private/gated repos, a per-request rate limit (so a test can kill a
-download halfway), corrupting the next response of a file, and a log of every request.
+download halfway), corrupting the next response of a file, cutting or stalling the next responses of a file
+halfway through (a dropped connection, a transfer that stops moving), and a log of every request.
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class FakeHub:
     rate: int = 0  # bytes/s per response, 0 = unlimited
     corrupt_next: set[str] = field(default_factory=set)  # file names whose next body gets one flipped byte
     corrupt_always: set[str] = field(default_factory=set)  # ... and whose every body does
+    cut: dict[str, int] = field(default_factory=dict)  # file name -> how many next bodies to drop halfway
+    stall: dict[str, float] = field(default_factory=dict)  # file name -> seconds the next body halts halfway
     log: list[Request] = field(default_factory=list)
 
     def __post_init__(self):
@@ -137,15 +140,31 @@ def _handler(hub: FakeHub):
             self.end_headers()
             if not body:
                 return
+            name = next((n for n in names if hub.cut.get(n) or n in hub.stall), None)
+            halt = len(chunk) // 2 if name else None
             step = max(hub.rate // 20, 1) if hub.rate else len(chunk) or 1
             try:
                 for i in range(0, len(chunk), step):
+                    if halt is not None and i + step > halt:
+                        self.wfile.write(chunk[i:halt])
+                        req.sent += max(halt - i, 0)
+                        self.wfile.flush()
+                        return self._interrupt(name)
                     self.wfile.write(chunk[i:i + step])
                     req.sent += len(chunk[i:i + step])
                     if hub.rate:
                         threading.Event().wait(0.05)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+        def _interrupt(self, name: str):
+            """Stall (hold the connection silent) or cut (close it) in the middle of a body."""
+            if name in hub.stall:
+                threading.Event().wait(hub.stall.pop(name))
+            else:
+                hub.cut[name] -= 1
+            self.close_connection = True
+            self.connection.shutdown(2)
 
         def _error(self, status: int, code: str | None, message: str, commit: bool = False):
             self.send_response(status)

@@ -14,6 +14,7 @@ from app.chat.runtime import Runtime
 from app.chat.settings import Settings, load_settings, save_settings
 from app.chat.store import load_json, save_json
 from app.chat.streaming import Generation
+from app.ui import render
 
 
 # --- files ---------------------------------------------------------------------------------------------------
@@ -302,3 +303,13 @@ def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):
     cmp.diff_spans = None
     cmp.locate_difference(tiny_engine.detokenize)
     assert cmp.diff_spans is None
+
+
+def test_download_progress_shows_a_retry_while_it_waits():
+    from app.models.hub import Progress
+
+    waiting = Progress("big.gguf", 1, 2, 1_500_000, 3_000_000, "Connection lost: resuming in 2 s (retry 1 of 5).")
+    html = render.download_progress([waiting], "running")
+    assert 'data-done="1500000"' in html and "(50%) — Connection lost: resuming in 2 s (retry 1 of 5).</div>" in html
+    going = Progress("big.gguf", 1, 2, 1_600_000, 3_000_000)
+    assert "Connection lost" not in render.download_progress([going], "running")

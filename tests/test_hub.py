@@ -203,6 +203,67 @@ def test_a_download_that_never_matches_its_hash_is_refused(tmp_path, fake):
     assert hub.cached_path(TINY_REPO, "target-Q8_0.gguf", tmp_path) is None
 
 
+def test_a_pull_cut_mid_file_resumes_in_the_same_command(env, fake, files):
+    """Two dropped connections: the one `specchat pull` goes on with Range requests and ends verified."""
+    size, sha = len(files["big"]), hashlib.sha256(files["big"]).hexdigest()
+    fake.cut["big-Q4_K_M.gguf"] = 2
+    r = specchat(env, "pull", "big")
+    assert r.returncode == 0, r.stderr
+    gets = [q for q in fake.log if q.method == "GET" and q.path.endswith(sha)]
+    assert [q.range for q in gets] == [None, f"bytes={size // 2}-", f"bytes={size // 2 + (size - size // 2) // 2}-"]
+    assert sum(q.sent for q in gets) == size  # no byte came twice
+    assert "Connection lost: resuming in 1 s (retry 1 of 5)" in r.stderr
+    assert "resuming in 2 s (retry 2 of 5)" in r.stderr
+    assert cached(env, BIG_REPO, "big-Q4_K_M.gguf").read_bytes() == files["big"]
+    no_traffic_beyond_loopback(env)
+
+
+def test_a_stalled_transfer_is_resumed(tmp_path, fake, files, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)  # the read timeout: silence this long = stalled
+    monkeypatch.setattr(hub, "BACKOFF_S", 0.01)
+    fake.stall["big-Q4_K_M.gguf"] = 5
+    notes = []
+    [path] = hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url,
+                            on_progress=lambda p: p.note and notes.append(p.note))
+    assert path.read_bytes() == files["big"]
+    assert notes == ["Connection lost: resuming in 0.01 s (retry 1 of 5)."]
+    gets = [q for q in fake.log if q.method == "GET" and "/lfs/" in q.path]
+    assert [q.range for q in gets] == [None, f"bytes={len(files['big']) // 2}-"]
+
+
+def test_a_pull_cut_more_often_than_the_retry_budget_stops_with_the_clear_message(tmp_path, fake, files, monkeypatch):
+    monkeypatch.setattr(hub, "BACKOFF_S", 0.01)
+    fake.cut["big-Q4_K_M.gguf"] = hub.RETRIES + 1
+    with pytest.raises(hub.HubError, match=r"The connection to 127\.0\.0\.1:\d+ broke while downloading big-Q4_K_M\.gguf "
+                                           r"\(RemoteProtocolError\) at [\d,]+ of 3,145,728 bytes\. .*run the pull again: "
+                                           r"it resumes where it stopped\. \(gave up after 5 retries\)"):
+        hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url)
+    kept = hub.partial_bytes(BIG_REPO, "big-Q4_K_M.gguf", tmp_path)
+    assert len(files["big"]) // 2 <= kept < len(files["big"])  # what came is kept for the next pull
+    [path] = hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url)
+    assert path.read_bytes() == files["big"]
+
+
+def test_stop_interrupts_the_wait_between_retries(tmp_path, fake, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(hub, "BACKOFF_S", 60)
+    fake.cut["big-Q4_K_M.gguf"] = 1
+    cancel = threading.Event()
+
+    def on_progress(p):
+        if p.note:
+            cancel.set()  # the person presses Stop while we wait to retry
+
+    start = time.monotonic()
+    with pytest.raises(hub.DownloadCancelled):
+        hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url,
+                       on_progress=on_progress, cancel=cancel)
+    assert time.monotonic() - start < 10
+
+
 @pytest.mark.parametrize("repo,name,token,words", [
     ("tests/nope", "x.gguf", None, r"not found or is private \(401\).*set HF_TOKEN"),
     ("tests/private", "p.gguf", None, r"not found or is private \(401\).*set HF_TOKEN"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ..models import downloads, hub
 from ..models.catalog import get_pair
@@ -60,6 +61,8 @@ def _show(bars: dict, p: hub.Progress) -> None:
         bar = bars[p.index] = tqdm(total=p.total, initial=p.done, unit="B", unit_scale=True, unit_divisor=1024,
                                    desc=f"[{p.index}/{p.count}] {p.file}", dynamic_ncols=True)
     bar.update(p.done - bar.n)
+    if p.note:
+        bar.write(f"{p.file}: {p.note}", file=sys.stderr)
 
 
 def cmd_remove(args) -> int:

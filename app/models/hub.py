@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -36,6 +37,9 @@ from ..engine.gguf_file import shard_names
 CHUNK = 1 << 20
 DISK_MARGIN = 256 << 20  # keep this much free beyond the download itself
 PARTIALS = ".specchat-partials.json"
+RETRIES = 5  # a cut or stalled transfer is resumed this many times within one pull before we give up
+BACKOFF_S = 1.0  # wait before the first retry; doubled for each next one, at most BACKOFF_MAX_S
+BACKOFF_MAX_S = 30.0
 
 
 class HubError(EngineError):
@@ -44,6 +48,10 @@ class HubError(EngineError):
 
 class DownloadCancelled(HubError):
     pass
+
+
+class TransferCut(HubError):
+    """The connection broke or stalled mid-file: worth resuming from the bytes already on disk."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class Progress:
     count: int
     done: int  # bytes of this file on disk
     total: int
+    note: str = ""  # e.g. "connection lost, resuming in 2 s (retry 1 of 5)"
 
 
 def cache_dir() -> Path:
@@ -168,9 +177,9 @@ def pull_files(
     _check_disk(remotes, cache)
     paths = []
     for i, remote in enumerate(remotes, 1):
-        def report(done: int, r=remote, i=i) -> None:
+        def report(done: int, note: str = "", r=remote, i=i) -> None:
             if on_progress:
-                on_progress(Progress(r.name, i, len(remotes), done, r.size))
+                on_progress(Progress(r.name, i, len(remotes), done, r.size, note))
 
         _fetch_verified(remote, cache, report, cancel)
         try:  # huggingface_hub links the verified blob into snapshots/ and records the ref
@@ -218,7 +227,7 @@ def _fetch_verified(remote: RemoteFile, cache: Path, report, cancel) -> None:
         _forget(blob, cache, remote)  # damaged on disk: drop it and its snapshot links, then fetch again
     for _ in range(2):
         part = blobs / (remote.etag + ".incomplete")
-        digest = _download(remote, part, report, cancel)
+        digest = _download_resuming(remote, part, report, cancel)
         if digest == remote.etag:
             part.replace(blob)
             _note_partial(blobs, remote.name, None)
@@ -226,6 +235,26 @@ def _fetch_verified(remote: RemoteFile, cache: Path, report, cancel) -> None:
         part.unlink(missing_ok=True)  # corrupted in transit: the bytes cannot be trusted, start this file over
     raise HubError(f"{remote.name} failed its integrity check twice (its content does not match the Hub's hash "
                    f"{remote.etag[:12]}…). The file on the server or a proxy in between may be damaged.")
+
+
+def _download_resuming(remote: RemoteFile, part: Path, report, cancel) -> str:
+    """``_download``, resumed with backoff when the transfer is cut or stalls (as huggingface_hub's own downloader
+    does within one call); after RETRIES the last error stands, and the partial file waits for the next pull."""
+    for retry in range(RETRIES + 1):
+        try:
+            return _download(remote, part, report, cancel)
+        except TransferCut as exc:
+            if retry == RETRIES:
+                raise TransferCut(f"{exc} (gave up after {RETRIES} retries)") from exc
+            delay = min(BACKOFF_S * 2 ** retry, BACKOFF_MAX_S)
+            done = part.stat().st_size if part.exists() else 0
+            report(done, f"Connection lost: resuming in {delay:g} s (retry {retry + 1} of {RETRIES}).")
+            if cancel is not None:
+                if cancel.wait(delay):
+                    raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull again to resume.")
+            else:
+                time.sleep(delay)  # Ctrl-C interrupts the sleep at once
+    raise AssertionError("unreachable")
 
 
 def _download(remote: RemoteFile, part: Path, report, cancel) -> str:
@@ -257,7 +286,7 @@ def _download(remote: RemoteFile, part: Path, report, cancel) -> str:
                 if done and resp.status_code != 206:  # the server ignored Range: take the whole body
                     hasher, done, mode = _hasher(remote.etag, remote.size), 0, "wb"
                 with open(part, mode) as f:
-                    for chunk in resp.iter_bytes(CHUNK):
+                    for chunk in resp.iter_bytes():  # as it arrives: a cut loses nothing received
                         if cancel is not None and cancel.is_set():
                             raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull again to resume.")
                         f.write(chunk)
@@ -271,10 +300,14 @@ def _download(remote: RemoteFile, part: Path, report, cancel) -> str:
         raise
     except (HubError, KeyboardInterrupt):
         raise
+    except (httpx2.TransportError, ConnectionError, TimeoutError) as exc:  # cut, reset or stalled mid-file
+        raise TransferCut(f"The connection to {urlparse(remote.url).netloc} broke while downloading {remote.name} "
+                          f"({type(exc).__name__}) at {done:,} of {remote.size:,} bytes. Check the internet "
+                          "connection and run the pull again: it resumes where it stopped.") from exc
     except Exception as exc:
         raise explain(exc, remote.repo, remote.name) from exc
     if done != remote.size:
-        raise HubError(f"The download of {remote.name} ended early ({done:,} of {remote.size:,} bytes). "
+        raise TransferCut(f"The download of {remote.name} ended early ({done:,} of {remote.size:,} bytes). "
                        "Run the pull again to resume.")
     return hasher.hexdigest()
 

@@ -311,7 +311,7 @@ def download_progress(files: list, state: str, message: str = "") -> str:
         frac = p.done / p.total if p.total else 1.0
         bars.append(f'<div class="spec-dl-file" data-file="{e(p.file)}" data-done="{p.done}" data-total="{p.total}">'
                     f'<div class="spec-dl-label">[{p.index}/{p.count}] {e(p.file)} — {p.done / 1e6:,.1f} of '
-                    f'{p.total / 1e6:,.1f} MB ({frac:.0%})</div>'
+                    f'{p.total / 1e6:,.1f} MB ({frac:.0%}){" — " + e(p.note) if p.note else ""}</div>'
                     f'<div class="spec-dl-bar"><div style="width:{frac * 100:.1f}%"></div></div></div>')
     note = f'<div class="spec-dl-note">{e(message)}</div>' if message else ""
     return f'<div class="spec-download" data-state="{state}">{"".join(bars)}{note}</div>'
