@@ -43,6 +43,15 @@ def test_corrupt_header(models, tmp_path):
         Engine(ModelSettings(bad))
 
 
+def test_a_vocabulary_with_a_token_twice_is_refused_not_aborted(tmp_path):
+    from tiny_gguf import write_model
+
+    bad = write_model(tmp_path / "dup.gguf", rename={2: "<|im_end|>"})  # the vocabulary already has <|im_end|>
+    with pytest.raises(EngineError, match=r"dup.gguf has a damaged vocabulary: the token '<\|im_end\|>' appears "
+                                          "more than once"):
+        Engine(ModelSettings(bad))  # llama.cpp itself would abort the process
+
+
 def test_compatible_pair_has_no_problems(models):
     t, d = Model(models["target"], vocab_only=True), Model(models["draft"], vocab_only=True)
     assert compatibility_problems(t, d) == []

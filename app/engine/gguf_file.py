@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,9 +50,16 @@ def check_gguf_file(path: Path) -> None:
         )
     if len(head) < 8 or struct.unpack("<I", head[4:8])[0] not in (2, 3):
         raise EngineError(f"{path.name} has an unsupported or damaged GGUF header.")
-    expected = expected_size(path)
-    if expected is None:
-        raise EngineError(f"{path.name} is a damaged GGUF file: its header cannot be read. Download it again.")
+    try:
+        header = _parse(path)
+    except Exception:
+        raise EngineError(f"{path.name} is a damaged GGUF file: its header cannot be read. Download it again.") from None
+    expected = header.data_end
+    tokens = header.kv.get("tokenizer.ggml.tokens") or []
+    if len(set(tokens)) != len(tokens):  # llama.cpp aborts the whole process on such a vocabulary
+        twice = next(t for t, n in Counter(tokens).items() if n > 1)
+        raise EngineError(f"{path.name} has a damaged vocabulary: the token {twice.decode(errors='replace')!r} "
+                          "appears more than once, which llama.cpp cannot load. Download or convert the model again.")
     if size < expected:
         raise EngineError(
             f"{path.name} is truncated: {size:,} bytes on disk, {expected:,} expected. "

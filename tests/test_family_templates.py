@@ -1,0 +1,154 @@
+"""Every model family in the catalog is prompted as its makers intend: its real chat template, rendered as Hugging
+Face's ``apply_chat_template`` renders it, compared character for character with the expected text of a system
+prompt and a three-turn conversation, and tokenized with exactly the BOS its tokenizer wants.
+
+The templates are llama.cpp's copies of the ones shipped in each model's ``tokenizer.chat_template`` (the pinned
+llama-cpp-python sdist's ``vendor/llama.cpp/models/templates/``, read at test time, see tests/llama_sdist.py), put
+into tiny GGUF fixtures. Two exceptions: Qwen2.5-Coder ships Qwen2.5-Instruct's template, and llama.cpp keeps no copy
+of Gemma 3's, so GEMMA3 below is ours, written from Gemma's documented turn format (system text folded into the first
+user turn, roles user/model, trimmed turns) and checked against llama.cpp's own Gemma formatter.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import llama_sdist
+import pytest
+from tiny_gguf import write_model
+
+from app.engine import Engine, ModelSettings
+from app.engine.chat import render_chat
+from app.engine.llama import builtin_chat
+from app.models.catalog import load_catalog
+
+CHAT = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?"}]
+
+GEMMA3 = (
+    "{{ bos_token }}{% set ns = namespace(prefix='') %}{% set turns = messages %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set ns.prefix = (messages[0]['content'] | trim) + '\n\n' %}{% set turns = messages[1:] %}{% endif %}"
+    "{% for m in turns %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n'"
+    " + (ns.prefix if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+CHATML_TURNS = ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+                "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                "<|im_start|>assistant\n4.<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def llama3(today: str) -> str:
+    return ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            f"Today Date: {today}\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n4.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+R1_BOS, R1_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+
+# family: (pattern over catalog repo ids, template, BOS text, EOS text, tokenizer adds BOS, expected text(today))
+FAMILIES = {
+    "qwen2.5": (r"Qwen2\.5-(Coder-)?\d", "Qwen-Qwen2.5-7B-Instruct", "<|endoftext|>", "<|im_end|>", False,
+                lambda today: CHATML_TURNS),
+    "llama-3.1": (r"Llama-3\.1-", "meta-llama-Llama-3.1-8B-Instruct", "<|begin_of_text|>", "<|eot_id|>", True,
+                  lambda today: llama3("26 Jul 2024")),  # 3.1's template has a fixed default date
+    "llama-3.2": (r"Llama-3\.2-", "meta-llama-Llama-3.2-3B-Instruct", "<|begin_of_text|>", "<|eot_id|>", True,
+                  llama3),  # 3.2's asks strftime_now for today's
+    "deepseek-r1-distill-qwen": (
+        r"DeepSeek-R1-Distill-Qwen-", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", R1_BOS, R1_EOS, True,
+        lambda today: (f"{R1_BOS}You are terse.<｜User｜>Hi!<｜Assistant｜>Hello.{R1_EOS}<｜User｜>What is 2+2?"
+                       f"<｜Assistant｜>4.{R1_EOS}<｜User｜>And 3+3?<｜Assistant｜><think>\n")),
+    "gemma-3": (r"gemma-3-", GEMMA3, "<bos>", "<eos>", True,
+                lambda today: ("<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n"
+                               "<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?"
+                               "<end_of_turn>\n<start_of_turn>model\n4.<end_of_turn>\n<start_of_turn>user\n"
+                               "And 3+3?<end_of_turn>\n<start_of_turn>model\n")),
+    "qwen3": (r"Qwen3-\d", "Qwen-Qwen3-0.6B", "<|endoftext|>", "<|im_end|>", False, lambda today: CHATML_TURNS),
+}
+
+
+def template(family: str) -> str:
+    source = FAMILIES[family][1]
+    return source if "{" in source else llama_sdist.templates()[source]
+
+
+def family_of(repo: str) -> str | None:
+    return next((f for f, spec in FAMILIES.items() if re.search(spec[0], repo)), None)
+
+
+def render(family: str, messages=CHAT, **variables) -> str:
+    _, _, bos, eos, _, _ = FAMILIES[family]
+    variables = {"enable_thinking": True, **variables}  # the app's default, as Qwen ships it
+    return render_chat(template(family), messages, bos_token=bos, eos_token=eos, **variables)
+
+
+def test_every_catalog_model_belongs_to_a_family_tested_here():
+    repos = {src.repo for pair in load_catalog().values() for src in (pair.target, pair.draft) if src.repo}
+    assert repos and {repo: family_of(repo) for repo in repos if family_of(repo) is None} == {}
+    assert {family_of(repo) for repo in repos} == set(FAMILIES)  # and no family here is left untested
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_family_template_renders_exactly(family):
+    before = time.strftime("%d %b %Y")
+    text = render(family)
+    assert text in {FAMILIES[family][5](before), FAMILIES[family][5](time.strftime("%d %b %Y"))}  # across midnight
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_prompt_starts_with_exactly_the_bos_the_tokenizer_wants(family, tmp_path):
+    """A GGUF carrying the family's template and special tokens: one BOS where the family has one (written by the
+    template, not doubled by the tokenizer), none where it has none."""
+    _, _, bos, eos, add_bos, expected = FAMILIES[family]
+    specials = {1: bos} if eos == "<|im_end|>" else {1: bos, 2: eos}  # the tiny vocabulary has <|im_end|> already
+    path = write_model(tmp_path / f"{family}.gguf", seed=1, rename=specials, add_bos=add_bos,
+                       chat_template=template(family))
+    engine = Engine(ModelSettings(path, n_ctx=512))
+    try:
+        text = engine.chat_prompt(CHAT, enable_thinking=True)
+        assert text == render(family)
+        tokens = engine.chat_tokens(CHAT, enable_thinking=True)
+        assert tokens.count(1) == (1 if add_bos else 0)
+        assert (tokens[0] == 1) == add_bos
+    finally:
+        engine.close()
+
+
+def test_gemma3_matches_llama_cpps_own_gemma_formatter():
+    assert render("gemma-3") == "<bos>" + builtin_chat(GEMMA3, CHAT)  # llama.cpp's leaves BOS to the tokenizer
+    with pytest.raises(Exception, match="roles must alternate"):
+        render("gemma-3", CHAT[:2] + CHAT[1:2])
+
+
+def test_qwen_gives_its_default_system_prompt_when_there_is_none():
+    assert render("qwen2.5", CHAT[1:]).startswith(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi!<|im_end|>")
+    assert render("qwen3", CHAT[1:]).startswith("<|im_start|>user\nHi!<|im_end|>")  # Qwen3 has none
+
+
+THOUGHTFUL = [CHAT[0], CHAT[1], {"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nHello."},
+              CHAT[3], {"role": "assistant", "content": "<think>\nSum.\n</think>\n\n4."}, CHAT[5]]
+
+
+def test_thinking_models_drop_earlier_reasoning_and_honour_enable_thinking():
+    # Qwen3: earlier turns keep their answers only; enable_thinking=False pre-fills an empty thinking block.
+    assert render("qwen3", THOUGHTFUL) == CHATML_TURNS
+    assert render("qwen3", THOUGHTFUL, enable_thinking=False) == CHATML_TURNS + "<think>\n\n</think>\n\n"
+    # DeepSeek-R1: the answer after </think> is kept as written (its template does not strip the blank lines),
+    # and the reply opens inside the thinking block.
+    r1 = render("deepseek-r1-distill-qwen", THOUGHTFUL)
+    assert "A greeting" not in r1 and "Sum." not in r1
+    assert r1 == (f"{R1_BOS}You are terse.<｜User｜>Hi!<｜Assistant｜>\n\nHello.{R1_EOS}<｜User｜>What is 2+2?"
+                  f"<｜Assistant｜>\n\n4.{R1_EOS}<｜User｜>And 3+3?<｜Assistant｜><think>\n")
