@@ -1,4 +1,6 @@
-"""A small stand-in for the Hugging Face Hub on 127.0.0.1, speaking the endpoints huggingface_hub's downloads use.
+"""A small stand-in for the Hugging Face Hub on 127.0.0.1, speaking the endpoints huggingface_hub's downloads, model
+search (``GET /api/models?search=&filter=gguf&sort=downloads&limit=&expand=``) and file listing
+(``GET /api/models/{repo}/tree/{rev}?recursive=``) use.
 
 It answers as the Hub does: ``HEAD/GET /{repo}/resolve/{rev}/{file}`` redirects LFS files to a content URL with
 ``X-Linked-Etag`` (the SHA-256), ``X-Linked-Size`` and ``X-Repo-Commit``; ``GET /lfs/{sha256}`` on a second port
@@ -10,10 +12,11 @@ halfway through (a dropped connection, a transfer that stops moving), and a log 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -24,6 +27,9 @@ class Repo:
     private: bool = False
     gated: bool = False  # readable only with a token in ``accepted`` (people who accepted the license)
     accepted: set[str] = field(default_factory=set)
+    downloads: int = 0
+    likes: int = 0
+    gguf: dict | None = None  # the Hub's GGUF summary: architecture, total (parameters), context_length, ...
 
 
 @dataclass
@@ -89,7 +95,10 @@ def _handler(hub: FakeHub):
             h = self.headers
             req = Request(self.command, unquote(self.path), h.get("Range"), h.get("Authorization"))
             hub.log.append(req)
-            parts = req.path.lstrip("/").split("/")
+            url = urlsplit(req.path)
+            parts = url.path.lstrip("/").split("/")
+            if parts[:2] == ["api", "models"]:
+                return self._api(parts[2:], parse_qs(url.query), body)
             if parts[0] == "lfs" and len(parts) == 2:
                 return self._content(parts[1], req, body)
             if "resolve" in parts:
@@ -123,17 +132,19 @@ def _handler(hub: FakeHub):
             data = hub._blobs.get(sha)
             if data is None:
                 return self._error(404, None, "No such object")
-            start = 0
-            if req.range and req.range.startswith("bytes="):
-                start = int(req.range[6:].split("-")[0])
-            chunk = data[start:]
+            start, end = 0, len(data) - 1
+            ranged = bool(req.range and req.range.startswith("bytes="))
+            if ranged:
+                first, _, last = req.range[6:].partition("-")
+                start, end = int(first), min(int(last or end), end)
+            chunk = data[start:end + 1]
             names = {n for r in hub.repos.values() for n, d in r.files.items() if d is data}
             if body and names & (hub.corrupt_next | hub.corrupt_always) and chunk:
                 hub.corrupt_next -= names
                 chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
-            self.send_response(206 if start else 200)
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_response(206 if ranged else 200)
+            if ranged:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
             self.send_header("Content-Length", str(len(chunk)))
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("ETag", f'"{sha}"')
@@ -156,6 +167,47 @@ def _handler(hub: FakeHub):
                         threading.Event().wait(0.05)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+        def _api(self, parts: list[str], query: dict, body: bool):
+            """``/api/models`` (search) and ``/api/models/{owner}/{name}/tree/{rev}`` (file listing), in the Hub's
+            JSON shapes (see huggingface_hub's ``ModelInfo`` and ``RepoFile``)."""
+            if not parts:
+                words = (query.get("search") or [""])[0].lower()
+                wanted = set(query.get("filter", []))
+                found = [(rid, r) for rid, r in hub.repos.items() if not r.private and not r.gated
+                         and words in rid.lower()
+                         and ("gguf" not in wanted or any(n.endswith(".gguf") for n in r.files))]
+                if (query.get("sort") or [""])[0] == "downloads":
+                    found.sort(key=lambda item: -item[1].downloads)
+                found = found[:int((query.get("limit") or [1000])[0])]
+                expand = set(query.get("expand", []))
+                rows = []
+                for rid, r in found:
+                    row = {"_id": rid, "id": rid, "modelId": rid, "downloads": r.downloads, "likes": r.likes}
+                    if "gguf" in expand and r.gguf:
+                        row["gguf"] = r.gguf
+                    rows.append(row)
+                return self._json(rows, body)
+            if len(parts) >= 4 and parts[2] == "tree":
+                repo = hub.repos.get("/".join(parts[:2]))
+                if repo is None or repo.private or repo.gated:
+                    return self._error(401, "RepoNotFound", "Repository not found")
+                rows = []
+                for name, data in sorted(repo.files.items()):
+                    sha = hashlib.sha256(data).hexdigest()
+                    rows.append({"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data),
+                                 "path": name, "lfs": {"oid": sha, "size": len(data), "pointerSize": 134}})
+                return self._json(rows, body)
+            self._error(404, None, "Not found")
+
+        def _json(self, payload, body: bool):
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
 
         def _interrupt(self, name: str):
             """Stall (hold the connection silent) or cut (close it) in the middle of a body."""

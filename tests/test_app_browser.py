@@ -44,6 +44,13 @@ def fake_hub(tmp_path_factory):
     hub.add("tests/tiny", {"tiny-target-F32.gguf": write_model(d / "t.gguf", seed=1, n_embd=128).read_bytes(),
                            "tiny-draft-F32.gguf": write_model(d / "d.gguf", seed=2, base_seed=1, noise=0.1,
                                                               n_embd=128).read_bytes()})
+    small = dict(n_embd=32, n_layer=1, n_ff=64)
+    hub.add("tests/Tiny-7B-Instruct-GGUF", {"Tiny-7B-Instruct-Q8_0.gguf": write_model(
+        d / "t7.gguf", seed=1, n_embd=128, n_layer=4, n_ff=256).read_bytes()}, downloads=900)
+    hub.add("tests/Tiny-0.5B-Instruct-GGUF", {"Tiny-0.5B-Instruct-Q8_0.gguf": write_model(
+        d / "t05.gguf", seed=2, **small).read_bytes()}, downloads=500)
+    hub.add("tests/Tiny-1B-Instruct-GGUF", {"Tiny-1B-Instruct-Q8_0.gguf": write_model(
+        d / "t1.gguf", seed=3, rename={300: "▁zebra"}, **small).read_bytes()}, downloads=700)
     catalog = d / "models.toml"
     catalog.write_text((Path(__file__).parent.parent / "models.toml").read_text() + """
 [pairs.tiny]
@@ -385,6 +392,65 @@ def test_models_view_downloads_with_progress_and_offers_the_pair(page, fake_hub)
 
     # back to the starter, so the rest of the session is as it began
     p.locator("#pair input").click()
+    p.get_by_role("option", name="starter", exact=True).click()
+    p.locator("#load").click()
+    p.locator("#notice .info").get_by_text("Loaded starter").wait_for(timeout=60_000)
+
+
+def test_a_pair_found_on_the_hub_is_checked_before_the_draft_comes_down_and_chats(page):
+    """Search by typing and Enter, pick a repo and its file, download it as the target, let the app suggest drafts
+    (judged from the files' headers), take the good one, be refused the bad one, load the pair, chat."""
+    p = page.page
+    p.get_by_role("tab", name="Models").click()
+    p.locator("#hub-find").get_by_text("Any GGUF from the Hub").click()
+    p.locator("#hub-query textarea").click()
+    p.keyboard.type("tiny-")
+    p.keyboard.press("Enter")
+    p.locator("#hub-results input").click()
+    options = p.get_by_role("option")
+    options.first.wait_for(timeout=30_000)
+    assert [o.inner_text() for o in options.all()][0].startswith("tests/Tiny-7B-Instruct-GGUF — 900 downloads")
+    p.get_by_role("option", name=re.compile("Tiny-7B-Instruct")).click()
+    p.wait_for_function("document.querySelector('#hub-file textarea').value == 'Tiny-7B-Instruct-Q8_0.gguf'",
+                        timeout=30_000)
+    p.locator("#hub-fetch").click()
+    p.locator('#models-progress .spec-download[data-state="done"]').wait_for(timeout=60_000)
+
+    p.locator("#hub-suggest").click()
+    p.locator("#hub-advice table").wait_for(timeout=60_000)
+    verdicts = {r.locator("td").nth(1).inner_text(): r.get_attribute("data-ok")
+                for r in p.locator("#hub-advice tbody tr").all()}
+    assert verdicts == {"tests/Tiny-0.5B-Instruct-GGUF": "true", "tests/Tiny-1B-Instruct-GGUF": "false"}
+    assert "'▁zebra' to the draft" in p.locator("#hub-advice").inner_text()
+    page.shot("models-hub-drafts")
+
+    # the bad one, typed by hand, is refused before a byte of it comes down
+    p.locator("#hub-repo textarea").fill("tests/Tiny-1B-Instruct-GGUF")
+    p.locator("#hub-file textarea").fill("Tiny-1B-Instruct-Q8_0.gguf")
+    p.locator("#hub-role").get_by_text("draft").click()
+    p.locator("#hub-fetch").click()
+    p.locator("#models-progress .error").wait_for(timeout=60_000)
+    assert "Not downloaded: Tiny-1B-Instruct-Q8_0.gguf cannot draft for Tiny-7B-Instruct-Q8_0.gguf" in \
+        p.locator("#models-progress").inner_text()
+
+    p.locator("#hub-drafts input").click()
+    p.get_by_role("option", name=re.compile("Tiny-0.5B-Instruct")).click()
+    p.wait_for_function("document.querySelector('#hub-repo textarea').value == 'tests/Tiny-0.5B-Instruct-GGUF'",
+                        timeout=30_000)
+    p.locator("#hub-fetch").click()
+    p.locator('#models-progress .spec-download[data-state="done"]').wait_for(timeout=60_000)
+
+    p.get_by_label("Toggle Sidebar").click()
+    target = p.locator("#target-path textarea").input_value()
+    draft = p.locator("#draft-path textarea").input_value()
+    assert target.endswith("Tiny-7B-Instruct-Q8_0.gguf") and draft.endswith("Tiny-0.5B-Instruct-Q8_0.gguf")
+    p.locator("#load").click()
+    p.get_by_role("tab", name="Chat").click()
+    p.locator("#notice .info").get_by_text("Loaded").wait_for(timeout=60_000)
+    page.send("the cat")
+    assert page.wait_state(("done", "error"))["state"] == "done"
+
+    p.locator("#pair input").click()  # back to the starter, so the rest of the session is as it began
     p.get_by_role("option", name="starter", exact=True).click()
     p.locator("#load").click()
     p.locator("#notice .info").get_by_text("Loaded starter").wait_for(timeout=60_000)

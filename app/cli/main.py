@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("pair", nargs="?", help="a pair from models.toml (see specchat list)")
     pl.add_argument("--repo", help="a Hub repo id, to download one GGUF file instead of a pair")
     pl.add_argument("--file", help="the GGUF file in --repo (a split GGUF: its first shard)")
+    _hub_refs(pl, "download")
+    se = sub.add_parser("search", help="search the Hugging Face Hub for GGUF models, most downloaded first")
+    se.add_argument("query")
+    se.add_argument("--limit", type=int, default=20)
+    se.add_argument("--json", action="store_true")
+    fl = sub.add_parser("files", help="a Hub repo's GGUF models: size and quantization, split files grouped")
+    fl.add_argument("repo")
+    fl.add_argument("--json", action="store_true")
     rm = sub.add_parser("remove", help="delete a pair's downloaded files from the Hub cache")
     rm.add_argument("pair")
     ck = sub.add_parser("check", help="judge a pair from its GGUF metadata: compatibility, memory fit, offload")
@@ -96,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
     ck.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, help="draft layers on the GPU")
+    _hub_refs(ck, "judge before downloading (from the files' headers)")
     return parser
+
+
+def _hub_refs(p: argparse.ArgumentParser, what: str) -> None:
+    """llama.cpp's -hf / -hfd: models on the Hub as owner/name[:QUANT or :FILE.gguf]."""
+    p.add_argument("-hf", "--hf-repo", dest="hf", metavar="REPO[:QUANT]", help=f"target on the Hub to {what}")
+    p.add_argument("-hfd", "--hf-repo-draft", dest="hfd", metavar="REPO[:QUANT]",
+                   help=f"draft on the Hub to {what} (with -hf: checked against the target first)")
 
 
 def _serving_flags(p: argparse.ArgumentParser) -> None:
@@ -336,10 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["app"] + argv  # plain `specchat [flags]`: the chat app
     args = build_parser().parse_args(argv)
     try:
-        from .pairs import cmd_check, cmd_list, cmd_pull, cmd_remove
+        from .pairs import cmd_check, cmd_files, cmd_list, cmd_pull, cmd_remove, cmd_search
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
-                    "serve": cmd_app, "prompt": cmd_prompt, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check}
+                    "serve": cmd_app, "prompt": cmd_prompt, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check,
+                    "search": cmd_search, "files": cmd_files}
         return commands[args.command](args)
     except EngineError as exc:
         print(f"specchat: error: {exc}", file=sys.stderr)

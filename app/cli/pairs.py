@@ -31,7 +31,11 @@ def hub_note() -> str:
 
 
 def cmd_pull(args) -> int:
-    if args.repo or args.file:
+    if args.hf or args.hfd:
+        if args.pair or args.repo or args.file:
+            raise EngineError("Give a pair name, --repo and --file, or -hf / -hfd: one of them.")
+        files = [(c.repo, c.file) for c in _hub_pair(args.hf, args.hfd, refuse_mismatch=True)]
+    elif args.repo or args.file:
         if args.pair or not (args.repo and args.file):
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
         files = [(args.repo, args.file)]
@@ -77,10 +81,68 @@ def cmd_remove(args) -> int:
     return 0
 
 
+def _hub_pair(hf: str | None, hfd: str | None, refuse_mismatch: bool = False) -> list:
+    """The chosen Hub files (target, then draft); with both, the pairing advice first, from the files' headers."""
+    from ..models import discover
+
+    if not hf:
+        return [discover.choose(hfd, "draft")]
+    target = discover.choose(hf, "target")
+    if not hfd:
+        return [target]
+    draft = discover.choose(hfd, "draft")
+    advice = discover.advise(target, draft)
+    _print_choice(target, "target")
+    _print_choice(draft, "draft")
+    for line in advice.lines:
+        print(f"  {line}", file=sys.stderr if refuse_mismatch else sys.stdout)
+    if refuse_mismatch and not advice.ok:
+        raise EngineError(f"{draft.file} cannot draft for {target.file}: not downloaded. Pick a draft of the "
+                          f"target's family (`specchat check -hf {hf}` lists some).")
+    return [target, draft]
+
+
+def _print_choice(c, role: str) -> None:
+    shards = f", {len(c.shards)} files" if len(c.shards) > 1 else ""
+    print(f"{role}: {c.repo}/{c.file}  [{c.quantization or '?'}, {c.size / 1e9:.2f} GB{shards}]", file=sys.stderr)
+
+
+def cmd_search(args) -> int:
+    from ..models import discover
+
+    hits = discover.search(args.query, limit=args.limit)
+    if args.json:
+        print(json.dumps([{**h.__dict__, "family": h.family} for h in hits], indent=2))
+        return 0
+    if not hits:
+        print(f"No GGUF repos match {args.query!r}.")
+    for h in hits:
+        params = f"{h.parameters / 1e9:.1f}B params" if h.parameters else "size unknown"
+        print(f"{h.repo:60s} {h.downloads:>10,} downloads  {h.architecture or '?':10s} {params}")
+    return 0
+
+
+def cmd_files(args) -> int:
+    from ..models import discover
+
+    files = discover.list_gguf(args.repo)
+    if args.json:
+        print(json.dumps([{**c.__dict__, "shards": list(c.shards)} for c in files], indent=2))
+        return 0
+    if not files:
+        print(f"{args.repo} has no GGUF model files.")
+    for c in files:
+        shards = f"  ({len(c.shards)} files)" if len(c.shards) > 1 else ""
+        print(f"{c.quantization or '?':8s} {c.size / 1e9:8.2f} GB  {c.file}{shards}")
+    return 0
+
+
 def cmd_check(args) -> int:
     from ..models.loader import LoadSpec, resolve
     from ..models.check import check_files, describe
 
+    if args.hf or args.hfd:
+        return _check_on_hub(args.hf, args.hfd)
     if args.ctx < 0:
         raise EngineError(f"Invalid --ctx {args.ctx}: use a positive number, or 0 for the default.")
     if args.pair:
@@ -93,3 +155,30 @@ def cmd_check(args) -> int:
     report = check_files(target, draft, args.ctx, args.ngl, args.ngld)
     print("\n".join(describe(report)))
     return 0 if report.compatible and report.fit.ok else 1
+
+
+def _check_on_hub(hf: str | None, hfd: str | None) -> int:
+    """Pairing advice before downloading: the given draft, or drafts of the target's family found on the Hub,
+    each judged by llama.cpp's rule on the files' headers."""
+    from ..models import discover
+
+    if not hf:
+        raise EngineError("Give the target with -hf REPO[:QUANT] (and a draft with -hfd, or none for suggestions).")
+    if hfd:
+        target, draft = _hub_pair(hf, hfd)
+        return 0 if discover.advise(target, draft).ok else 1
+    target = discover.choose(hf, "target")
+    _print_choice(target, "target")
+    candidates = discover.drafts_for(target)
+    if not candidates:
+        print("No draft of this model's family found on the Hub; --drafter ngram speculates without one.")
+        return 1
+    print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded):")
+    good = 0
+    for hit, choice in candidates:
+        advice = discover.advise(target, choice, {hit.repo: hit})
+        good += bool(advice.ok)
+        mark = "OK " if advice.ok else "NO "
+        print(f"  {mark} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "
+              f"{hit.downloads:,} downloads — {advice.lines[-1]}")
+    return 0 if good else 1

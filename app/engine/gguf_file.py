@@ -208,6 +208,24 @@ def read_info(path: Path) -> GgufInfo:
     path = Path(path)
     check_gguf_file(path)
     kv = _parse(path).kv
+    shards = [path]
+    if int(kv.get("split.count", 1)) > 1:
+        shards = [path.with_name(n) for n in shard_names(path.name)]
+    return _info(kv, path, sum(p.stat().st_size for p in shards if p.exists()))
+
+
+def header_info(data: bytes, name: str, size_bytes: int) -> GgufInfo | None:
+    """The metadata of a GGUF whose first bytes are ``data`` (e.g. fetched with an HTTP Range request), or None
+    when they do not hold the whole header yet. ``size_bytes``: the whole model's size, as its host reports it."""
+    if data[:4] != GGUF_MAGIC:
+        raise EngineError(f"{name} is not a GGUF file (it starts with {data[:4]!r}).")
+    try:
+        return _info(_parse_bytes(data).kv, Path(name), size_bytes)
+    except (struct.error, ValueError, IndexError):
+        return None
+
+
+def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
     arch = str(kv.get("general.architecture", "?"))
 
     def num(key: str, default=0):  # a number, or a per-layer array for some models (e.g. head counts)
@@ -222,18 +240,14 @@ def read_info(path: Path) -> GgufInfo:
     v_len = int(num("attention.value_length", k_len))
     vocab_type, add_bos, add_eos = _VOCAB.get(str(kv.get("tokenizer.ggml.model", "llama")), (1, True, False))
     tokens = kv.get("tokenizer.ggml.tokens") or []
-    n_shards = int(kv.get("split.count", 1))
-    shards = [path]
-    if n_shards > 1:
-        shards = [path.with_name(n) for n in shard_names(path.name)]
     ftype = kv.get("general.file_type")
     return GgufInfo(
         path=path,
         architecture=arch,
         name=str(kv.get("general.name") or kv.get("general.basename") or path.stem),
         quantization=_ftype_name(ftype),
-        size_bytes=sum(p.stat().st_size for p in shards if p.exists()),
-        n_shards=n_shards,
+        size_bytes=size_bytes,
+        n_shards=int(kv.get("split.count", 1)),
         context_length=int(num("context_length")),
         n_layer=n_layer,
         kv_bytes_per_token=sum(h * (k_len + v_len) * 2 for h in per_layer),

@@ -490,8 +490,14 @@ class SpecChatUI:
             # Models: downloads have their own slot, so a chat can go on while a pair comes down.
             download = dict(concurrency_id="download", concurrency_limit=1, show_progress="hidden")
             m.download.click(m.pull_pair, [m.pick], [m.progress, m.table, pair], api_name="pull", **download)
-            m.fetch.click(m.pull_file, [m.repo, m.file, m.role], [m.progress, m.table, pair, target, draft],
-                          **download)
+            m.fetch.click(m.pull_file, [m.repo, m.file, m.role, m.hub_target],
+                          [m.progress, m.table, pair, target, draft, m.hub_target], **download)
+            for trigger in (m.find.click, m.query.submit):
+                trigger(m.search_hub, m.query, [m.results, m.files, m.advice])
+            m.results.input(m.pick_repo, m.results, [m.files, m.repo, m.file, m.advice])
+            m.files.input(lambda f: f or gr.skip(), m.files, m.file, queue=False)
+            m.suggest.click(m.suggest_drafts, [m.repo, m.file], [m.drafts, m.advice, m.hub_target, m.role])
+            m.drafts.input(m.pick_draft, m.drafts, [m.repo, m.file, m.role], queue=False)
             m.stop.click(m.stop_download, None, None, queue=False)
             m.remove.click(m.remove_pair, [m.pick], [m.progress, m.table, pair], queue=False)
             m.check.click(m.check_pair, [m.own_target, m.own_draft, m.own_ctx], m.report)

@@ -1,5 +1,6 @@
 """The Models tab: the catalog with what is downloaded and whether it fits, downloads with per-file progress,
-removal, one GGUF from any Hub repo, and a check of your own pair before loading it. No llama_cpp here."""
+removal, any GGUF from the Hub (search, a repo's files, drafts that suit a target, checked before they come
+down), and a check of your own pair before loading it. No llama_cpp here."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +8,7 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from ..models import downloads, hub
+from ..models import discover, downloads, hub
 from ..models.catalog import get_pair, load_catalog
 from ..engine import EngineError
 from ..models.check import check_files, describe
@@ -46,12 +47,26 @@ class ModelsView:
             self.stop = gr.Button("Stop", variant="stop", elem_id="models-stop")
             self.remove = gr.Button("Remove", elem_id="models-remove")
         self.progress = gr.HTML(elem_id="models-progress")
-        with gr.Accordion("One GGUF file from the Hub", open=False):
+        with gr.Accordion("Any GGUF from the Hub", open=False, elem_id="hub-find"):
+            with gr.Row():
+                self.query = gr.Textbox(label="Search the Hub for GGUF models (Enter)", lines=1, scale=4,
+                                        placeholder="e.g. qwen2.5 7b instruct", elem_id="hub-query")
+                self.find = gr.Button("Search", scale=1, elem_id="hub-search")
+            with gr.Row():
+                self.results = gr.Dropdown([], label="Repos, most downloaded first", interactive=True,
+                                           elem_id="hub-results")
+                self.files = gr.Dropdown([], label="Its GGUF models", interactive=True, elem_id="hub-files")
             with gr.Row():
                 self.repo = gr.Textbox(label="Repo id", placeholder="owner/name", elem_id="hub-repo")
                 self.file = gr.Textbox(label="GGUF file (a split model: its first shard)", elem_id="hub-file")
                 self.role = gr.Radio(["target", "draft"], value="target", label="Use as", elem_id="hub-role")
-            self.fetch = gr.Button("Download file", elem_id="hub-fetch")
+            with gr.Row():
+                self.fetch = gr.Button("Download file", elem_id="hub-fetch")
+                self.suggest = gr.Button("Suggest drafts for this target", elem_id="hub-suggest")
+            self.drafts = gr.Dropdown([], label="Drafts that suit it (checked from the files' headers)",
+                                      interactive=True, elem_id="hub-drafts")
+            self.advice = gr.HTML(elem_id="hub-advice")
+            self.hub_target = gr.State(None)  # (repo, file) of the target chosen on the Hub, for pairing advice
         gr.Markdown("### Your own pair\nAny two GGUF files: their metadata is read (no weights loaded) to check "
                     "that the draft shares the target's tokenizer, to estimate memory and recommend GPU offload.")
         with gr.Row():
@@ -84,19 +99,78 @@ class ModelsView:
             else:
                 yield html, self.refresh(), gr.Dropdown(choices=ready_pairs(), value=name)
 
-    def pull_file(self, repo: str, file: str, role: str, request: gr.Request) -> Iterator[tuple]:
-        """Outputs: progress, table, chat pair picker, target path, draft path."""
+    def search_hub(self, query: str) -> tuple:
+        """Outputs: results, files, advice."""
+        try:
+            hits = discover.search(query or "")
+        except EngineError as exc:
+            return gr.skip(), gr.skip(), render.notice(str(exc))
+        choices = [(f"{h.repo} — {h.downloads:,} downloads"
+                    + (f", {h.parameters / 1e9:.1f}B" if h.parameters else "")
+                    + (f", {h.architecture}" if h.architecture else ""), h.repo) for h in hits]
+        note = "" if hits else render.notice(f"No GGUF repos match {query!r}.", "info")
+        return (gr.Dropdown(choices=choices, value=None), gr.Dropdown(choices=[], value=None), note)
+
+    def pick_repo(self, repo: str) -> tuple:
+        """Outputs: files, repo, file, advice."""
+        if not repo:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        try:
+            files = discover.list_gguf(repo)
+        except EngineError as exc:
+            return gr.Dropdown(choices=[], value=None), repo, "", render.notice(str(exc))
+        choices = [(f"{c.quantization or '?'} — {render.size(c.size)} — {c.file}"
+                    + (f" ({len(c.shards)} files)" if len(c.shards) > 1 else ""), c.file) for c in files]
+        first = files[0].file if files else None
+        note = "" if files else render.notice(f"{repo} has no GGUF model files.", "info")
+        return gr.Dropdown(choices=choices, value=first), repo, first or "", note
+
+    def suggest_drafts(self, repo: str, file: str) -> tuple:
+        """Outputs: drafts, advice, hub target, role. Candidates by name, each judged by llama.cpp's rule on the
+        two files' headers (a few MB each), before anything is downloaded."""
+        repo, file = (repo or "").strip(), (file or "").strip()
+        try:
+            target = discover.choose(f"{repo}:{file}")
+            found = [(hit, c, discover.advise(target, c, {hit.repo: hit})) for hit, c in discover.drafts_for(target)]
+        except EngineError as exc:
+            return gr.skip(), render.notice(str(exc)), gr.skip(), gr.skip()
+        rows = [(a.ok, c.repo, c.quantization or c.file, c.size, hit.downloads, a.lines[-1]) for hit, c, a in found]
+        good = [(f"{c.repo} — {c.quantization or c.file}, {render.size(c.size)}", f"{c.repo}:{c.file}")
+                for _, c, a in found if a.ok]
+        return (gr.Dropdown(choices=good, value=None), render.hub_drafts(f"{repo}/{file}", rows),
+                (target.repo, target.file), "target")
+
+    def pick_draft(self, ref: str) -> tuple:
+        """Outputs: repo, file, role."""
+        if not ref:
+            return gr.skip(), gr.skip(), gr.skip()
+        repo, _, file = ref.partition(":")
+        return repo, file, "draft"
+
+    def pull_file(self, repo: str, file: str, role: str, hub_target, request: gr.Request) -> Iterator[tuple]:
+        """Outputs: progress, table, chat pair picker, target path, draft path, hub target."""
         repo, file = (repo or "").strip(), (file or "").strip()
         if not repo or not file.endswith(".gguf"):
-            yield render.notice("Give a repo id (owner/name) and a .gguf file name."), *[gr.skip()] * 4
+            yield render.notice("Give a repo id (owner/name) and a .gguf file name."), *[gr.skip()] * 5
             return
+        if role == "draft" and hub_target:  # pairing advice before the draft comes down
+            try:
+                advice = discover.advise(discover.choose(":".join(hub_target)), discover.choose(f"{repo}:{file}"))
+            except EngineError as exc:
+                yield render.notice(str(exc)), *[gr.skip()] * 5
+                return
+            if not advice.ok:
+                yield render.notice(f"Not downloaded: {file} cannot draft for {hub_target[1]}. "
+                                    + " ".join(advice.lines)), *[gr.skip()] * 5
+                return
         for html, paths in self._pull(lambda p, c: hub.pull_files([(repo, file)], on_progress=p, cancel=c), request):
             if paths is None:
-                yield html, *[gr.skip()] * 4
+                yield html, *[gr.skip()] * 5
             else:
                 path = str(paths[0])
                 yield (html, gr.skip(), gr.Dropdown(choices=ready_pairs(), value=FILES),
-                       path if role == "target" else gr.skip(), path if role == "draft" else gr.skip())
+                       path if role == "target" else gr.skip(), path if role == "draft" else gr.skip(),
+                       (repo, file) if role == "target" else gr.skip())
 
     def _pull(self, work, request) -> Iterator[tuple[str, list | None]]:
         """Run a download on a worker thread, yielding (progress HTML, None) while it runs and (HTML, paths) at

@@ -317,6 +317,23 @@ def download_progress(files: list, state: str, message: str = "") -> str:
     return f'<div class="spec-download" data-state="{state}">{"".join(bars)}{note}</div>'
 
 
+def size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 100e6 else f"{n / 1e6:.1f} MB"
+
+
+def hub_drafts(target: str, rows: list[tuple]) -> str:
+    """Drafts found on the Hub for ``target``: (ok, repo, quantization, bytes, downloads, advice) per candidate."""
+    e = html.escape
+    if not rows:
+        return notice(f"No draft of {target}'s family found on the Hub; the n-gram drafter needs none.", "info")
+    body = "".join(f'<tr data-ok="{str(ok).lower()}"><td>{"✓" if ok else "✗"}</td><td>{e(repo)}</td>'
+                   f'<td>{e(quant)}</td><td>{size(n)}</td><td>{downloads:,}</td><td>{e(line)}</td></tr>'
+                   for ok, repo, quant, n, downloads, line in rows)
+    return (f'<table class="spec-hub-drafts"><caption>Drafts for {e(target)}</caption><thead><tr><th></th>'
+            '<th>Repo</th><th>Quant</th><th>Size</th><th>Downloads</th><th>Tokenizer</th></tr></thead><tbody>'
+            + body + "</tbody></table>")
+
+
 def pair_report(lines: list[str], ok: bool) -> str:
     """app.models.check's report, one line per fact."""
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)

@@ -1,0 +1,235 @@
+"""Find GGUF models on the Hugging Face Hub and pair them: search, a repo's GGUF files, and advice on whether a
+draft suits a target before the draft is downloaded.
+
+Search and file listing go through huggingface_hub's ``HfApi`` (so ``HF_ENDPOINT``, ``HF_TOKEN`` and its errors work
+as everywhere else). The advice comes in two strengths: by name (same model family, from the repo and file names
+and the Hub's GGUF metadata), and by header: the first megabytes of both files, read with HTTP Range requests,
+judged by llama.cpp's own pair rule, exactly as the files will be judged once on disk.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from huggingface_hub import HfApi
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from ..engine.compat import compatibility_problems
+from ..engine.errors import EngineError
+from ..engine.gguf_file import GgufInfo, header_info
+from . import hub
+
+HEADER_FIRST_READ = 1 << 20  # most GGUF headers fit; a 150k-token vocabulary needs a few MB
+HEADER_MAX_READ = 64 << 20
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
+_QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|[BF]F?16|F32|MXFP4(?:_MOE)?|TQ\d_\d)(?![A-Za-z0-9])",
+                    re.IGNORECASE)
+_NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)  # vision projectors and importance matrices
+
+
+@dataclass(frozen=True)
+class RepoHit:
+    repo: str
+    downloads: int
+    likes: int
+    architecture: str  # from the Hub's GGUF metadata ("" where it has none)
+    parameters: int  # total parameters per the Hub's GGUF metadata (0: unknown)
+    context_length: int
+
+    @property
+    def family(self) -> str:
+        return family(self.repo)
+
+
+@dataclass(frozen=True)
+class GgufChoice:
+    """One model in a repo: a single .gguf, or every shard of a split one (named by its first shard)."""
+    repo: str
+    file: str
+    shards: tuple[str, ...]
+    size: int  # bytes, all shards
+    quantization: str
+
+
+@dataclass
+class Advice:
+    """Whether a draft suits a target. ``checked``: judged by llama.cpp's rule on the files' headers (else by
+    name only); ``ok`` None when nothing can be said."""
+    ok: bool | None
+    checked: bool
+    lines: list[str] = field(default_factory=list)
+
+
+def api(endpoint: str | None = None) -> HfApi:
+    return HfApi(endpoint=endpoint)
+
+
+def search(query: str, limit: int = 20, endpoint: str | None = None) -> list[RepoHit]:
+    """Repos with GGUF files matching ``query``, most downloaded first."""
+    if hub.constants.HF_HUB_OFFLINE:
+        raise hub.HubError("Cannot search the Hub: HF_HUB_OFFLINE is set. Unset it (or set it to 0) to search.")
+    try:
+        found = api(endpoint).list_models(search=query.strip() or None, filter="gguf", sort="downloads",
+                                          limit=limit, expand=["downloads", "likes", "gguf"])
+        hits = []
+        for m in found:
+            g = m.gguf or {}
+            hits.append(RepoHit(m.id, m.downloads or 0, m.likes or 0, str(g.get("architecture") or ""),
+                                int(g.get("total") or 0), int(g.get("context_length") or 0)))
+    except Exception as exc:
+        raise hub.explain(exc, "search", query, endpoint) from exc
+    return hits
+
+
+def list_gguf(repo: str, endpoint: str | None = None) -> list[GgufChoice]:
+    """The repo's GGUF models, split files grouped, smallest first; vision projectors and imatrix files left out."""
+    try:
+        entries = [e for e in api(endpoint).list_repo_tree(repo, recursive=True) if hasattr(e, "size")]
+    except Exception as exc:
+        raise hub.explain(exc, repo, "its file list", endpoint) from exc
+    groups: dict[str, list] = {}
+    for e in entries:
+        name = e.path
+        if not name.endswith(".gguf") or _NOT_A_MODEL.search(name.rsplit("/", 1)[-1]):
+            continue
+        m = _SHARD.match(name)
+        groups.setdefault(f"{m['stem']}-00001-of-{m['n']}.gguf" if m else name, []).append(e)
+    choices = []
+    for first, parts in groups.items():
+        m = _SHARD.match(first)
+        if m and len(parts) != int(m["n"]):
+            continue  # an incomplete split upload: nothing that could be loaded
+        parts.sort(key=lambda e: e.path)
+        choices.append(GgufChoice(repo, first, tuple(e.path for e in parts), sum(e.size for e in parts),
+                                  quantization(first)))
+    return sorted(choices, key=lambda c: (c.size, c.file))
+
+
+def quantization(name: str) -> str:
+    """'Qwen2.5-7B-Instruct-Q4_K_M.gguf' -> 'Q4_K_M' (upper case; '' when the name does not say)."""
+    found = _QUANT.findall(name.rsplit("/", 1)[-1].removesuffix(".gguf"))
+    return found[-1].upper() if found else ""
+
+
+def family(name: str) -> str:
+    """'bartowski/Qwen2.5-Coder-7B-Instruct-GGUF' -> 'qwen2.5-coder': the model name before its size, without the
+    uploader; '' when the name has no size in it."""
+    base = name.rsplit("/", 1)[-1]
+    base = re.sub(r"^(google|meta|mistralai|microsoft|deepseek-ai)[_-]", "", base, flags=re.IGNORECASE)
+    m = re.match(r"^(.*?)[-_ .](\d+(\.\d+)?[bBmM])(?![A-Za-z0-9])", base)
+    if not m:
+        return ""
+    return re.sub(r"^meta-llama-", "llama-", m.group(1).lower().replace("_", "-"))
+
+
+def series(fam: str) -> str:
+    """'llama-3.1' -> 'llama-3': point releases of a family usually share its tokenizer (Llama 3.2 drafts 3.1)."""
+    return re.sub(r"(\d)\.\d+$", r"\1", fam)
+
+
+def remote_info(choice: GgufChoice, endpoint: str | None = None) -> GgufInfo:
+    """The file's GGUF header, read from the Hub with Range requests (a few MB, not the model)."""
+    remote = hub.resolve(choice.repo, choice.file, endpoint)
+    headers = build_hf_headers()
+    if not remote.send_token:
+        headers.pop("authorization", None)
+    size = HEADER_FIRST_READ
+    while True:
+        data = bytearray()
+        try:
+            with get_session().stream("GET", remote.url, headers={**headers, "Range": f"bytes=0-{size - 1}"},
+                                      follow_redirects=True, timeout=hub.constants.HF_HUB_DOWNLOAD_TIMEOUT) as resp:
+                hf_raise_for_status(resp)
+                for chunk in resp.iter_bytes():  # a server that ignores Range sends it all: stop reading at size
+                    data += chunk
+                    if len(data) >= size:
+                        break
+        except Exception as exc:
+            raise hub.explain(exc, choice.repo, choice.file, endpoint) from exc
+        info = header_info(bytes(data[:size]), choice.file, choice.size)
+        if info is not None:
+            return info
+        if size >= min(HEADER_MAX_READ, remote.size):
+            raise EngineError(f"{choice.file}: its GGUF header could not be read from the first "
+                              f"{min(size, remote.size):,} bytes; the file may be damaged.")
+        size *= 4
+
+
+def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | None = None,
+           endpoint: str | None = None, read_headers: bool = True) -> Advice:
+    """Can ``draft`` draft for ``target``? By name first; with ``read_headers`` confirmed by llama.cpp's rule on
+    the two files' headers, fetched from the Hub before anything is downloaded."""
+    hits = hits or {}
+    lines = []
+    tf, df = family(target.repo) or family(target.file), family(draft.repo) or family(draft.file)
+    same_family = bool(tf) and tf == df
+    ta, da = (hits[r].architecture if r in hits else "" for r in (target.repo, draft.repo))
+    if tf and df:
+        kin = "the same" if same_family else "the same series" if series(tf) == series(df) else "different"
+        same_family = kin != "different"
+        lines.append(f"model family by name: {tf} and {df} ({kin})")
+    if ta and da and ta != da:
+        lines.append(f"architectures differ ({ta} vs {da}); a draft of another architecture can still share the "
+                     "tokenizer, the header check decides")
+    if draft.size >= target.size:
+        lines.append("the draft is not smaller than the target: drafting will not pay")
+    if not read_headers:
+        ok = same_family if tf and df else None
+        return Advice(ok, False, lines + ["not yet checked against the tokenizer: "
+                                          "download and the pair check confirms"])
+    t_info, d_info = remote_info(target, endpoint), remote_info(draft, endpoint)
+    problems = compatibility_problems(t_info, d_info)
+    if problems:
+        lines.append("NOT compatible (llama.cpp's rule on the files' headers): " + "; ".join(problems))
+    else:
+        lines.append(f"compatible: the tokenizers match by llama.cpp's rule ({t_info.n_vocab:,} and "
+                     f"{d_info.n_vocab:,} tokens, read from the files' headers)")
+    return Advice(not problems, True, lines)
+
+
+def drafts_for(target: GgufChoice, limit: int = 5, endpoint: str | None = None) -> list[tuple[RepoHit, GgufChoice]]:
+    """Candidate drafts for ``target`` by name: repos of its family's series on the Hub with files under a third of
+    the target's size, most downloaded first, each with its Q8_0 file (or the largest small one): a draft is cheap
+    to run, so keep its quality. The header check in ``advise`` has the last word."""
+    fam = series(family(target.repo) or family(target.file))
+    if not fam:
+        return []
+    out = []
+    for hit in search(fam, limit=20, endpoint=endpoint):
+        if hit.repo == target.repo or not hit.family.startswith(fam):
+            continue
+        files = [c for c in list_gguf(hit.repo, endpoint) if c.size < target.size / 3]
+        if not files:
+            continue
+        out.append((hit, pick_draft_file(files)))
+        if len(out) == limit:
+            break
+    return out
+
+
+def pick_draft_file(files: list[GgufChoice]) -> GgufChoice:
+    by_quant = {c.quantization: c for c in files}
+    return by_quant.get("Q8_0") or max(files, key=lambda c: c.size)
+
+
+def choose(ref: str, role: str = "target", endpoint: str | None = None) -> GgufChoice:
+    """``owner/name[:QUANT|:FILE.gguf]`` (llama.cpp's ``-hf`` form) -> one GGUF model of that repo. Without a tag a
+    target gets Q4_K_M (llama.cpp's default), else the smallest file; a draft Q8_0, else its largest small file."""
+    repo, _, tag = ref.partition(":")
+    if repo.count("/") != 1:
+        raise EngineError(f"{ref!r} is not a Hub repo: write owner/name, optionally :QUANT or :FILE.gguf "
+                          "(e.g. bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M).")
+    files = list_gguf(repo, endpoint)
+    if not files:
+        raise EngineError(f"{repo} has no GGUF model files (vision projectors and imatrix files do not count).")
+    if tag.endswith(".gguf"):
+        found = [c for c in files if tag in (c.file, *c.shards)]
+    else:
+        want = (tag or ("Q8_0" if role == "draft" else "Q4_K_M")).upper()
+        found = [c for c in files if c.quantization == want]
+        if not found and not tag:
+            found = [pick_draft_file(files) if role == "draft" else files[0]]
+    if not found:
+        have = ", ".join(c.quantization or c.file for c in files)
+        raise EngineError(f"{repo} has no {tag} GGUF; it has: {have}. See `specchat files {repo}`.")
+    return found[0]
