@@ -6,6 +6,9 @@ Adaptive mode decides token by token, from measurements of this generation:
 - Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
   rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits), or the
   length of the n-gram match a lookup proposal came from.
+- It starts by measuring at little risk: a short draft, then one plain step (the rate drafting must beat); a pair
+  where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
+  few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out.
 - Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts).
 - It drafts the next token only while P(this token is reached and accepted) x (the target's time for one token)
   exceeds what the token costs to draft and to verify (all measured), so rounds end just before likely
@@ -47,6 +50,7 @@ class DraftParams:
 
 
 class DraftLength:
+    MEASURE_DRAFT = 2  # tokens a measuring round drafts: two draft calls to time, at little risk
     PROBE_EVERY = 24  # rounds with speculation off between two probe drafts
     # ...when a draft model's drafts were being accepted and speculation still lost, drafting costs too much on
     # this machine: a probe would only learn that again, and the draft model must first catch up on every token
@@ -67,6 +71,9 @@ class DraftLength:
         self._fit = [0.0] * 5  # decayed sums for verify_s ~ a + b * n: S, Sn, Snn, St, Snt
         self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
         self._off_rounds = 0
+        self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
+        self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
+        self._rounds = 0
 
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
@@ -74,9 +81,15 @@ class DraftLength:
         self._reach = 1.0
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
-        if self._seen < 4 or self._t_draft is None or self._fit[0] < 2:
-            return self.p.draft_max  # measure before judging
-        k = self._best_k() if not self._measured_loss() else 0
+        if self._examined and not self._plain_rounds:
+            return 0  # one plain step: what drafting must beat, and a second batch size for the verify fit
+        measure = min(max(self.MEASURE_DRAFT, self.p.draft_min), self.p.draft_max)
+        if self._t_draft is None or self._rounds < 2:
+            return measure  # measure before judging
+        if self._examined < 4 and self._best_k(0.999) > 0:
+            return measure  # drafting could pay: learn the acceptance before drafting at length
+        k = self._best_k() if not self._measured_loss() else 0  # (a pair that cannot pay even when every token
+        # is accepted goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
             costly = self._spec[0] > 0 and self.acceptance() >= 0.9
@@ -114,7 +127,7 @@ class DraftLength:
     def _min_acceptance(self) -> float:
         """A drafted token pays when, reached and accepted, it saves a plain decoding step (the target's cost for
         one token) at the price of drafting it and of one more position in the verification batch."""
-        if self._t_draft is None or self._fit[0] < 2:
+        if self._t_draft is None or self._rounds < 2:
             return 0.5
         return min(max((self._t_draft + self._slope()) / self._verify_time(1), 0.05), 0.98)
 
@@ -123,8 +136,8 @@ class DraftLength:
         rounds, tokens, seconds = self._spec
         return rounds >= 6 and tokens / seconds < 1.0 / self._verify_time(1)
 
-    def _best_k(self) -> int:
-        a = min(self.acceptance(), 0.999)
+    def _best_k(self, acceptance: float | None = None) -> int:
+        a = min(self.acceptance() if acceptance is None else acceptance, 0.999)
         best_k, best_rate = 0, 1.0 / self._verify_time(1)
         for k in range(max(1, self.p.draft_min), self.p.draft_max + 1):
             tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
@@ -146,6 +159,7 @@ class DraftLength:
             examined = n_accepted + (1 if n_accepted < n_drafted else 0)
             self._succ = d * self._succ + n_accepted
             self._seen = d * self._seen + examined
+            self._examined += examined
         if n_drafted or n_evals:
             # A drafted token costs one draft-model call (model-free drafters: their time per token)
             per_token = draft_s / (n_evals or n_drafted)
@@ -153,6 +167,8 @@ class DraftLength:
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
+        self._rounds += 1
+        self._plain_rounds += not (n_drafted or n_evals)
         n = n_drafted + 1
         f = self._fit
         self._fit = [d * f[0] + 1, d * f[1] + n, d * f[2] + n * n, d * f[3] + verify_s, d * f[4] + n * verify_s]
