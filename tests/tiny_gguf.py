@@ -1,4 +1,5 @@
-"""Write tiny but real llama-architecture GGUF models (random weights) that llama.cpp loads in milliseconds.
+"""Write tiny but real llama-architecture GGUF models (random weights) that llama.cpp loads in milliseconds; or
+gemma3-architecture ones (``sliding_window``: llama.cpp's SWA cache, as Gemma 3 uses it).
 
 The vocabulary is SentencePiece-style: <unk> <s> </s>, 256 byte tokens (so any text tokenizes via byte
 fallback), then word pieces. Options make variants that differ in exactly one way llama.cpp's pair rule checks.
@@ -48,6 +49,7 @@ def write_model(
     logit_scale: float = 4.0,
     split_max_tensors: int = 0,
     chat_template: str = CHATML,
+    sliding_window: int = 0,
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
     a perturbed copy of a target (partial acceptance, exercising both accept and reject paths).
@@ -55,7 +57,12 @@ def write_model(
     gguf-split does; returns the first shard."""
     toks = vocab(extra_words, rename)
     n_vocab = len(toks)
-    w = GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    gemma = sliding_window > 0
+    w = GGUFWriter(str(path), "gemma3" if gemma else "llama", split_max_tensors=split_max_tensors)
+    if gemma:
+        w.add_sliding_window(sliding_window)
+        w.add_key_length(n_embd // n_head)
+        w.add_value_length(n_embd // n_head)
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
@@ -95,6 +102,10 @@ def write_model(
         w.add_tensor(p + "attn_k.weight", t(n_embd, n_embd))
         w.add_tensor(p + "attn_v.weight", t(n_embd, n_embd))
         w.add_tensor(p + "attn_output.weight", t(n_embd, n_embd))
+        if gemma:  # Gemma's extra norms: on q and k per head, and after attention and after the feed-forward
+            for name, size in (("attn_q_norm", n_embd // n_head), ("attn_k_norm", n_embd // n_head),
+                               ("post_attention_norm", n_embd), ("post_ffw_norm", n_embd)):
+                w.add_tensor(p + name + ".weight", np.ones(size, dtype=np.float32))
         w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(p + "ffn_gate.weight", t(n_ff, n_embd))
         w.add_tensor(p + "ffn_up.weight", t(n_ff, n_embd))

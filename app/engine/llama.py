@@ -256,6 +256,12 @@ class Context:
         params.n_threads_batch = n_threads
         params.n_outputs_max = n_outputs_max
         params.no_perf = True
+        # Sliding-window layers (Gemma 3) keep the whole context, not just the window plus a batch: a smaller SWA
+        # cache is a ring whose order our rollbacks and edited turns scramble, so llama-server's test (the oldest
+        # position held reaches back a window) can pass while a position the next token attends to is gone, and
+        # greedy output drift after an edited turn (seen with the tiny Gemma 3 pair of tests/test_sliding_window.py:
+        # with the smaller cache the edited turn's answer changed at its sixth token although that test passed).
+        params.swa_full = True
         # Flash attention's CPU kernel splits the KV range differently for 1 and for n queries, so batched
         # verification would round differently from one-token decoding; plain attention is batch-invariant.
         params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
