@@ -3,45 +3,22 @@ HTTP for what a broken client sends), plus the queue and the no-pair case in-pro
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import openai
 import pytest
+from servers import free_port, specchat_serve
 
 KEY = "sk-test-specchat"
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(specchat_home):
-    port = _free_port()
-    env = dict(os.environ, SPECCHAT_HOME=str(specchat_home), SPECCHAT_API_KEY=KEY, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--pair", "starter", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and (line := proc.stdout.readline()):
-        lines.append(line)
-        if "running at" in line:
-            break
-    assert any(f"http://127.0.0.1:{port}/v1" in ln for ln in lines), "".join(lines)
-    yield f"http://127.0.0.1:{port}/v1"
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, "".join(lines) + out
+    with specchat_serve(specchat_home, KEY) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +172,7 @@ def tiny_server(models):
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
     api = OpenAIServer(rt, max_waiting=1)
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(api.app(), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

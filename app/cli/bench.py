@@ -116,7 +116,8 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
     drafted = sum(d.stats.n_drafted for d in on)
     accepted = sum(d.stats.n_accepted for d in on)
     rounds = sum(d.stats.n_rounds for d in on)
-    diffs = [_first_difference(a.token_ids, b.token_ids) for a in off for b in on]
+    # Identity on token ids; on the text where a server reports no ids.
+    diffs = [_first_difference(a.token_ids or a.text, b.token_ids or b.text) for a in off for b in on]
     first_diff = next((d for d in diffs if d is not None), None)
     return {
         "category": p["category"],
@@ -134,6 +135,18 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
         "_counts": [drafted, accepted, rounds],
         "_split": [sum(d.stats.draft_seconds for d in on), sum(d.stats.verify_seconds for d in on)],
     }
+
+
+def remote_report(rows: list[tuple], max_tokens: int, repeats: int, where: dict) -> dict:
+    """The report of a bench against servers: (prompt, off runs, on runs) per prompt. No costs or ceiling (the
+    server's internals are not timed from here); rounds are not reported by servers."""
+    table = [_row(p, off, on) for p, off, on in rows]
+    by_cat = defaultdict(list)
+    for row in table:
+        by_cat[row["category"]].append(row)
+    return {"drafter": "server", "server": where, "draft": None, "max_tokens": max_tokens, "repeats": repeats,
+            "prompts": table, "categories": {c: _aggregate(rs) for c, rs in by_cat.items()},
+            "overall": _aggregate(table), "costs": None, "ceiling": None}
 
 
 def _aggregate(rows: list[dict]) -> dict:
@@ -165,13 +178,19 @@ def _aggregate(rows: list[dict]) -> dict:
 
 def print_report(report: dict) -> None:
     d = report["draft"]
-    print(f"drafter {report['drafter']}, draft-max {d['draft_max']}, draft-min {d['draft_min']}, "
-          f"draft-p-min {d['draft_p_min']}, adaptive {d['adaptive']}, {report['max_tokens']} new tokens, greedy")
+    if d:
+        print(f"drafter {report['drafter']}, draft-max {d['draft_max']}, draft-min {d['draft_min']}, "
+              f"draft-p-min {d['draft_p_min']}, adaptive {d['adaptive']}, {report['max_tokens']} new tokens, greedy")
+    else:
+        w = report["server"]
+        print(f"server {w['on']} (model {w['model']}), speculation off: {w['off']}; {report['max_tokens']} new "
+              "tokens, greedy; acceptance from the server's figures, tokens/s measured here, identity on the text")
     header = f"{'':28} {'tok/s off':>9} {'tok/s on':>9} {'speedup':>8} {'accept':>7} {'acc/rnd':>7}  identical"
     print(header)
     line = "{:28.28} {:9.1f} {:9.1f} {:7.2f}x {:7.1%} {:7.2f}  {}"
     for r in report["prompts"]:
-        ident = "yes" if r["identical"] else f"NO (token {r['first_difference_at']})"
+        unit = "character" if report["drafter"] == "server" else "token"
+        ident = "yes" if r["identical"] else f"NO ({unit} {r['first_difference_at']})"
         print(line.format(r["category"] + ": " + r["prompt"], r["tps_off"], r["tps_on"], r["speedup"],
                           r["acceptance"], r["mean_accepted_per_round"], ident))
     print("per category:")
@@ -180,6 +199,9 @@ def print_report(report: dict) -> None:
                           c["mean_accepted_per_round"], "yes" if c["all_identical"] else "NO")
               + f"   min speedup {c['min_speedup']:.2f}x")
     o = report["overall"]
+    if not report["costs"]:
+        print(f"time per token: off {o['ms_per_token_off']:.1f} ms; on {o['ms_per_token_on']:.1f} ms")
+        return
     print(f"time per token: off {o['ms_per_token_off']:.1f} ms; on {o['ms_per_token_on']:.1f} ms "
           f"(drafting {o['draft_ms_per_token']:.1f}, verifying {o['verify_ms_per_token']:.1f})")
     verify, draft = report["costs"]["verify_ms"], report["costs"].get("draft_ms")

@@ -37,12 +37,22 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
 
 
+def _remote_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    r = p.add_argument_group("a server instead (llama-server, specchat serve: it runs the models and speculates)")
+    r.add_argument("--server", metavar="URL", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
+    r.add_argument("--api-key", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
+                   help="the server's API key (default: $SPECCHAT_SERVER_API_KEY)")
+    r.add_argument("--model", help="the server's model id (default: the first it lists)")
+    return r
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specchat", description="Local chat with speculative decoding on llama.cpp.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text for one prompt and report speculation stats")
     _model_flags(g)
+    _remote_flags(g)
     g.add_argument("--prompt", "-p", help="prompt text")
     g.add_argument("--prompt-file", "-f", type=Path, help="read the prompt from a file")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template (prompt = one user turn)")
@@ -53,10 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="speculation off vs on over a JSONL file of prompts (greedy)")
     _model_flags(b)
+    remote = _remote_flags(b)
     b.add_argument("--prompts", type=Path, required=True, help="JSONL: {\"prompt\": ..., \"category\": ...} per line")
     b.add_argument("--max-tokens", "-n", type=int, default=128)
     b.add_argument("--repeats", type=int, default=1, help="runs of each prompt per mode (interleaved)")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
+    remote.add_argument("--server-off", metavar="URL", help="with --server: the same model served without a draft, for "
+                   "the speculation-off side (for servers that cannot turn it off per request, like llama-server)")
 
     c = sub.add_parser("chat", help="chat in the terminal")
     _model_flags(c)
@@ -198,6 +211,10 @@ def cmd_generate(args) -> int:
         prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text(encoding="utf-8")
     except OSError as exc:
         raise EngineError(f"Cannot read the prompt file: {exc}") from exc
+    if args.server:
+        from .remote import generate_remote
+
+        return generate_remote(args, prompt)
     if args.system and not args.chat:
         raise EngineError("--system only applies with --chat.")
     engine, drafter, dp = build_engine(args)
@@ -239,6 +256,10 @@ def cmd_bench(args) -> int:
     prompts = load_prompts(args.prompts)
     if args.max_tokens < 1 or args.repeats < 1:
         raise EngineError("--max-tokens and --repeats must be at least 1.")
+    if args.server or args.server_off:
+        from .remote import bench_remote
+
+        return bench_remote(args, prompts)
     engine, drafter, dp = build_engine(args)
     if drafter == "none":
         raise EngineError("bench compares speculation on and off: choose --drafter model or ngram.")

@@ -19,6 +19,11 @@ class Stats:
     decode_seconds: float = 0.0  # from the first token to the last
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # A generation run by another server: the fields it does not report (shown as such, never as zeros), its own
+    # tokens/s figure beside ours, and why its stream ended early if it did.
+    unreported: tuple[str, ...] = ()
+    server_tokens_per_second: float | None = None
+    error: str = ""
 
     @property
     def acceptance_rate(self) -> float:
@@ -41,7 +46,14 @@ class Stats:
     @classmethod
     def from_dict(cls, d: dict) -> "Stats":
         """Saved stats (perhaps from an older or newer version) back into Stats: unknown keys are ignored."""
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and v is not None}  # None: unreported
+        if "unreported" in known:
+            known["unreported"] = tuple(known["unreported"])
+        return cls(**known)
+
+    def reported(self, name: str) -> bool:
+        derived = {"acceptance_rate": "n_drafted", "mean_accepted_per_round": "n_rounds"}
+        return name not in self.unreported and derived.get(name, name) not in self.unreported
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -50,7 +62,8 @@ class Stats:
             tokens_per_second=self.tokens_per_second,
             mean_accepted_per_round=self.mean_accepted_per_round,
         )
-        return d
+        d["unreported"] = list(self.unreported)
+        return {k: (v if self.reported(k) else None) for k, v in d.items()}
 
 
 @dataclass

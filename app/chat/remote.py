@@ -1,0 +1,193 @@
+"""Chat with a model served elsewhere: an OpenAI-compatible server that does its own speculation (llama.cpp's
+llama-server with ``-md``, SpecChat's ``specchat serve``) streams the answer, and this module turns the stream into
+the engine's events, so the CLI and bench consume it like a local generation.
+
+The speculation figures are the server's own, per request: llama-server's ``timings`` (``draft_n``,
+``draft_n_accepted``, ``predicted_n``, ``predicted_per_second``, ``prompt_n``, ``prompt_ms``, ``cache_n``), live with
+``timings_per_token``. Tokens/s and time to first token are also measured here, from the stream. What a server does
+not report (per-token draft provenance, per-round timing, token ids; draft counts when it reports none) is listed in
+``Stats.unreported`` and shown as "not reported", never as a zero.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import httpx
+
+from ..engine import Done, EngineError, GenerationParams, Round, Stats, TextDelta
+
+NEVER_REPORTED = ("token_ids", "draft_flags", "n_rounds", "draft_seconds", "verify_seconds")
+DRAFT_FIELDS = ("n_drafted", "n_accepted")
+
+
+class RemoteError(EngineError):
+    """The server could not be used; worded for the person who pointed SpecChat at it."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    url: str  # base URL, with or without /v1
+    api_key: str | None = None
+    model: str | None = None  # the server's model id; None: the first it lists
+
+
+class RemoteServer:
+    """One OpenAI-compatible server. Requests are made one at a time, like the local engine's."""
+
+    def __init__(self, spec: ServerSpec, timeout: float = 600.0):
+        base = spec.url.strip().rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            raise RemoteError(f"{spec.url!r} is not a server URL: write http://host:port (e.g. http://127.0.0.1:8080).")
+        self.base = base.removesuffix("/v1")
+        self.spec = spec
+        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+        self._model = spec.model
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- what is there ---------------------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        data = self._get_json("/v1/models")
+        ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+        if not ids:
+            raise RemoteError(f"{self.base} lists no models at /v1/models.")
+        return ids
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = self.models()[0]
+        return self._model
+
+    def _get_json(self, path: str) -> dict:
+        try:
+            resp = self._http.get(self.base + path)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        self._raise_for(resp)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise RemoteError(f"{self.base}{path} did not answer JSON: is this an OpenAI-compatible server?") from exc
+
+    def _unreachable(self, exc: Exception) -> RemoteError:
+        return RemoteError(f"Cannot reach {self.base} ({type(exc).__name__}): is the server running, and is the "
+                           "URL right?")
+
+    def _raise_for(self, resp: httpx.Response) -> None:
+        if resp.status_code < 400:
+            return
+        try:
+            resp.read()
+            err = resp.json().get("error", {})
+            message = err.get("message") if isinstance(err, dict) else str(err)
+        except (ValueError, AttributeError, httpx.HTTPError):
+            message = resp.text[:200] if resp.is_stream_consumed else ""
+        if resp.status_code == 401:
+            raise RemoteError(f"{self.base} refused the API key (401){': ' + message if message else ''}. Give the "
+                              "server's key with --api-key.")
+        if resp.status_code == 404 and "model" in (message or "").lower():
+            raise RemoteError(f"{self.base} has no model {self._model!r} (404): {message}. Its models: "
+                              f"{', '.join(self.models())}.")
+        raise RemoteError(f"{self.base} answered {resp.status_code}{': ' + message if message else ''}.")
+
+    # --- generation ------------------------------------------------------------------------------------------
+    def generate(self, messages: list[dict], params: GenerationParams, speculate: bool = True,
+                 cancel: threading.Event | None = None) -> Iterator[TextDelta | Round | Done]:
+        """Stream one chat answer as events. ``speculate=False`` asks for speculation off in the request
+        (``speculative.n_max: 0``); whether the server honoured it shows in its ``draft_n``."""
+        sp = params.sampling
+        body = {
+            "model": self.model, "messages": messages, "stream": True, "max_tokens": params.max_tokens,
+            "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k, "min_p": sp.min_p,
+            "stream_options": {"include_usage": True}, "timings_per_token": True,
+        }
+        if sp.seed >= 0:
+            body["seed"] = sp.seed
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if not speculate:
+            body["speculative"] = {"n_max": 0}
+        stats = Stats(drafter="server", unreported=NEVER_REPORTED + DRAFT_FIELDS)
+        text, finish = [], None
+        t_start = time.perf_counter()
+        t_first = None
+        try:
+            with self._http.stream("POST", self.base + "/v1/chat/completions", json=body) as resp:
+                self._raise_for(resp)
+                for chunk in _sse(resp):
+                    if cancel is not None and cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    now = time.perf_counter()
+                    choice = (chunk.get("choices") or [{}])[0]
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    finish = choice.get("finish_reason") or finish
+                    if piece:
+                        if t_first is None:
+                            t_first = now
+                            stats.time_to_first_token_s = now - t_start
+                        text.append(piece)
+                        stats.n_tokens += 1  # a chunk per token until the server's own count arrives
+                        stats.decode_seconds = now - t_first
+                    before = (stats.n_drafted, stats.n_accepted)
+                    _take_figures(stats, chunk)
+                    if piece:
+                        yield TextDelta(piece, [], False)
+                    if chunk.get("timings"):
+                        yield Round(stats.n_drafted - before[0], stats.n_accepted - before[1], 0.0, 0.0,
+                                    replace(stats))
+        except httpx.HTTPError as exc:
+            if not text:
+                raise self._unreachable(exc) from exc
+            finish = "error"  # the stream stopped mid-answer: the partial answer is kept
+            stats.error = f"the stream from {self.base} stopped mid-answer ({type(exc).__name__})"
+        if finish is None:
+            finish, stats.error = "error", f"the stream from {self.base} ended without finishing the answer"
+        yield Done(finish, "".join(text), [], stats, [])
+
+
+def _sse(resp: httpx.Response) -> Iterator[dict]:
+    """The JSON objects of a server-sent-events stream, up to ``data: [DONE]``."""
+    for line in resp.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(chunk, dict):
+            if "error" in chunk:
+                err = chunk["error"]
+                raise RemoteError(f"The server stopped with an error: "
+                                  f"{err.get('message') if isinstance(err, dict) else err}")
+            yield chunk
+
+
+def _take_figures(stats: Stats, chunk: dict) -> None:
+    """Fold llama-server's ``timings`` and OpenAI's ``usage`` into ``stats`` (counts are the server's)."""
+    t = chunk.get("timings") or {}
+    if "predicted_n" in t:
+        stats.n_tokens = int(t["predicted_n"])
+    if t.get("predicted_per_second") is not None:
+        stats.server_tokens_per_second = float(t["predicted_per_second"])
+    if "prompt_n" in t:
+        stats.prompt_tokens = int(t["prompt_n"])
+    if "cache_n" in t:
+        stats.prompt_cached = int(t["cache_n"])
+    if "draft_n" in t:
+        stats.n_drafted = int(t["draft_n"])
+        stats.n_accepted = int(t.get("draft_n_accepted", 0))
+        stats.unreported = tuple(f for f in stats.unreported if f not in DRAFT_FIELDS)
+    usage = chunk.get("usage") or {}
+    if usage.get("completion_tokens") is not None and "predicted_n" not in t:
+        stats.n_tokens = int(usage["completion_tokens"])

@@ -1,0 +1,85 @@
+"""llama.cpp's own ``llama-server``, built from the llama.cpp vendored in the pinned llama-cpp-python sdist (see
+tests/llama_sdist.py), so the remote-server tests drive the real thing with the same llama.cpp SpecChat runs.
+
+Built once into ``tests/.cache/llama-server-<version>/`` (a few minutes on two cores) and reused while the sdist
+is the same; no network: the web UI is left out (``LLAMA_USE_PREBUILT_UI=OFF``), so is HTTPS. ``GGML_LLAMAFILE=OFF``
+as for SpecChat's own build: batch-invariant kernels, so greedy output with and without a draft is identical.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import llama_sdist
+from servers import free_port
+
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
+               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
+               "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_LLAMAFILE=OFF",
+               "-DBUILD_SHARED_LIBS=OFF"]
+
+
+def binary() -> Path:
+    """The built llama-server, building it first if this sdist's build is not cached."""
+    sdist = llama_sdist.path()
+    home = llama_sdist.CACHE / sdist.name.removesuffix(".tar.gz").replace("llama_cpp_python", "llama-server")
+    exe = home / "build" / "bin" / "llama-server"
+    if exe.is_file():
+        return exe
+    src = home / "llama.cpp"
+    if not (src / "CMakeLists.txt").is_file():
+        shutil.rmtree(home, ignore_errors=True)
+        with tarfile.open(sdist) as tar:
+            top = tar.getnames()[0].split("/")[0]
+            prefix = f"{top}/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            tar.extractall(src, members=[m for m in members if m.name], filter="data")
+    build = home / "build"
+    log = home / "build.log"
+    with open(log, "w") as out:
+        for cmd in (["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
+                    ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)]):
+            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
+                raise RuntimeError(f"building llama-server failed: see {log}")
+    return exe
+
+
+@contextmanager
+def llama_server(model: Path, draft: Path | None = None, *extra: str) -> Iterator[str]:
+    """llama-server on 127.0.0.1 with ``model`` (and ``draft`` as -md, draft-simple speculation); yields its URL."""
+    port = free_port()
+    cmd = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
+           "-t", str(os.cpu_count() or 2), "--no-webui", *extra]
+    if draft:
+        cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("llama-server exited:\n" + proc.stdout.read())
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        else:
+            raise RuntimeError("llama-server did not become healthy in 120 s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
