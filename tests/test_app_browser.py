@@ -410,11 +410,14 @@ def test_a_pair_found_on_the_hub_is_checked_before_the_draft_comes_down_and_chat
     options = p.get_by_role("option")
     options.first.wait_for(timeout=30_000)
     assert [o.inner_text() for o in options.all()][0].startswith("tests/Tiny-7B-Instruct-GGUF — 900 downloads")
-    p.get_by_role("option", name=re.compile("Tiny-7B-Instruct")).click()
-    p.wait_for_function("document.querySelector('#hub-file textarea').value == 'Tiny-7B-Instruct-Q8_0.gguf'",
-                        timeout=30_000)
-    p.locator("#hub-fetch").click()
-    p.locator('#models-progress .spec-download[data-state="done"]').wait_for(timeout=60_000)
+
+    def pick_and_download(option: str, field: str, value: str) -> None:
+        p.get_by_role("option", name=re.compile(option)).click()
+        p.wait_for_function(f"document.querySelector('#{field} textarea').value == '{value}'", timeout=30_000)
+        p.locator("#hub-fetch").click()
+        p.locator('#models-progress .spec-download[data-state="done"]').wait_for(timeout=60_000)
+
+    pick_and_download("Tiny-7B-Instruct", "hub-file", "Tiny-7B-Instruct-Q8_0.gguf")
 
     p.locator("#hub-suggest").click()
     p.locator("#hub-advice table").wait_for(timeout=60_000)
@@ -434,11 +437,7 @@ def test_a_pair_found_on_the_hub_is_checked_before_the_draft_comes_down_and_chat
         p.locator("#models-progress").inner_text()
 
     p.locator("#hub-drafts input").click()
-    p.get_by_role("option", name=re.compile("Tiny-0.5B-Instruct")).click()
-    p.wait_for_function("document.querySelector('#hub-repo textarea').value == 'tests/Tiny-0.5B-Instruct-GGUF'",
-                        timeout=30_000)
-    p.locator("#hub-fetch").click()
-    p.locator('#models-progress .spec-download[data-state="done"]').wait_for(timeout=60_000)
+    pick_and_download("Tiny-0.5B-Instruct", "hub-repo", "tests/Tiny-0.5B-Instruct-GGUF")
 
     p.get_by_label("Toggle Sidebar").click()
     target = p.locator("#target-path textarea").input_value()
