@@ -45,6 +45,7 @@ def test_generate_against_a_server_reports_the_fields_of_a_local_run(served):
     assert out["n_drafted"] > 0 and 0 < out["acceptance_rate"] <= 1 and out["n_accepted"] <= out["n_drafted"]
     assert out["tokens_per_second"] > 0 and out["server_tokens_per_second"] > 0  # ours, from the stream; theirs
     assert out["n_tokens"] <= 48 and out["time_to_first_token_s"] > 0 and out["model"] == "starter"
+    assert out["engine"] == "specchat"  # from the owner /v1/models names
 
     off = json.loads(generate(served, "--drafter", "none").stdout)  # speculative.n_max 0: honoured by our server
     assert off["n_drafted"] == 0 and off["text"] == out["text"]  # greedy: the same answer
@@ -144,5 +145,5 @@ def test_a_cut_stream_keeps_the_partial_answer_and_a_plain_server_reports_no_dra
     assert r.returncode == 0, r.stderr
     assert "drafting not reported by this server" in r.stdout
     out = json.loads(specchat("generate", "--server", url, "--prompt", "Colours?", "--json").stdout)
-    assert out["text"] == "Red, green, blue" and out["n_tokens"] == 3
+    assert out["text"] == "Red, green, blue" and out["n_tokens"] == 3 and out["engine"] == "OpenAI-compatible"
     assert out["n_drafted"] is None and out["acceptance_rate"] is None and "n_drafted" in out["unreported"]

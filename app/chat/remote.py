@@ -59,6 +59,24 @@ class RemoteServer:
             raise RemoteError(f"{self.base} lists no models at /v1/models.")
         return ids
 
+    def identify(self) -> str:
+        """Which engine serves: llama.cpp's llama-server (its /props carries build_info), vLLM (/version), or the
+        owner /v1/models names (specchat, sglang, ...); "OpenAI-compatible" when nothing tells."""
+        def probe(path: str) -> dict:
+            try:
+                resp = self._http.get(self.base + path, timeout=5.0)
+                return resp.json() if resp.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                return {}
+
+        if "build_info" in probe("/props"):
+            return "llama.cpp llama-server"
+        if "version" in (version := probe("/version")):
+            return f"vLLM {version['version']}"
+        owners = {m.get("owned_by") for m in probe("/v1/models").get("data", []) if isinstance(m, dict)}
+        owner = next((o for o in owners if o and o not in ("openai", "system")), None)
+        return owner or "OpenAI-compatible"
+
     @property
     def model(self) -> str:
         if self._model is None:

@@ -183,7 +183,8 @@ def print_report(report: dict) -> None:
               f"draft-p-min {d['draft_p_min']}, adaptive {d['adaptive']}, {report['max_tokens']} new tokens, greedy")
     else:
         w = report["server"]
-        print(f"server {w['on']} (model {w['model']}), speculation off: {w['off']}; {report['max_tokens']} new "
+        print(f"server {w['on']} ({w['engine']}, model {w['model']}), speculation off: {w['off']}; "
+              f"{report['max_tokens']} new "
               "tokens, greedy; acceptance from the server's figures, tokens/s measured here, identity on the text")
     header = f"{'':28} {'tok/s off':>9} {'tok/s on':>9} {'speedup':>8} {'accept':>7} {'acc/rnd':>7}  identical"
     print(header)

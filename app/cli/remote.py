@@ -49,6 +49,7 @@ def generate_remote(args, prompt: str) -> int:
     """One prompt as one user turn (the server applies its chat template); --drafter none asks for no drafting."""
     server = _server(args)
     try:
+        engine = server.identify()
         done = _answer(server, _messages(args, prompt), _params(args), args.drafter != "none",
                        None if args.json else sys.stdout)
     finally:
@@ -58,8 +59,8 @@ def generate_remote(args, prompt: str) -> int:
     row = {"text": done.text, "finish_reason": done.finish_reason, "drafter": f"server ({server.model})",
            "token_ids": None, "draft_flags": None, "batch_invariant": None}
     row.update({k: figures.get(k) for k in JSON_FIELDS if k not in row})
-    row.update(server=server.base, model=server.model, server_tokens_per_second=s.server_tokens_per_second,
-               unreported=list(s.unreported), error=s.error or None)
+    row.update(server=server.base, engine=engine, model=server.model, unreported=list(s.unreported),
+               server_tokens_per_second=s.server_tokens_per_second, error=s.error or None)
     if args.json:
         print(json.dumps(row))
     else:
@@ -114,7 +115,7 @@ def bench_remote(args, prompts: list[dict]) -> int:
                       f"{row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, identical {row['identical']}",
                       file=sys.stderr)
         where = {"on": on.base, "off": off.base if off is not on else f"{on.base} (speculative.n_max 0)",
-                 "model": on.model}
+                 "model": on.model, "engine": on.identify()}
         report = remote_report(rows, args.max_tokens, args.repeats, where)
     finally:
         on.close()
