@@ -57,6 +57,14 @@ def test_streamed_text_then_a_summary(served):
     assert "tok/s measured here, server says" in r.stdout and "acceptance" in r.stdout
 
 
+def test_terminal_chat_with_a_server_answers_each_turn_with_its_figures(served):
+    r = subprocess.run([sys.executable, "-m", "app", "chat", "--server", served, "--api-key", KEY, "-n", "12"],
+                       input="My name is Ada.\nWhat is my name?\n", capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("tok/s measured here") == 2 and "acceptance" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_bench_against_a_server_turning_speculation_off_per_request(served, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Name three colours.", "category": "list"}\n'

@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("chat", help="chat in the terminal")
     _model_flags(c)
+    _remote_flags(c)
     c.add_argument("--system", help="system message")
     _sampling_flags(c, max_tokens=1024)
 
@@ -273,10 +274,22 @@ def cmd_bench(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    if not (args.pair or args.target):
-        args.pair = "starter"
-    engine, drafter, dp = build_engine(args)
-    params = _generation_params(args, dp)
+    """A terminal chat with the local engine, or with --server another server's (same loop, same events)."""
+    if args.server:
+        from ..chat.remote import RemoteServer, ServerSpec
+        from .remote import remote_summary
+
+        server = RemoteServer(ServerSpec(args.server, args.api_key or None, args.model))
+        params = _generation_params(args, DraftParams())
+        answer = lambda msgs, cancel: server.generate(msgs, params, args.drafter != "none", cancel)  # noqa: E731
+        summary = remote_summary
+    else:
+        if not (args.pair or args.target):
+            args.pair = "starter"
+        engine, drafter, dp = build_engine(args)
+        params = _generation_params(args, dp)
+        answer = lambda msgs, cancel: engine.generate(engine.chat_tokens(msgs), params, drafter, cancel)  # noqa: E731
+        summary = summary_line
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("SpecChat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
     while True:
@@ -294,13 +307,15 @@ def cmd_chat(args) -> int:
         cancel = threading.Event()
         reply = ""
         try:
-            for ev in engine.generate(engine.chat_tokens(messages), params, drafter, cancel):
+            for ev in answer(messages, cancel):
                 if isinstance(ev, TextDelta):
                     reply += ev.text
                     sys.stdout.write(ev.text)
                     sys.stdout.flush()
                 elif isinstance(ev, Done):
-                    print("\n" + summary_line(ev.stats), file=sys.stderr)
+                    print("\n" + summary(ev.stats), file=sys.stderr)
+                    if ev.stats.error:
+                        print(f"specchat: {ev.stats.error}; the partial answer is kept.", file=sys.stderr)
         except KeyboardInterrupt:  # stop this answer, keep the conversation
             cancel.set()
             print("\n[stopped]", file=sys.stderr)
