@@ -58,7 +58,7 @@ def llama_server(model: Path, draft: Path | None = None, *extra: str) -> Iterato
     """llama-server on 127.0.0.1 with ``model`` (and ``draft`` as -md, draft-simple speculation); yields its URL."""
     port = free_port()
     cmd = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
-           "-t", str(os.cpu_count() or 2), "--no-webui", *extra]
+           "-t", str(os.cpu_count() or 2), "--no-webui", "-fa", "off", *extra]  # plain attention: batch-invariant
     if draft:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
