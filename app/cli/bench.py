@@ -139,14 +139,17 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
 
 def remote_report(rows: list[tuple], max_tokens: int, repeats: int, where: dict) -> dict:
     """The report of a bench against servers: (prompt, off runs, on runs) per prompt. No costs or ceiling (the
-    server's internals are not timed from here); rounds are not reported by servers."""
+    server's internals are not timed from here), and no rounds: servers do not report them (None, not 0)."""
     table = [_row(p, off, on) for p, off, on in rows]
     by_cat = defaultdict(list)
     for row in table:
         by_cat[row["category"]].append(row)
+    categories = {c: _aggregate(rs) for c, rs in by_cat.items()}
+    overall = _aggregate(table)
+    for figures in (*table, *categories.values(), overall):
+        figures["mean_accepted_per_round"] = None
     return {"drafter": "server", "server": where, "draft": None, "max_tokens": max_tokens, "repeats": repeats,
-            "prompts": table, "categories": {c: _aggregate(rs) for c, rs in by_cat.items()},
-            "overall": _aggregate(table), "costs": None, "ceiling": None}
+            "prompts": table, "categories": categories, "overall": overall, "costs": None, "ceiling": None}
 
 
 def _aggregate(rows: list[dict]) -> dict:
@@ -188,16 +191,17 @@ def print_report(report: dict) -> None:
               "tokens, greedy; acceptance from the server's figures, tokens/s measured here, identity on the text")
     header = f"{'':28} {'tok/s off':>9} {'tok/s on':>9} {'speedup':>8} {'accept':>7} {'acc/rnd':>7}  identical"
     print(header)
-    line = "{:28.28} {:9.1f} {:9.1f} {:7.2f}x {:7.1%} {:7.2f}  {}"
+    line = "{:28.28} {:9.1f} {:9.1f} {:7.2f}x {:7.1%} {:>7}  {}"
+    per_round = lambda v: "—" if report["drafter"] == "server" else f"{v:.2f}"  # noqa: E731  servers: no rounds
     for r in report["prompts"]:
         unit = "character" if report["drafter"] == "server" else "token"
         ident = "yes" if r["identical"] else f"NO ({unit} {r['first_difference_at']})"
         print(line.format(r["category"] + ": " + r["prompt"], r["tps_off"], r["tps_on"], r["speedup"],
-                          r["acceptance"], r["mean_accepted_per_round"], ident))
+                          r["acceptance"], per_round(r["mean_accepted_per_round"]), ident))
     print("per category:")
     for name, c in list(report["categories"].items()) + [("OVERALL", report["overall"])]:
         print(line.format(f"{name} ({c['n_prompts']})", c["tps_off"], c["tps_on"], c["speedup"], c["acceptance"],
-                          c["mean_accepted_per_round"], "yes" if c["all_identical"] else "NO")
+                          per_round(c["mean_accepted_per_round"]), "yes" if c["all_identical"] else "NO")
               + f"   min speedup {c['min_speedup']:.2f}x")
     o = report["overall"]
     if not report["costs"]:
