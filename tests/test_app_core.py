@@ -9,7 +9,7 @@ import pytest
 from app.engine import EngineError
 from app.chat.conversations import for_model
 from app.models.loader import LoadSpec
-from app.paths import config_dir, data_dir
+from app.paths import config_dir
 from app.chat.runtime import Runtime
 from app.chat.settings import Settings, load_settings, save_settings
 from app.chat.store import load_json, save_json

@@ -82,7 +82,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     port = port or free_port(host)
     if listen and not api_key:
         print("specchat: warning: --listen serves to your whole network and nobody needs a key: anyone who can reach "
-              f"this machine can use it. Add --api-key KEY (or set SPECCHAT_API_KEY) to require one on /v1.",
+              "this machine can use it. Add --api-key KEY (or set SPECCHAT_API_KEY) to require one on /v1.",
               file=sys.stderr)
     # What a request leaves out: the app's settings as last saved by the UI, or this command's.
     defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
