@@ -155,3 +155,74 @@ def test_a_cut_stream_keeps_the_partial_answer_and_a_plain_server_reports_no_dra
     out = json.loads(specchat("generate", "--server", url, "--prompt", "Colours?", "--json").stdout)
     assert out["text"] == "Red, green, blue" and out["n_tokens"] == 3 and out["engine"] == "OpenAI-compatible"
     assert out["n_drafted"] is None and out["acceptance_rate"] is None and "n_drafted" in out["unreported"]
+
+
+class VllmStandIn(BaseHTTPRequestHandler):
+    """Answers as vLLM's OpenAI server does (per its docs' "Production Metrics" page and its sources
+    vllm/entrypoints/openai/api_server.py for /version and /metrics, vllm/v1/spec_decode/metrics.py for the
+    speculative-decoding counters, labelled by engine and model_name): a streamed chat answer with usage but no
+    timings, and counters that grow by each request's drafted and accepted tokens. ``busy``: another request
+    finishes during ours, so the counters are server-wide, not ours alone."""
+    protocol_version = "HTTP/1.1"
+    busy = False
+    counters = {"drafted": 0, "accepted": 0, "finished": 0}
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        c, labels = self.counters, 'engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"'
+        if self.path == "/version":
+            return self._send(200, b'{"version": "0.11.0"}', "application/json")
+        if self.path == "/v1/models":
+            return self._send(200, json.dumps({"object": "list", "data": [
+                {"id": "Qwen/Qwen2.5-7B-Instruct", "object": "model", "owned_by": "vllm"}]}).encode(),
+                "application/json")
+        if self.path == "/metrics":
+            text = (f"# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+                    f"vllm:spec_decode_num_drafts_total{{{labels}}} {c['drafted'] / 5}\n"
+                    f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {float(c['drafted'])}\n"
+                    f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(c['accepted'])}\n"
+                    f'vllm:request_success_total{{{labels},finished_reason="stop"}} {float(c["finished"])}\n'
+                    f'vllm:request_success_total{{{labels},finished_reason="length"}} 0.0\n')
+            return self._send(200, text.encode(), "text/plain; version=0.0.4")
+        self._send(404, b'{"detail": "Not Found"}', "application/json")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        words = ("Red", ", green", ", blue", ".")
+        chunks = [{"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]} for w in words]
+        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        self.counters.update(drafted=self.counters["drafted"] + 10, accepted=self.counters["accepted"] + 7,
+                             finished=self.counters["finished"] + (2 if self.busy else 1))
+        self._send(200, body.encode(), "text/event-stream")
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["alone", "busy"])
+def test_vllm_figures_come_from_its_prometheus_counters(busy):
+    handler = type("Handler", (VllmStandIn,), {"busy": busy, "counters": {"drafted": 40, "accepted": 30,
+                                                                          "finished": 4}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        r = specchat("generate", "--server", url, "--prompt", "Colours?", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+    finally:
+        server.shutdown()
+    assert out["engine"] == "vLLM 0.11.0" and out["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert out["text"] == "Red, green, blue." and out["n_tokens"] == 4
+    assert (out["n_drafted"], out["n_accepted"], out["acceptance_rate"]) == (10, 7, 0.7)  # this request's deltas
+    assert out["drafter"] == ("server (vLLM server-wide counters: other requests ran meanwhile)" if busy
+                              else "server (vLLM counters)")
+    assert out["token_ids"] is None and out["n_rounds"] is None

@@ -4,13 +4,16 @@ the engine's events, so the CLI and bench consume it like a local generation.
 
 The speculation figures are the server's own, per request: llama-server's ``timings`` (``draft_n``,
 ``draft_n_accepted``, ``predicted_n``, ``predicted_per_second``, ``prompt_n``, ``prompt_ms``, ``cache_n``), live with
-``timings_per_token``. Tokens/s and time to first token are also measured here, from the stream. What a server does
+``timings_per_token``; for vLLM, its Prometheus counters ``vllm:spec_decode_num_draft_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_total`` read before and after the request (labelled server-wide when other
+requests finished meanwhile). Tokens/s and time to first token are also measured here, from the stream. What a server does
 not report (per-token draft provenance, per-round timing, token ids; draft counts when it reports none) is listed in
 ``Stats.unreported`` and shown as "not reported", never as a zero.
 """
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -21,6 +24,10 @@ import httpx
 from ..engine import Done, EngineError, GenerationParams, Round, Stats, TextDelta
 
 NEVER_REPORTED = ("token_ids", "draft_flags", "n_rounds", "draft_seconds", "verify_seconds")
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)\s*$", re.M)
+VLLM_COUNTERS = {"drafted": "vllm:spec_decode_num_draft_tokens_total",
+                 "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+                 "finished": "vllm:request_success_total"}
 DRAFT_FIELDS = ("n_drafted", "n_accepted")
 
 
@@ -47,6 +54,7 @@ class RemoteServer:
         headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
         self._model = spec.model
+        self._engine: str | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -62,6 +70,11 @@ class RemoteServer:
     def identify(self) -> str:
         """Which engine serves: llama.cpp's llama-server (its /props carries build_info), vLLM (/version), or the
         owner /v1/models names (specchat, sglang, ...); "OpenAI-compatible" when nothing tells."""
+        if self._engine is None:
+            self._engine = self._identify()
+        return self._engine
+
+    def _identify(self) -> str:
         def probe(path: str) -> dict:
             try:
                 resp = self._http.get(self.base + path, timeout=5.0)
@@ -133,6 +146,7 @@ class RemoteServer:
         if not speculate:
             body["speculative"] = {"n_max": 0}
         stats = Stats(drafter="server", unreported=NEVER_REPORTED + DRAFT_FIELDS)
+        counters = self._vllm_counters() if self.identify().startswith("vLLM") else None
         text, finish = [], None
         t_start = time.perf_counter()
         t_first = None
@@ -168,7 +182,36 @@ class RemoteServer:
             stats.error = f"the stream from {self.base} stopped mid-answer ({type(exc).__name__})"
         if finish is None:
             finish, stats.error = "error", f"the stream from {self.base} ended without finishing the answer"
+        if counters is not None:
+            self._take_counters(stats, counters, self._vllm_counters())
         yield Done(finish, "".join(text), [], stats, [])
+
+    def _vllm_counters(self) -> dict[str, float] | None:
+        """vLLM's speculative-decoding counters from /metrics (summed over label sets); None if it has none."""
+        try:
+            resp = self._http.get(self.base + "/metrics", timeout=10.0)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        found: dict[str, float] = {}
+        wanted = {metric: key for key, metric in VLLM_COUNTERS.items()}
+        for m in _SAMPLE.finditer(resp.text):  # Prometheus text format: name{labels} value
+            if m["name"] in wanted:
+                key = wanted[m["name"]]
+                found[key] = found.get(key, 0.0) + float(m["value"])
+        return found if "drafted" in found else None
+
+    @staticmethod
+    def _take_counters(stats: Stats, before: dict | None, after: dict | None) -> None:
+        if before is None or after is None:
+            return
+        stats.n_drafted = int(after["drafted"] - before["drafted"])
+        stats.n_accepted = int(after.get("accepted", 0) - before.get("accepted", 0))
+        stats.unreported = tuple(f for f in stats.unreported if f not in DRAFT_FIELDS)
+        others = after.get("finished", 0) - before.get("finished", 0) > 1
+        stats.drafter = "server (vLLM server-wide counters: other requests ran meanwhile)" if others else \
+            "server (vLLM counters)"
 
 
 def _sse(resp: httpx.Response) -> Iterator[dict]:

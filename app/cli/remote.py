@@ -56,7 +56,7 @@ def generate_remote(args, prompt: str) -> int:
         server.close()
     s = done.stats
     figures = s.as_dict()
-    row = {"text": done.text, "finish_reason": done.finish_reason, "drafter": f"server ({server.model})",
+    row = {"text": done.text, "finish_reason": done.finish_reason, "drafter": s.drafter,
            "token_ids": None, "draft_flags": None, "batch_invariant": None}
     row.update({k: figures.get(k) for k in JSON_FIELDS if k not in row})
     row.update(server=server.base, engine=engine, model=server.model, unreported=list(s.unreported),
