@@ -1,8 +1,8 @@
 """llama.cpp's own ``llama-server``, built from the llama.cpp vendored in the pinned llama-cpp-python sdist (see
 tests/llama_sdist.py), so the remote-server tests drive the real thing with the same llama.cpp SpecChat runs.
 
-Built once into ``tests/.cache/llama-server-<version>/`` (a few minutes on two cores) and reused while the sdist
-is the same; no network: the web UI is left out (``LLAMA_USE_PREBUILT_UI=OFF``), so is HTTPS. ``GGML_LLAMAFILE=OFF``
+Built once in a temporary folder (about ten minutes on two cores); the binary alone is kept in
+``tests/.cache/llama-server-<version>/`` and reused while the sdist is the same; no network: the web UI is left out (``LLAMA_USE_PREBUILT_UI=OFF``), so is HTTPS. ``GGML_LLAMAFILE=OFF``
 as for SpecChat's own build: batch-invariant kernels, so greedy output with and without a draft is identical.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,15 +28,17 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA
 
 
 def binary() -> Path:
-    """The built llama-server, building it first if this sdist's build is not cached."""
+    """The built llama-server, building it first if this sdist's build is not cached. Only the (statically
+    linked) binary is kept: llama.cpp's sources and objects go with the temporary build folder."""
     sdist = llama_sdist.path()
     home = llama_sdist.CACHE / sdist.name.removesuffix(".tar.gz").replace("llama_cpp_python", "llama-server")
-    exe = home / "build" / "bin" / "llama-server"
+    exe = home / "llama-server"
     if exe.is_file():
         return exe
-    src = home / "llama.cpp"
-    if not (src / "CMakeLists.txt").is_file():
-        shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "build.log"
+    with tempfile.TemporaryDirectory(prefix="llama-server-build-") as tmp, open(log, "w") as out:
+        src, build = Path(tmp) / "llama.cpp", Path(tmp) / "build"
         with tarfile.open(sdist) as tar:
             top = tar.getnames()[0].split("/")[0]
             prefix = f"{top}/vendor/llama.cpp/"
@@ -43,13 +46,11 @@ def binary() -> Path:
             for m in members:
                 m.name = m.name[len(prefix):]
             tar.extractall(src, members=[m for m in members if m.name], filter="data")
-    build = home / "build"
-    log = home / "build.log"
-    with open(log, "w") as out:
         for cmd in (["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
                     ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)]):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
                 raise RuntimeError(f"building llama-server failed: see {log}")
+        shutil.copy2(build / "bin" / "llama-server", exe)
     return exe
 
 
