@@ -137,10 +137,9 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
     }
 
 
-def remote_report(rows: list[tuple], max_tokens: int, repeats: int, where: dict) -> dict:
-    """The report of a bench against servers: (prompt, off runs, on runs) per prompt. No costs or ceiling (the
+def remote_report(table: list[dict], max_tokens: int, repeats: int, where: dict) -> dict:
+    """The report of a bench against servers from its rows (``_row`` per prompt). No costs or ceiling (the
     server's internals are not timed from here), and no rounds: servers do not report them (None, not 0)."""
-    table = [_row(p, off, on) for p, off, on in rows]
     by_cat = defaultdict(list)
     for row in table:
         by_cat[row["category"]].append(row)

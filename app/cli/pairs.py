@@ -34,7 +34,7 @@ def cmd_pull(args) -> int:
     if args.hf or args.hfd:
         if args.pair or args.repo or args.file:
             raise EngineError("Give a pair name, --repo and --file, or -hf / -hfd: one of them.")
-        files = [(c.repo, c.file) for c in _hub_pair(args.hf, args.hfd, refuse_mismatch=True)]
+        files = [(c.repo, c.file) for c in _hub_pair(args.hf, args.hfd, refuse_mismatch=True)[0]]
     elif args.repo or args.file:
         if args.pair or not (args.repo and args.file):
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
@@ -81,15 +81,16 @@ def cmd_remove(args) -> int:
     return 0
 
 
-def _hub_pair(hf: str | None, hfd: str | None, refuse_mismatch: bool = False) -> list:
-    """The chosen Hub files (target, then draft); with both, the pairing advice first, from the files' headers."""
+def _hub_pair(hf: str | None, hfd: str | None, refuse_mismatch: bool = False) -> tuple[list, object]:
+    """The chosen Hub files (target, then draft) and, with both, the pairing advice from the files' headers
+    (printed first; None with one file)."""
     from ..models import discover
 
     if not hf:
-        return [discover.choose(hfd, "draft")]
+        return [discover.choose(hfd, "draft")], None
     target = discover.choose(hf, "target")
     if not hfd:
-        return [target]
+        return [target], None
     draft = discover.choose(hfd, "draft")
     advice = discover.advise(target, draft)
     _print_choice(target, "target")
@@ -99,7 +100,7 @@ def _hub_pair(hf: str | None, hfd: str | None, refuse_mismatch: bool = False) ->
     if refuse_mismatch and not advice.ok:
         raise EngineError(f"{draft.file} cannot draft for {target.file}: not downloaded. Pick a draft of the "
                           f"target's family (`specchat check -hf {hf}` lists some).")
-    return [target, draft]
+    return [target, draft], advice
 
 
 def _print_choice(c, role: str) -> None:
@@ -165,18 +166,18 @@ def _check_on_hub(hf: str | None, hfd: str | None) -> int:
     if not hf:
         raise EngineError("Give the target with -hf REPO[:QUANT] (and a draft with -hfd, or none for suggestions).")
     if hfd:
-        target, draft = _hub_pair(hf, hfd)
-        return 0 if discover.advise(target, draft).ok else 1
+        return 0 if _hub_pair(hf, hfd)[1].ok else 1
     target = discover.choose(hf, "target")
     _print_choice(target, "target")
     candidates = discover.drafts_for(target)
+    target_info = discover.remote_info(target) if candidates else None  # read once for every candidate
     if not candidates:
         print("No draft of this model's family found on the Hub; --drafter ngram speculates without one.")
         return 1
     print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded):")
     good = 0
     for hit, choice in candidates:
-        advice = discover.advise(target, choice, {hit.repo: hit})
+        advice = discover.advise(target, choice, {hit.repo: hit}, target_info=target_info)
         good += bool(advice.ok)
         mark = "OK " if advice.ok else "NO "
         print(f"  {mark} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "

@@ -80,7 +80,7 @@ def remote_summary(s) -> str:
 
 
 def bench_remote(args, prompts: list[dict]) -> int:
-    from .bench import print_report, remote_report
+    from .bench import _row, print_report, remote_report
 
     if not args.server:
         raise RemoteError("--server-off needs --server (the server that speculates).")
@@ -107,10 +107,9 @@ def bench_remote(args, prompts: list[dict]) -> int:
                             "requested: it does not turn speculation off per request (llama-server does not). Serve "
                             "the same model without a draft model and pass it with --server-off URL.")
                     runs[mode].append(done)
-            rows.append((p, runs["off"], runs["on"]))
+            row = _row(p, runs["off"], runs["on"])
+            rows.append(row)
             if not args.json:
-                from .bench import _row
-                row = _row(p, runs["off"], runs["on"])
                 print(f"[{i + 1}/{len(prompts)}] {row['category']}: off {row['tps_off']:.1f} tok/s, on "
                       f"{row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, identical {row['identical']}",
                       file=sys.stderr)

@@ -32,15 +32,20 @@ _checked: set[tuple[str, int, int]] = set()
 def check_gguf_file(path: Path) -> None:
     """Raise EngineError unless ``path`` looks like a complete GGUF file (each file is checked once per process)."""
     path = Path(path)
+    st = path.stat() if path.is_file() else None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
+    if key not in _checked:
+        _checked_header(path)
+        _checked.add(key)
+
+
+def _checked_header(path: Path) -> _Header:
+    """The parsed header of ``path``, after the checks that make it safe to hand to llama.cpp."""
     if not path.exists():
         raise EngineError(f"Model file not found: {path}")
     if path.is_dir():
         raise EngineError(f"{path} is a folder; give the path of a .gguf file")
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key in _checked:
-        return
-    size = st.st_size
+    size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
     if head[:4] != GGUF_MAGIC:
@@ -65,15 +70,7 @@ def check_gguf_file(path: Path) -> None:
             f"{path.name} is truncated: {size:,} bytes on disk, {expected:,} expected. "
             "The download probably stopped early; download it again."
         )
-    _checked.add(key)
-
-
-def expected_size(path: Path) -> int | None:
-    """Bytes the file must have to hold the tensor data its header declares; None if the header is unreadable."""
-    try:
-        return _parse(Path(path)).data_end
-    except Exception:
-        return None
+    return header
 
 
 # --- reading the header -------------------------------------------------------------------------------------
@@ -206,8 +203,7 @@ class GgufInfo:
 def read_info(path: Path) -> GgufInfo:
     """Read a GGUF file's metadata (first shard of a split file); EngineError with plain words if it is not one."""
     path = Path(path)
-    check_gguf_file(path)
-    kv = _parse(path).kv
+    kv = _checked_header(path).kv
     shards = [path]
     if int(kv.get("split.count", 1)) > 1:
         shards = [path.with_name(n) for n in shard_names(path.name)]

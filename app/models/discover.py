@@ -156,17 +156,16 @@ def remote_info(choice: GgufChoice, endpoint: str | None = None) -> GgufInfo:
 
 
 def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | None = None,
-           endpoint: str | None = None, read_headers: bool = True) -> Advice:
+           endpoint: str | None = None, read_headers: bool = True, target_info: GgufInfo | None = None) -> Advice:
     """Can ``draft`` draft for ``target``? By name first; with ``read_headers`` confirmed by llama.cpp's rule on
-    the two files' headers, fetched from the Hub before anything is downloaded."""
+    the two files' headers, fetched from the Hub before anything is downloaded (``target_info``: the target's,
+    when already read for other candidates)."""
     hits = hits or {}
     lines = []
     tf, df = family(target.repo) or family(target.file), family(draft.repo) or family(draft.file)
-    same_family = bool(tf) and tf == df
+    kin = "the same" if tf == df else "the same series" if series(tf) == series(df) else "different"
     ta, da = (hits[r].architecture if r in hits else "" for r in (target.repo, draft.repo))
     if tf and df:
-        kin = "the same" if same_family else "the same series" if series(tf) == series(df) else "different"
-        same_family = kin != "different"
         lines.append(f"model family by name: {tf} and {df} ({kin})")
     if ta and da and ta != da:
         lines.append(f"architectures differ ({ta} vs {da}); a draft of another architecture can still share the "
@@ -174,10 +173,10 @@ def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | Non
     if draft.size >= target.size:
         lines.append("the draft is not smaller than the target: drafting will not pay")
     if not read_headers:
-        ok = same_family if tf and df else None
+        ok = kin != "different" if tf and df else None
         return Advice(ok, False, lines + ["not yet checked against the tokenizer: "
                                           "download and the pair check confirms"])
-    t_info, d_info = remote_info(target, endpoint), remote_info(draft, endpoint)
+    t_info, d_info = target_info or remote_info(target, endpoint), remote_info(draft, endpoint)
     problems = compatibility_problems(t_info, d_info)
     if problems:
         lines.append("NOT compatible (llama.cpp's rule on the files' headers): " + "; ".join(problems))

@@ -131,7 +131,9 @@ class ModelsView:
         repo, file = (repo or "").strip(), (file or "").strip()
         try:
             target = discover.choose(f"{repo}:{file}")
-            found = [(hit, c, discover.advise(target, c, {hit.repo: hit})) for hit, c in discover.drafts_for(target)]
+            candidates = discover.drafts_for(target)
+            info = discover.remote_info(target) if candidates else None  # read once for every candidate
+            found = [(hit, c, discover.advise(target, c, {hit.repo: hit}, target_info=info)) for hit, c in candidates]
         except EngineError as exc:
             return gr.skip(), render.notice(str(exc)), gr.skip(), gr.skip()
         rows = [(a.ok, c.repo, c.quantization or c.file, c.size, hit.downloads, a.lines[-1]) for hit, c, a in found]
