@@ -223,6 +223,135 @@ def test_vllm_figures_come_from_its_prometheus_counters(busy):
     assert out["engine"] == "vLLM 0.11.0" and out["model"] == "Qwen/Qwen2.5-7B-Instruct"
     assert out["text"] == "Red, green, blue." and out["n_tokens"] == 4
     assert (out["n_drafted"], out["n_accepted"], out["acceptance_rate"]) == (10, 7, 0.7)  # this request's deltas
-    assert out["drafter"] == ("server (vLLM server-wide counters: other requests ran meanwhile)" if busy
-                              else "server (vLLM counters)")
-    assert out["token_ids"] is None and out["n_rounds"] is None
+    assert out["drafter"] == ("server: method not reported (vLLM server-wide counters: other requests ran meanwhile)"
+                              if busy else "server: method not reported (vLLM counters)")
+    assert out["n_rounds"] == 2 and out["mean_accepted_per_round"] == 3.5  # vllm:spec_decode_num_drafts_total
+    assert out["token_ids"] is None
+
+
+class EngineStandIn(BaseHTTPRequestHandler):
+    """Answers as vLLM, SGLang or Hugging Face TGI do when they speculate, each as its docs and sources show:
+
+    - ``vllm``: started with ``--per-request-spec-decode-metrics summary``: the streamed answer's final usage chunk
+      carries ``metrics.speculative_decoding`` (docs/features/speculative_decoding/acceptance_metrics.md: only with
+      ``stream_options.include_usage``). Its Prometheus counters also grow, by other amounts, to show they are not
+      what is read when the request's own figures came.
+    - ``sglang``: /v1/models owned by "sglang", /server_info with ``speculative_algorithm`` and
+      ``speculative_num_draft_tokens`` (python/sglang/srt/entrypoints/http_server.py); a request with
+      ``return_spec_tokens_details`` gets a chunk with no choices and ``sglext.spec_tokens_details`` before the usage
+      chunk (entrypoints/openai/serving_chat.py, protocol.py SglExt/SpecTokensDetails, utils.py
+      spec_tokens_details_from_meta_info).
+    - ``tgi``: /info names its router "text-generation-router" (router/src/lib.rs Info); /metrics carries the
+      histogram ``tgi_request_skipped_tokens`` (one sample per decoding step: the tokens beyond its first,
+      router/src/infer/mod.rs; docs/source/reference/metrics.md "Speculated tokens per request") and the counter
+      ``tgi_request_success``. It reports no drafted count.
+    """
+    protocol_version = "HTTP/1.1"
+    engine = "vllm"
+    state = {"skipped": 0, "steps": 0, "done": 0, "drafted": 0, "accepted": 0}
+    words = ("Red", ", green", ", blue", ".")
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body, kind: str = "application/json") -> None:
+        body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        st, model = self.state, "org/Model-7B"
+        owner = {"vllm": "vllm", "sglang": "sglang", "tgi": model}[self.engine]
+        pages = {"/v1/models": {"object": "list", "data": [{"id": model, "object": "model", "owned_by": owner}]}}
+        if self.engine == "vllm":
+            pages["/version"] = {"version": "0.12.0"}
+            pages["/metrics"] = (f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {st['drafted']}.0\n"
+                                 f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {st['accepted']}.0\n")
+        if self.engine == "sglang":
+            pages["/server_info"] = {"model_path": model, "speculative_algorithm": "EAGLE3",
+                                     "speculative_num_draft_tokens": 4, "version": "0.5.5"}
+        if self.engine == "tgi":
+            pages["/info"] = {"model_id": model, "version": "3.3.4", "router": "text-generation-router",
+                              "max_total_tokens": 4096}
+            pages["/metrics"] = ("# TYPE tgi_request_skipped_tokens histogram\n"
+                                 f'tgi_request_skipped_tokens_bucket{{le="0"}} {st["steps"] - st["skipped"]}\n'
+                                 f'tgi_request_skipped_tokens_bucket{{le="+Inf"}} {st["steps"]}\n'
+                                 f"tgi_request_skipped_tokens_sum {st['skipped']}\n"
+                                 f"tgi_request_skipped_tokens_count {st['steps']}\n"
+                                 f"# TYPE tgi_request_success counter\ntgi_request_success {st['done']}\n")
+        page = pages.get(self.path)
+        if page is None:
+            return self._send(404, {"error": "Not Found"})
+        self._send(200, page.encode() if isinstance(page, str) else page,
+                   "text/plain" if isinstance(page, str) else "application/json")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        chunks = [{"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]} for w in self.words]
+        chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        usage = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
+        last = {"choices": [], "usage": usage}
+        if self.engine == "vllm" and body["stream_options"]["include_usage"]:
+            last["metrics"] = {"time_to_first_token_ms": 20.5, "speculative_decoding": {
+                "mean_acceptance_length": 2.0, "draft_acceptance_rate": 2 / 6, "acceptance_histogram": [1, 0, 1, 0],
+                "acceptance_histogram_by_draft_length": {"3": [1, 0, 1, 0]}, "num_spec_steps": 2,
+                "num_accepted_draft_tokens": 2, "num_draft_tokens": 6, "num_spec_tokens": 3}}
+            self.state.update(drafted=self.state["drafted"] + 50, accepted=self.state["accepted"] + 1)
+        if self.engine == "sglang" and body.get("return_spec_tokens_details"):
+            chunks.append({"choices": [], "sglext": {"spec_tokens_details": {
+                "spec_accept_rate": 0.25, "spec_accept_length": 2.0, "spec_cap_length": 4.0,
+                "spec_block_accept_length": 1.0, "spec_num_correct_drafts": 2, "spec_num_proposed_drafts": 8,
+                "spec_verify_ct": 2, "spec_correct_drafts_histogram": [1, 0, 1, 0, 0],
+                "spec_cap_lens_histogram": [0, 0, 0, 0, 2]}}})
+        if self.engine == "tgi":
+            self.state.update(skipped=self.state["skipped"] + 2, steps=self.state["steps"] + 2,
+                              done=self.state["done"] + 1)
+        chunks.append(last)
+        self._send(200, ("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n").encode(),
+                   "text/event-stream")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi"])
+def test_each_engines_own_per_request_figures(engine):
+    handler = type("Handler", (EngineStandIn,), {"engine": engine, "state": {
+        "skipped": 5, "steps": 20, "done": 3, "drafted": 100, "accepted": 60}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        r = specchat("generate", "--server", url, "--prompt", "Colours?", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        text = specchat("generate", "--server", url, "--prompt", "Colours?")
+    finally:
+        server.shutdown()
+    assert out["text"] == "Red, green, blue." and out["n_tokens"] == 4 and out["model"] == "org/Model-7B"
+    if engine == "vllm":  # the request's own figures, not the counters (which grew by 50 drafted meanwhile)
+        assert out["engine"] == "vLLM 0.12.0" and out["drafter"].endswith("(vLLM per-request metrics)")
+        assert (out["n_drafted"], out["n_accepted"], out["n_rounds"]) == (6, 2, 2)
+        assert out["acceptance_rate"] == pytest.approx(1 / 3) and out["mean_accepted_per_round"] == 1.0
+    if engine == "sglang":
+        assert out["engine"] == "SGLang" and out["method"] == "EAGLE3, 4 draft tokens"
+        assert out["drafter"] == "server: EAGLE3, 4 draft tokens (SGLang spec_tokens_details)"
+        assert (out["n_drafted"], out["n_accepted"], out["n_rounds"], out["acceptance_rate"]) == (8, 2, 2, 0.25)
+    if engine == "tgi":  # tokens from speculation and steps, but no drafted count: no acceptance rate
+        assert out["engine"] == "TGI 3.3.4" and "TGI reports tokens from speculation" in out["drafter"]
+        assert (out["n_accepted"], out["n_rounds"]) == (2, 2) and out["n_drafted"] is None
+        assert out["acceptance_rate"] is None and "n_drafted" in out["unreported"]
+        assert "drafting not reported by this server" in text.stdout
+    else:
+        assert "acceptance" in text.stdout and "not reported" not in text.stdout
+
+
+def test_sglang_meta_info_alone_gives_drafts_from_verify_steps_and_accept_rate():
+    from app.chat.remote import _take_figures
+    from app.engine import Stats
+
+    stats = Stats(unreported=("n_drafted", "n_accepted", "n_rounds"))
+    source = _take_figures(stats, {"meta_info": {"completion_tokens": 10, "spec_verify_ct": 4,
+                                                 "spec_accept_rate": 0.5}})
+    assert source.startswith("SGLang meta_info") and stats.unreported == ()
+    assert (stats.n_accepted, stats.n_drafted, stats.n_rounds) == (6, 12, 4)  # 10 tokens in 4 steps: 6 from drafts

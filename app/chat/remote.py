@@ -2,13 +2,19 @@
 llama-server with ``-md``, SpecChat's ``specchat serve``) streams the answer, and this module turns the stream into
 the engine's events, so the CLI and bench consume it like a local generation.
 
-The speculation figures are the server's own, per request: llama-server's ``timings`` (``draft_n``,
-``draft_n_accepted``, ``predicted_n``, ``predicted_per_second``, ``prompt_n``, ``prompt_ms``, ``cache_n``), live with
-``timings_per_token``; for vLLM, its Prometheus counters ``vllm:spec_decode_num_draft_tokens_total`` and
-``vllm:spec_decode_num_accepted_tokens_total`` read before and after the request (labelled server-wide when other
-requests finished meanwhile). Tokens/s and time to first token are also measured here, from the stream. What a server does
-not report (per-token draft provenance, per-round timing, token ids; draft counts when it reports none) is listed in
-``Stats.unreported`` and shown as "not reported", never as a zero.
+The speculation figures are the server's own, per request:
+- llama-server (and ``specchat serve``): ``timings`` (``draft_n``, ``draft_n_accepted``, ``predicted_n``,
+  ``predicted_per_second``, ``prompt_n``, ``cache_n``), live with ``timings_per_token``;
+- vLLM: the response's ``metrics.speculative_decoding`` (server flag ``--per-request-spec-decode-metrics``), else its
+  Prometheus counters ``vllm:spec_decode_num_draft_tokens_total`` / ``..._accepted_tokens_total`` read before and after
+  the request (labelled server-wide when other requests finished meanwhile);
+- SGLang: ``sglext.spec_tokens_details`` (asked for with ``return_spec_tokens_details``) or a ``meta_info`` object
+  (``spec_verify_ct``, ``spec_accept_rate``);
+- Hugging Face TGI: its Prometheus histogram ``tgi_request_skipped_tokens`` (tokens that came from speculation, per
+  decoding step) read around the request. TGI reports no drafted count, so no acceptance rate.
+Tokens/s and time to first token are also measured here, from the stream. What a server does not report (per-token
+draft provenance, per-round timing, token ids; draft counts when it reports none) is listed in ``Stats.unreported``
+and shown as "not reported", never as a zero.
 """
 from __future__ import annotations
 
@@ -23,12 +29,19 @@ import httpx
 
 from ..engine import Done, EngineError, GenerationParams, Round, Stats, TextDelta
 
-NEVER_REPORTED = ("token_ids", "draft_flags", "n_rounds", "draft_seconds", "verify_seconds")
+NEVER_REPORTED = ("token_ids", "draft_flags", "draft_seconds", "verify_seconds")
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)\s*$", re.M)
-VLLM_COUNTERS = {"drafted": "vllm:spec_decode_num_draft_tokens_total",
-                 "accepted": "vllm:spec_decode_num_accepted_tokens_total",
-                 "finished": "vllm:request_success_total"}
-DRAFT_FIELDS = ("n_drafted", "n_accepted")
+# Prometheus samples read around a request, per engine: {our name: metric} (samples summed over label sets).
+COUNTERS = {
+    "vLLM": {"drafted": "vllm:spec_decode_num_draft_tokens_total",
+             "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+             "rounds": "vllm:spec_decode_num_drafts_total",
+             "finished": "vllm:request_success_total"},
+    "TGI": {"accepted": "tgi_request_skipped_tokens_sum",  # one sample per decoding step: tokens beyond its first
+            "rounds": "tgi_request_skipped_tokens_count",
+            "finished": "tgi_request_success"},
+}
+DRAFT_FIELDS = ("n_drafted", "n_accepted", "n_rounds")
 
 
 class RemoteError(EngineError):
@@ -40,6 +53,7 @@ class ServerSpec:
     url: str  # base URL, with or without /v1
     api_key: str | None = None
     model: str | None = None  # the server's model id; None: the first it lists
+    method: str | None = None  # the person's own name for how it speculates (e.g. "EAGLE-3, 4 tokens")
 
 
 class RemoteServer:
@@ -55,6 +69,7 @@ class RemoteServer:
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
         self._model = spec.model
         self._engine: str | None = None
+        self._method: str | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -68,27 +83,43 @@ class RemoteServer:
         return ids
 
     def identify(self) -> str:
-        """Which engine serves: llama.cpp's llama-server (its /props carries build_info), vLLM (/version), or the
-        owner /v1/models names (specchat, sglang, ...); "OpenAI-compatible" when nothing tells."""
+        """Which engine serves: llama.cpp's llama-server (its /props carries build_info), SGLang (/server_info),
+        Hugging Face TGI (/info names its router), vLLM (/version), or the owner /v1/models names (specchat, ...);
+        "OpenAI-compatible" when nothing tells."""
         if self._engine is None:
-            self._engine = self._identify()
+            self._engine, self._method = self._identify()
         return self._engine
 
-    def _identify(self) -> str:
+    def method(self) -> str:
+        """How the server speculates: the person's own label, else what the server says, else "method not
+        reported" (llama-server's /props names no draft method; vLLM's API names none)."""
+        self.identify()
+        return self.spec.method or self._method or "method not reported"
+
+    def _identify(self) -> tuple[str, str | None]:
         def probe(path: str) -> dict:
             try:
                 resp = self._http.get(self.base + path, timeout=5.0)
-                return resp.json() if resp.status_code == 200 else {}
+                data = resp.json() if resp.status_code == 200 else {}
+                return data if isinstance(data, dict) else {}
             except (httpx.HTTPError, ValueError):
                 return {}
 
-        if "build_info" in probe("/props"):
-            return "llama.cpp llama-server"
-        if "version" in (version := probe("/version")):
-            return f"vLLM {version['version']}"
+        if "build_info" in (props := probe("/props")):
+            types = (props.get("default_generation_settings") or {}).get("speculative.types")
+            # Builds that speculate still say "none" here: only a real type is taken as the method.
+            return "llama.cpp llama-server", types if types and types != "none" else None
         owners = {m.get("owned_by") for m in probe("/v1/models").get("data", []) if isinstance(m, dict)}
+        info = probe("/server_info") or probe("/get_server_info")
+        if "sglang" in owners or "speculative_algorithm" in info:
+            algo, n = info.get("speculative_algorithm"), info.get("speculative_num_draft_tokens")
+            return "SGLang", (f"{algo}" + (f", {n} draft tokens" if n else "")) if algo else None
+        if str((tgi := probe("/info")).get("router", "")).startswith("text-generation-router"):
+            return f"TGI {tgi.get('version', '')}".strip(), None
+        if "version" in (version := probe("/version")):
+            return f"vLLM {version['version']}", None
         owner = next((o for o in owners if o and o not in ("openai", "system")), None)
-        return owner or "OpenAI-compatible"
+        return owner or "OpenAI-compatible", None
 
     @property
     def model(self) -> str:
@@ -145,8 +176,12 @@ class RemoteServer:
             body["stop"] = list(params.stop)
         if not speculate:
             body["speculative"] = {"n_max": 0}
-        stats = Stats(drafter="server", unreported=NEVER_REPORTED + DRAFT_FIELDS)
-        counters = self._vllm_counters() if self.identify().startswith("vLLM") else None
+        engine = self.identify()
+        if engine == "SGLang":
+            body["return_spec_tokens_details"] = True
+        stats = Stats(drafter=f"server: {self.method()}", unreported=NEVER_REPORTED + DRAFT_FIELDS)
+        kind = engine.split()[0]
+        counters = self._counters(kind) if kind in COUNTERS else None
         text, finish = [], None
         t_start = time.perf_counter()
         t_first = None
@@ -169,10 +204,11 @@ class RemoteServer:
                         stats.n_tokens += 1  # a chunk per token until the server's own count arrives
                         stats.decode_seconds = now - t_first
                     before = (stats.n_drafted, stats.n_accepted)
-                    _take_figures(stats, chunk)
+                    if (figures := _take_figures(stats, chunk)) and figures != "timings":
+                        stats.drafter = f"server: {self.method()} ({figures})"
                     if piece:
                         yield TextDelta(piece, [], False)
-                    if chunk.get("timings"):
+                    if figures:
                         yield Round(stats.n_drafted - before[0], stats.n_accepted - before[1], 0.0, 0.0,
                                     replace(stats))
         except httpx.HTTPError as exc:
@@ -182,12 +218,12 @@ class RemoteServer:
             stats.error = f"the stream from {self.base} stopped mid-answer ({type(exc).__name__})"
         if finish is None:
             finish, stats.error = "error", f"the stream from {self.base} ended without finishing the answer"
-        if counters is not None:
-            self._take_counters(stats, counters, self._vllm_counters())
+        if counters is not None and "n_accepted" in stats.unreported:  # no per-request figures came: counters
+            _take_counters(stats, kind, counters, self._counters(kind))
         yield Done(finish, "".join(text), [], stats, [])
 
-    def _vllm_counters(self) -> dict[str, float] | None:
-        """vLLM's speculative-decoding counters from /metrics (summed over label sets); None if it has none."""
+    def _counters(self, kind: str) -> dict[str, float] | None:
+        """The engine's speculative-decoding samples from /metrics (summed over label sets); None if it has none."""
         try:
             resp = self._http.get(self.base + "/metrics", timeout=10.0)
         except httpx.HTTPError:
@@ -195,23 +231,30 @@ class RemoteServer:
         if resp.status_code != 200:
             return None
         found: dict[str, float] = {}
-        wanted = {metric: key for key, metric in VLLM_COUNTERS.items()}
+        wanted = {metric: key for key, metric in COUNTERS[kind].items()}
         for m in _SAMPLE.finditer(resp.text):  # Prometheus text format: name{labels} value
             if m["name"] in wanted:
                 key = wanted[m["name"]]
                 found[key] = found.get(key, 0.0) + float(m["value"])
-        return found if "drafted" in found else None
+        return found if "accepted" in found else None
 
-    @staticmethod
-    def _take_counters(stats: Stats, before: dict | None, after: dict | None) -> None:
-        if before is None or after is None:
-            return
-        stats.n_drafted = int(after["drafted"] - before["drafted"])
-        stats.n_accepted = int(after.get("accepted", 0) - before.get("accepted", 0))
-        stats.unreported = tuple(f for f in stats.unreported if f not in DRAFT_FIELDS)
-        others = after.get("finished", 0) - before.get("finished", 0) > 1
-        stats.drafter = "server (vLLM server-wide counters: other requests ran meanwhile)" if others else \
-            "server (vLLM counters)"
+
+def _take_counters(stats: Stats, kind: str, before: dict | None, after: dict | None) -> None:
+    """This request's share of server-wide counters: exact when it was the only request to finish meanwhile."""
+    if before is None or after is None:
+        return
+    delta = {k: int(after.get(k, 0) - before.get(k, 0)) for k in after}
+    stats.n_accepted, stats.n_rounds = delta["accepted"], delta.get("rounds", 0)
+    reported = ["n_accepted", "n_rounds"]
+    if "drafted" in delta:
+        stats.n_drafted = delta["drafted"]
+        reported.append("n_drafted")
+    stats.unreported = tuple(f for f in stats.unreported if f not in reported)
+    source = f"{kind} server-wide counters: other requests ran meanwhile" if delta.get("finished", 0) > 1 else \
+        f"{kind} counters"
+    if kind == "TGI":
+        source += "; TGI reports tokens from speculation, not drafts, so no acceptance rate"
+    stats.drafter += f" ({source})"
 
 
 def _sse(resp: httpx.Response) -> Iterator[dict]:
@@ -234,8 +277,11 @@ def _sse(resp: httpx.Response) -> Iterator[dict]:
             yield chunk
 
 
-def _take_figures(stats: Stats, chunk: dict) -> None:
-    """Fold llama-server's ``timings`` and OpenAI's ``usage`` into ``stats`` (counts are the server's)."""
+def _take_figures(stats: Stats, chunk: dict) -> str | None:
+    """Fold a chunk's figures into ``stats`` (counts are the server's). Returns where its speculation figures came
+    from, if it carried any: llama-server's ``timings``, vLLM's ``metrics.speculative_decoding``, SGLang's
+    ``sglext.spec_tokens_details`` or ``meta_info``. OpenAI's ``usage`` gives the token count where nothing else
+    does."""
     t = chunk.get("timings") or {}
     if "predicted_n" in t:
         stats.n_tokens = int(t["predicted_n"])
@@ -245,10 +291,38 @@ def _take_figures(stats: Stats, chunk: dict) -> None:
         stats.prompt_tokens = int(t["prompt_n"])
     if "cache_n" in t:
         stats.prompt_cached = int(t["cache_n"])
-    if "draft_n" in t:
-        stats.n_drafted = int(t["draft_n"])
-        stats.n_accepted = int(t.get("draft_n_accepted", 0))
-        stats.unreported = tuple(f for f in stats.unreported if f not in DRAFT_FIELDS)
     usage = chunk.get("usage") or {}
     if usage.get("completion_tokens") is not None and "predicted_n" not in t:
         stats.n_tokens = int(usage["completion_tokens"])
+    if "draft_n" in t:
+        return _report(stats, t["draft_n"], t.get("draft_n_accepted", 0), None, "llama-server timings")
+    if isinstance(vllm := (chunk.get("metrics") or {}).get("speculative_decoding"), dict):
+        return _report(stats, vllm.get("num_draft_tokens", 0), vllm.get("num_accepted_draft_tokens", 0),
+                       vllm.get("num_spec_steps"), "vLLM per-request metrics")
+    if isinstance(sgl := _sglang_details(chunk), dict):
+        rounds, rate = sgl.get("spec_verify_ct"), sgl.get("spec_accept_rate")
+        if "spec_num_proposed_drafts" in sgl:
+            return _report(stats, sgl["spec_num_proposed_drafts"], sgl.get("spec_num_correct_drafts", 0), rounds,
+                           "SGLang spec_tokens_details")
+        if rounds and rate:  # meta_info alone: each verify step gives its accepted tokens plus one of its own
+            accepted = int(sgl.get("completion_tokens", stats.n_tokens)) - int(rounds)
+            return _report(stats, round(accepted / rate), accepted, rounds,
+                           "SGLang meta_info: spec_verify_ct, spec_accept_rate")
+    return "timings" if t else None
+
+
+def _sglang_details(chunk: dict) -> dict | None:
+    details = (chunk.get("sglext") or {}).get("spec_tokens_details")
+    if isinstance(details, list):  # one per choice when n > 1; we ask for one
+        details = details[0] if details else None
+    meta = chunk.get("meta_info")
+    return details if isinstance(details, dict) else meta if isinstance(meta, dict) else None
+
+
+def _report(stats: Stats, drafted, accepted, rounds, source: str) -> str:
+    stats.n_drafted, stats.n_accepted = int(drafted), int(accepted)
+    reported = ("n_drafted", "n_accepted") + (("n_rounds",) if rounds is not None else ())
+    if rounds is not None:
+        stats.n_rounds = int(rounds)
+    stats.unreported = tuple(f for f in stats.unreported if f not in reported)
+    return source

@@ -1,15 +1,18 @@
-"""The app's core, below any UI: the loaded pair, chat answers and on/off comparisons as streams of snapshots.
+"""The app's core, below any UI: the backend (a loaded pair, or a server that speculates itself), chat answers and
+on/off comparisons as streams of snapshots.
 
-The Gradio UI (app/ui) only renders what this module yields; tests drive it directly too.
+The Gradio UI (app/ui) only renders what this module yields, whichever backend is behind; tests drive it directly too.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from ..engine import Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
+from ..engine import DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
+from .keys import key_for
+from .remote import RemoteServer, ServerSpec
 from .settings import Settings
 from .streaming import INTERVAL, Generation
 from .thinking import OPEN, opens_thinking
@@ -58,6 +61,8 @@ class Comparison:
     phase: str = "off"  # off | on | done
     # Under greedy decoding, where the first differing token sits in each output: ((start, end) off, (start, end) on)
     diff_spans: tuple[tuple[int, int], tuple[int, int]] | None = None
+    note: str = ""  # e.g. a server that kept drafting with speculation off requested
+    by_text: bool = False  # a server gives no token ids: the outputs are compared character by character
 
     @property
     def speedup(self) -> float:
@@ -68,13 +73,16 @@ class Comparison:
         """Under greedy decoding, find where the first differing token sits in each output's text."""
         if not (self.greedy and self.off.done and self.on.done) or (i := self.first_difference()) is None:
             return
+        if self.by_text:
+            self.diff_spans = ((i, i + 1), (i, i + 1))
+            return
         start = len(detokenize(self.off.done.token_ids[:i]))  # the same tokens on both sides up to i
         self.diff_spans = tuple((start, len(detokenize(ids[:i + 1])))
                                 for ids in (self.off.done.token_ids, self.on.done.token_ids))
 
     def first_difference(self) -> int | None:
-        """Index of the first token where the two outputs differ; None if they are identical."""
-        a, b = self.off.done.token_ids, self.on.done.token_ids
+        """Index of the first token (character, for a server) where the outputs differ; None if identical."""
+        a, b = (self.off.text, self.on.text) if self.by_text else (self.off.done.token_ids, self.on.done.token_ids)
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
                 return i
@@ -82,23 +90,30 @@ class Comparison:
 
 
 class Runtime:
-    """Holds the loaded pair. Loading replaces it (the old one is freed first: two pairs rarely fit at once)."""
+    """Holds the backend: a loaded pair, or a connection to a server that speculates itself (``spec.server``).
+    Loading replaces it (a pair is freed first: two pairs rarely fit at once)."""
 
     def __init__(self):
         self.engine: Engine | None = None
+        self.remote: RemoteServer | None = None
+        self.remote_off: RemoteServer | None = None  # the same model without speculation, for Compare
         self.spec: LoadSpec | None = None
         self.resolved: Resolved | None = None
         self._load_lock = threading.Lock()
 
     # --- models ---------------------------------------------------------------------------------------------
     def load(self, spec: LoadSpec, progress: Callable[[float, str], None] = lambda f, m: None) -> None:
-        """Load a pair. On failure the previous pair is loaded back (if there was one) and the error raised."""
+        """Load a pair, or connect to a server. On failure the previous one stays (a pair is loaded back) and the
+        error is raised."""
+        if spec.server:
+            return self._connect(spec, progress)
         with self._load_lock:
             previous = self.spec
             progress(0.05, f"Finding {spec.describe()}…")
             resolved = resolve(spec)  # fails early (missing download, bad name) with the old pair still loaded
             progress(0.2, "Freeing the previous pair…")
             self._close_engine()
+            self._close_remote()
             try:
                 progress(0.35, "Checking files and vocabularies, loading weights…")
                 self.engine = load_engine(spec, resolved)
@@ -116,18 +131,57 @@ class Runtime:
                 self.spec = self.resolved = None
                 raise
 
+    def _connect(self, spec: LoadSpec, progress: Callable[[float, str], None]) -> None:
+        """Check the server (and the speculation-off one) before letting go of what is loaded now."""
+        with self._load_lock:
+            progress(0.1, f"Connecting to {spec.server}…")
+            on = RemoteServer(ServerSpec(spec.server, key_for(spec.server), spec.model or None, spec.method or None))
+            off = None
+            try:
+                on.models()  # reachable, the key accepted
+                _ = on.model  # the model asked for, or the first it lists
+                on.identify()
+                if spec.server_off:
+                    progress(0.4, f"Connecting to {spec.server_off}…")
+                    off = RemoteServer(ServerSpec(spec.server_off, key_for(spec.server_off) or key_for(spec.server)))
+                    off._model = on.model if on.model in off.models() else off.models()[0]
+            except EngineError:
+                on.close()
+                if off is not None:
+                    off.close()
+                raise
+            progress(0.7, "Freeing the local pair…")
+            self._close_engine()
+            self._close_remote()
+            self.remote, self.remote_off = on, off
+            self.spec, self.resolved = replace(spec, model=on.model), None
+            progress(1.0, "Connected")
+
     def _close_engine(self) -> None:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
 
+    def _close_remote(self) -> None:
+        for server in (self.remote, self.remote_off):
+            if server is not None:
+                server.close()
+        self.remote = self.remote_off = None
+
     def close(self) -> None:
         with self._load_lock:
             self._close_engine()
+            self._close_remote()
 
     @property
     def has_draft(self) -> bool:
-        return bool(self.engine and self.engine.draft)
+        """The loaded pair has a draft model, or the server drafts its own way."""
+        return bool(self.engine and self.engine.draft) or self.remote is not None
+
+    @property
+    def recommended(self) -> DraftParams | None:
+        """The loaded pair's recommended draft settings (a server keeps its own)."""
+        return self.resolved.draft_params if self.resolved else None
 
     def _engine(self) -> Engine:
         if self.engine is None:
@@ -140,39 +194,52 @@ class Runtime:
         return kind
 
     def info(self) -> dict:
-        e = self.engine
+        e, r = self.engine, self.remote
         return {
             "pair": self.spec.describe() if self.spec else None,
-            "target": e.target.model.path.name if e else None,
+            "target": e.target.model.path.name if e else r.model if r else None,
             "draft": e.draft.model.path.name if e and e.draft else None,
             "n_ctx": e.n_ctx if e else 0,
             "memory_bytes": e.memory_bytes() if e else 0,
             "gpu_offload": supports_gpu_offload(),
+            "server": {"url": r.base, "engine": r.identify(), "method": r.method(), "model": r.model,
+                       "off": self.remote_off.base if self.remote_off else None} if r else None,
         }
 
     # --- chat -----------------------------------------------------------------------------------------------
     def answer(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
                interval: float = INTERVAL) -> Iterator[Live]:
         """Stream the assistant's reply to ``messages`` (role/content dicts, system prompt included)."""
-        engine = self._engine()
         params = settings.generation()
+        if (server := self.remote) is not None:  # the server applies its template; any drafter means "speculate"
+            live = Live()
+            run = lambda c: server.generate(messages, params, settings.drafter != "none", c)  # noqa: E731
+            for _ in _stream(run, cancel, interval, live):
+                yield live
+            return
+        engine = self._engine()
         drafter = self._drafter(settings.drafter)
         prompt = engine.chat_prompt(messages, enable_thinking=settings.enable_thinking)
         live = Live()
         if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
             live.segments.append([OPEN + "\n", False])
-        for _ in _stream(engine, engine.chat_tokens(prompt), params, drafter, cancel, interval, live):
+        ids = engine.chat_tokens(prompt)
+        for _ in _stream(lambda c: engine.generate(ids, params, drafter, c), cancel, interval, live):
             yield live
 
     def compare(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
                 interval: float = INTERVAL) -> Iterator[Comparison]:
         """Speculation off, then on, one after the other so each run has the whole machine; both start from an
-        empty cache, so neither reuses the other's prompt evaluation."""
-        engine = self._engine()
+        empty cache, so neither reuses the other's prompt evaluation. With a server: its speculation-off twin, or the
+        same server asked for speculation off (``speculative.n_max: 0``), then on; the outputs compared as text."""
         params = settings.generation()
-        drafter = self._drafter(settings.drafter)
-        if drafter == "none":
+        if settings.drafter == "none":
             raise EngineError("Comparing needs a drafter: choose the draft model or n-gram drafter in Settings.")
+        if self.remote is not None:
+            yield from self._compare_remote(messages, params, cancel or threading.Event(), interval)
+            return
+        engine = self._engine()
+        drafter = self._drafter(settings.drafter)
         ids = engine.chat_tokens(messages, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
         cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
@@ -180,7 +247,7 @@ class Runtime:
             cmp.phase = phase
             live = getattr(cmp, phase)
             engine.reset()
-            for _ in _stream(engine, ids, params, kind, cancel, interval, live):
+            for _ in _stream(lambda c: engine.generate(ids, params, kind, c), cancel, interval, live):
                 yield cmp
             if cancel.is_set():
                 break
@@ -188,10 +255,30 @@ class Runtime:
         cmp.locate_difference(engine.detokenize)
         yield cmp
 
+    def _compare_remote(self, messages, params, cancel, interval) -> Iterator[Comparison]:
+        on, off = self.remote, self.remote_off
+        cmp = Comparison(messages[-1]["content"], f"server: {on.method()}", params.sampling.temperature == 0,
+                         by_text=True)
+        for phase, server, speculate in (("off", off or on, off is not None), ("on", on, True)):
+            cmp.phase = phase
+            for _ in _stream(lambda c: server.generate(messages, params, speculate, c), cancel, interval,
+                             getattr(cmp, phase)):
+                yield cmp
+            if cancel.is_set():
+                break
+        s = cmp.off.stats
+        if off is None and s.reported("n_drafted") and s.n_drafted:
+            cmp.note = (f"{on.base} kept drafting ({s.n_drafted} draft tokens) with speculation off requested: it "
+                        "cannot turn speculation off per request (llama-server cannot). Serve the same model without a "
+                        "draft and give its URL as the speculation-off server under Settings → Models.")
+        cmp.phase = "done"
+        cmp.locate_difference(lambda ids: "")  # by text: no tokens to detokenize
+        yield cmp
 
-def _stream(engine: Engine, ids, params, drafter: str, cancel, interval: float, live: Live) -> Iterator[None]:
-    """Run one generation on a worker thread, folding each batch of its events into ``live``."""
-    gen = Generation(lambda c: engine.generate(ids, params, drafter, c), cancel)
+
+def _stream(run, cancel, interval: float, live: Live) -> Iterator[None]:
+    """Run one generation (``run(cancel)`` yields events) on a worker thread, folding each batch into ``live``."""
+    gen = Generation(run, cancel)
     for batch in gen.batches(interval):
         for ev in batch:
             live.add(ev)

@@ -134,21 +134,27 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
         "_decode_seconds": [sum(d.stats.decode_seconds for d in r) for r in (off, on)],
         "_counts": [drafted, accepted, rounds],
         "_split": [sum(d.stats.draft_seconds for d in on), sum(d.stats.verify_seconds for d in on)],
+        "_reported": [all(d.stats.reported(f) for d in on) for f in ("n_drafted", "n_rounds")],
     }
 
 
 def remote_report(table: list[dict], max_tokens: int, repeats: int, where: dict) -> dict:
     """The report of a bench against servers from its rows (``_row`` per prompt). No costs or ceiling (the
-    server's internals are not timed from here), and no rounds: servers do not report them (None, not 0)."""
+    server's internals are not timed from here); acceptance and rounds only where the server reported them (None,
+    not 0, where it did not: llama-server reports no rounds, TGI no drafted count). ``method`` (the server's, or the
+    person's label) keeps reports of different methods apart."""
     by_cat = defaultdict(list)
     for row in table:
         by_cat[row["category"]].append(row)
     categories = {c: _aggregate(rs) for c, rs in by_cat.items()}
     overall = _aggregate(table)
+    reported = {"acceptance": all(r["_reported"][0] for r in table),
+                "mean_accepted_per_round": all(r["_reported"][1] for r in table)}
     for figures in (*table, *categories.values(), overall):
-        figures["mean_accepted_per_round"] = None
-    return {"drafter": "server", "server": where, "draft": None, "max_tokens": max_tokens, "repeats": repeats,
-            "prompts": table, "categories": categories, "overall": overall, "costs": None, "ceiling": None}
+        figures.update({k: None for k, ok in reported.items() if not ok})
+    return {"drafter": "server", "method": where["method"], "server": where, "draft": None, "max_tokens": max_tokens,
+            "repeats": repeats, "prompts": table, "categories": categories, "overall": overall, "costs": None,
+            "ceiling": None}
 
 
 def _aggregate(rows: list[dict]) -> dict:
@@ -185,23 +191,24 @@ def print_report(report: dict) -> None:
               f"draft-p-min {d['draft_p_min']}, adaptive {d['adaptive']}, {report['max_tokens']} new tokens, greedy")
     else:
         w = report["server"]
-        print(f"server {w['on']} ({w['engine']}, model {w['model']}), speculation off: {w['off']}; "
-              f"{report['max_tokens']} new "
-              "tokens, greedy; acceptance from the server's figures, tokens/s measured here, identity on the text")
+        print(f"server {w['on']} ({w['engine']}, model {w['model']}, speculation {w['method']}), speculation off: "
+              f"{w['off']}; {report['max_tokens']} new tokens, greedy; acceptance from the server's figures, tokens/s "
+              "measured here, identity on the text")
     header = f"{'':28} {'tok/s off':>9} {'tok/s on':>9} {'speedup':>8} {'accept':>7} {'acc/rnd':>7}  identical"
     print(header)
-    line = "{:28.28} {:9.1f} {:9.1f} {:7.2f}x {:7.1%} {:>7}  {}"
-    per_round = lambda v: "—" if report["drafter"] == "server" else f"{v:.2f}"  # noqa: E731  servers: no rounds
+    line = "{:28.28} {:9.1f} {:9.1f} {:7.2f}x {:>7} {:>7}  {}"
+    accept = lambda v: "—" if v is None else f"{v:.1%}"  # noqa: E731  — : not reported by the server
+    per_round = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     for r in report["prompts"]:
         unit = "character" if report["drafter"] == "server" else "token"
         ident = "yes" if r["identical"] else f"NO ({unit} {r['first_difference_at']})"
         print(line.format(r["category"] + ": " + r["prompt"], r["tps_off"], r["tps_on"], r["speedup"],
-                          r["acceptance"], per_round(r["mean_accepted_per_round"]), ident))
+                          accept(r["acceptance"]), per_round(r["mean_accepted_per_round"]), ident))
     print("per category:")
     for name, c in list(report["categories"].items()) + [("OVERALL", report["overall"])]:
-        print(line.format(f"{name} ({c['n_prompts']})", c["tps_off"], c["tps_on"], c["speedup"], c["acceptance"],
-                          per_round(c["mean_accepted_per_round"]), "yes" if c["all_identical"] else "NO")
-              + f"   min speedup {c['min_speedup']:.2f}x")
+        print(line.format(f"{name} ({c['n_prompts']})", c["tps_off"], c["tps_on"], c["speedup"],
+                          accept(c["acceptance"]), per_round(c["mean_accepted_per_round"]),
+                          "yes" if c["all_identical"] else "NO") + f"   min speedup {c['min_speedup']:.2f}x")
     o = report["overall"]
     if not report["costs"]:
         print(f"time per token: off {o['ms_per_token_off']:.1f} ms; on {o['ms_per_token_on']:.1f} ms")

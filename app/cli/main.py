@@ -43,6 +43,8 @@ def _remote_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     r.add_argument("--api-key", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
                    help="the server's API key (default: $SPECCHAT_SERVER_API_KEY)")
     r.add_argument("--model", help="the server's model id (default: the first it lists)")
+    r.add_argument("--method", help="your label for how the server speculates (e.g. 'EAGLE-3'), shown beside its "
+                                    "figures and kept apart in reports (default: what the server says, if anything)")
     return r
 
 
@@ -82,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(a)
     _serving_flags(a)
     a.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    ar = a.add_argument_group("a server instead of a local pair (it runs the models and speculates)")
+    ar.add_argument("--server", metavar="URL", help="an OpenAI-compatible server: llama-server, vLLM, SGLang, TGI, "
+                                                    "specchat serve (e.g. http://127.0.0.1:8080)")
+    ar.add_argument("--server-api-key", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
+                    help="its API key (default: $SPECCHAT_SERVER_API_KEY); saved, readable only by you, for next "
+                         "time. (--api-key is the key for this app's own /v1.)")
+    ar.add_argument("--model", help="the server's model id (default: the first it lists)")
+    ar.add_argument("--server-off", metavar="URL", help="the same model served without a draft, for Compare")
+    ar.add_argument("--method", help="your label for how the server speculates")
     sv = sub.add_parser("serve", help="the OpenAI-compatible API alone (/v1), no browser")
     _model_flags(sv)
     _serving_flags(sv)
@@ -279,7 +290,7 @@ def cmd_chat(args) -> int:
         from ..chat.remote import RemoteServer, ServerSpec
         from .remote import remote_summary
 
-        server = RemoteServer(ServerSpec(args.server, args.api_key or None, args.model))
+        server = RemoteServer(ServerSpec(args.server, args.api_key or None, args.model, args.method))
         params = _generation_params(args, DraftParams())
         answer = lambda msgs, cancel: server.generate(msgs, params, args.drafter != "none", cancel)  # noqa: E731
         summary = remote_summary
@@ -367,7 +378,15 @@ def cmd_app(args) -> int:
         raise EngineError("--draft needs --target (or choose a --pair).")
     if args.port is not None and not 0 < args.port < 65536:
         raise EngineError(f"Invalid --port {args.port}: use 1..65535.")
-    if args.pair or args.target:
+    if getattr(args, "server", None):
+        from ..chat.keys import save_key
+
+        if args.pair or args.target:
+            raise EngineError("Give either --server or a local pair (--pair, --target), not both.")
+        if args.server_api_key:
+            save_key(args.server, args.server_api_key)
+        requested = LoadSpec(server=args.server, model=args.model, server_off=args.server_off, method=args.method)
+    elif args.pair or args.target:
         requested = load_spec(args)
     elif any(getattr(args, k) for k in LOAD_FLAGS):  # new load settings for the last-used pair
         requested = replace(load_settings()[0].models or LoadSpec(pair="starter"),

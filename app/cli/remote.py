@@ -17,7 +17,7 @@ JSON_FIELDS = ("text", "token_ids", "n_tokens", "n_drafted", "n_accepted", "acce
 
 
 def _server(args, url: str | None = None) -> RemoteServer:
-    return RemoteServer(ServerSpec(url or args.server, args.api_key or None, args.model))
+    return RemoteServer(ServerSpec(url or args.server, args.api_key or None, args.model, args.method))
 
 
 def _messages(args, prompt: str) -> list[dict]:
@@ -59,7 +59,8 @@ def generate_remote(args, prompt: str) -> int:
     row = {"text": done.text, "finish_reason": done.finish_reason, "drafter": s.drafter,
            "token_ids": None, "draft_flags": None, "batch_invariant": None}
     row.update({k: figures.get(k) for k in JSON_FIELDS if k not in row})
-    row.update(server=server.base, engine=engine, model=server.model, unreported=list(s.unreported),
+    row.update(server=server.base, engine=engine, method=server.method(), model=server.model,
+               unreported=list(s.unreported),
                server_tokens_per_second=s.server_tokens_per_second, error=s.error or None)
     if args.json:
         print(json.dumps(row))
@@ -114,7 +115,7 @@ def bench_remote(args, prompts: list[dict]) -> int:
                       f"{row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, identical {row['identical']}",
                       file=sys.stderr)
         where = {"on": on.base, "off": off.base if off is not on else f"{on.base} (speculative.n_max 0)",
-                 "model": on.model, "engine": on.identify()}
+                 "model": on.model, "engine": on.identify(), "method": on.method()}
         report = remote_report(rows, args.max_tokens, args.repeats, where)
     finally:
         on.close()

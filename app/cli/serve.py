@@ -72,8 +72,8 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         notes += startup_pair(requested, settings.models, runtime)
     else:  # the API alone serves what was asked for, else the last-used pair: nothing to choose from without a UI
         runtime.load(requested or settings.models or STARTER)
-    if runtime.spec and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
-        settings = settings.with_draft_params(runtime.resolved.draft_params)
+    if runtime.recommended and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
+        settings = settings.with_draft_params(runtime.recommended)
     settings = replace(settings, **overrides, models=runtime.spec or settings.models)  # flags win
     if with_ui:
         save_settings(settings.for_pair(None, runtime.has_draft))

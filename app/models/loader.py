@@ -1,4 +1,5 @@
-"""Which models to load: a catalog pair or two files, with their load settings; shared by the CLI and the app."""
+"""Which models to load: a catalog pair, two files, or a server that runs them, with their load settings; shared by
+the CLI and the app."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -17,8 +18,15 @@ class LoadSpec:
     threads_draft: int = 0  # 0: same as threads
     ngl: int = 0  # target layers on the GPU (-1: all)
     ngld: int = 0  # draft layers on the GPU
+    # Or an OpenAI-compatible server that speculates itself (its API key lives in app/chat/keys.py, not here).
+    server: str | None = None  # base URL
+    model: str | None = None  # the server's model id (None: the first it lists)
+    server_off: str | None = None  # the same model served without speculation, for Compare's "off" side
+    method: str | None = None  # the person's label for how the server speculates
 
     def describe(self) -> str:
+        if self.server:
+            return f"{self.model or 'server'} @ {self.server}"
         if self.pair:
             return self.pair
         return Path(self.target).name + (f" + {Path(self.draft).name}" if self.draft else "") if self.target else "?"
@@ -40,6 +48,8 @@ class Resolved:
 
 
 def resolve(spec: LoadSpec) -> Resolved:
+    if spec.server:
+        raise EngineError(f"{spec.describe()} is a server: it runs its own models.")
     if spec.pair:
         if spec.target or spec.draft:
             raise EngineError("Give either a pair or target/draft files, not both.")

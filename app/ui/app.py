@@ -16,6 +16,8 @@ from pathlib import Path
 import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
+from ..chat.keys import key_for, save_key
+from ..chat.remote import RemoteServer, ServerSpec
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings, load_settings, save_settings
 from ..engine import EngineError, Stats
@@ -23,7 +25,7 @@ from ..models import hardware
 from ..models.loader import LoadSpec
 from ..resources import resource
 from . import render
-from .models_tab import FILES, ModelsView, ready_pairs
+from .models_tab import FILES, SERVER, ModelsView, ready_pairs
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
@@ -182,8 +184,18 @@ class SpecChatUI:
         view = list(self._open(recent[0]["id"] if recent else None, settings.show_draft_tokens))
         view[4] = render.notice(" ".join(notes), "warning") if notes else ""
         return [*view[:-1], self._header(), self._hardware(),
-                gr.Dropdown(choices=ready_pairs(), value=spec.pair or FILES), spec.target or "", spec.draft or "",
-                spec.ctx, spec.ngl, spec.ngld, *values, self.models.refresh()]
+                gr.Dropdown(choices=ready_pairs(), value=SERVER if spec.server else spec.pair or FILES),
+                spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld, *self._server_fields(spec),
+                *values, self.models.refresh()]
+
+    @staticmethod
+    def _server_fields(spec: LoadSpec) -> list:
+        """URL, key box, model, speculation-off URL, method label. The key itself never goes back to the page: the
+        box only says that one is saved."""
+        saved = "a key is saved for this server (type to replace it)" if key_for(spec.server) else "none"
+        return [spec.server or "", gr.Textbox(value="", placeholder=saved),
+                gr.Dropdown(choices=[spec.model] if spec.model else [], value=spec.model),
+                spec.server_off or "", spec.method or ""]
 
     # --- chat -----------------------------------------------------------------------------------------------
     def submit(self, text: str, history: list, conv, show_draft: bool, request: gr.Request):
@@ -303,7 +315,7 @@ class SpecChatUI:
             return
         if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
             return
-        rows = rows + [render.compare_row(cmp, len(rows) + 1)]
+        rows = rows + [render.compare_row(cmp, len(rows) + 1, self.runtime.info()["pair"] or "")]
         csv_path, json_path = self._export(rows)
         yield (gr.skip(), gr.skip(), gr.skip(), rows,
                [list(r.values()) for r in rows], render.bar_chart([r["speedup"] for r in rows]),
@@ -321,27 +333,69 @@ class SpecChatUI:
 
     # --- models ---------------------------------------------------------------------------------------------
     def load_models(self, progress: gr.Progress = gr.Progress(), *args):
-        """Inputs: pair, target, draft, ctx, ngl, ngld, then the settings. Outputs: notice, header, hardware,
-        drafter, draft max, draft min, draft p-min, adaptive."""
-        pair, target, draft, ctx, ngl, ngld, *values = args
-        keep = [gr.skip()] * 5
+        """Inputs: pair, target, draft, ctx, ngl, ngld, the server's URL, key, model, speculation-off URL and
+        method label, then the settings. Outputs: notice, header, hardware, drafter, draft max, draft min, draft
+        p-min, adaptive, key box."""
+        pair, target, draft, ctx, ngl, ngld, url, key, model, url_off, method, *values = args
+        keep = [gr.skip()] * 6
         try:
-            numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
-            spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
-                LoadSpec(target=(target or "").strip() or None, draft=(draft or "").strip() or None,
-                         ctx=numbers[0], ngl=numbers[1], ngld=numbers[2])
-            if min(numbers) < -1 or numbers[0] < 0:
-                raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
+            if pair == SERVER:
+                spec = self._server_spec(url, key, model, url_off, method)
+            else:
+                numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
+                spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
+                    LoadSpec(target=(target or "").strip() or None, draft=(draft or "").strip() or None,
+                             ctx=numbers[0], ngl=numbers[1], ngld=numbers[2])
+                if min(numbers) < -1 or numbers[0] < 0:
+                    raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
             self.runtime.load(spec, lambda f, msg: progress(f, desc=msg))
         except (EngineError, ValueError, TypeError) as exc:
             return render.notice(str(exc)), self._header(), self._hardware(), *keep
         # A new pair brings its recommended draft settings, and the drafter it can use.
-        settings = collect(values).for_pair(self.runtime.resolved.draft_params, self.runtime.has_draft)
+        settings = collect(values).for_pair(self.runtime.recommended, self.runtime.has_draft)
         self._save(settings)
         info = self.runtime.info()
-        msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
+        if server := info["server"]:
+            msg = (f"Connected to {server['engine']} at {server['url']}: model {server['model']}, speculation "
+                   f"{server['method']}" + (f"; speculation off from {server['off']}" if server["off"] else ""))
+        else:
+            msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
         return (render.notice(msg, "info"), self._header(), self._hardware(), settings.drafter,
-                settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive)
+                settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
+                self._server_fields(self.runtime.spec)[1])
+
+    @staticmethod
+    def _server_spec(url, key, model, url_off, method) -> LoadSpec:
+        """The server fields as a LoadSpec; a key typed in is saved (owner-only) for that URL."""
+        url, url_off = (url or "").strip(), (url_off or "").strip()
+        if not url:
+            raise EngineError("Give the server's URL, e.g. http://127.0.0.1:8080 (llama-server, vLLM, SGLang, "
+                              "specchat serve).")
+        for u in (url, url_off):
+            if u and not u.startswith(("http://", "https://")):
+                raise EngineError(f"{u!r} is not a server URL: write http://host:port (e.g. http://127.0.0.1:8080).")
+        if (key or "").strip():
+            save_key(url, key.strip())
+        return LoadSpec(server=url, model=(model or "").strip() or None, server_off=url_off or None,
+                        method=(method or "").strip() or None)
+
+    def test_server(self, url, key, model):
+        """Test connection: the server's models and engine, and what it reports. Outputs: pair, model, report."""
+        url = (url or "").strip()
+        server = None
+        try:
+            server = RemoteServer(ServerSpec(url, (key or "").strip() or key_for(url), (model or "").strip() or None))
+            models = server.models()
+            engine, method = server.identify(), server.method()
+        except EngineError as exc:
+            return gr.skip(), gr.skip(), render.notice(str(exc))
+        finally:
+            if server is not None:
+                server.close()
+        chosen = model if model in models else models[0]
+        lines = [f"{engine} at {server.base}", f"models: {', '.join(models)}", f"speculation: {method}"]
+        return gr.Dropdown(value=SERVER), gr.Dropdown(choices=models, value=chosen), \
+            render.notice(" · ".join(lines) + ". Press Load models to use it.", "info")
 
     # --- layout ---------------------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -409,9 +463,7 @@ class SpecChatUI:
                         with gr.Column():
                             c_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
                             c_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
-                    c_table = gr.Dataframe(headers=["run", "prompt", "drafter", "tokens", "tok/s off", "tok/s on",
-                                                    "speedup", "acceptance", "identical"],
-                                           interactive=False, elem_id="cmp-table")
+                    c_table = gr.Dataframe(headers=render.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table")
                 with gr.Tab("Models", id="models"):
                     self.models.build()
                 with gr.Tab("Hardware", id="hardware"):
@@ -444,6 +496,18 @@ class SpecChatUI:
                 ctx = gr.Number(0, label="Context size (0 = model default, at most 4096)", precision=0)
                 ngl = gr.Number(0, label="GPU layers, target (-ngl; -1 = all)", precision=0)
                 ngld = gr.Number(0, label="GPU layers, draft (-ngld)", precision=0)
+                with gr.Accordion("Server (llama-server, vLLM, SGLang, TGI, specchat serve)", open=False,
+                                  elem_id="server-box"):
+                    s_url = gr.Textbox(label="Server URL", placeholder="http://127.0.0.1:8080", elem_id="server-url")
+                    s_key = gr.Textbox(label="API key (optional; saved for this server, readable only by you)",
+                                       type="password", elem_id="server-key")
+                    s_model = gr.Dropdown([], label="Model", allow_custom_value=True, elem_id="server-model")
+                    s_off = gr.Textbox(label="Speculation-off server (optional: the same model without a draft, "
+                                       "for Compare where a server cannot turn speculation off per request)",
+                                       elem_id="server-off")
+                    s_method = gr.Textbox(label="Method label (optional, e.g. EAGLE-3 or draft 0.5B)",
+                                          elem_id="server-method")
+                    s_test = gr.Button("Test connection", size="sm", elem_id="server-test")
                 load = gr.Button("Load models", variant="primary", elem_id="load")
 
             by_name = dict(system_prompt=system, drafter=drafter, temperature=temperature, top_k=top_k,
@@ -455,8 +519,9 @@ class SpecChatUI:
 
             m = self.models
             view = [history, conv, chatbot, live, notice, conv_list, title, undo]  # what _open returns
+            server_fields = [s_url, s_key, s_model, s_off, s_method]
             demo.load(self.page_load, None,
-                      [*view[:-1], header, hw, pair, target, draft, ctx, ngl, ngld, *values, m.table])
+                      [*view[:-1], header, hw, pair, target, draft, ctx, ngl, ngld, *server_fields, *values, m.table])
             respond_out = [history, chatbot, live, notice, msg]
             submit_out = [msg, history, conv, chatbot, notice, conv_list, title]
             # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
@@ -482,8 +547,10 @@ class SpecChatUI:
                 trigger(self.compare, [c_prompt, rows, *values],
                         [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json],
                         api_name="compare" if api == "public" else None, api_visibility=api, **ENGINE)
-            load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *values],
-                       [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive], **ENGINE)
+            load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *server_fields, *values],
+                       [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive, s_key], **ENGINE)
+            for trigger in (s_test.click, s_url.submit):
+                trigger(self.test_server, [s_url, s_key, s_model], [pair, s_model, notice])
             hw_refresh.click(self._hardware, None, hw, queue=False)
             for trigger in (api_tab.select, api_refresh.click):
                 trigger(self._api, None, api_panel, queue=False)

@@ -15,15 +15,16 @@ from ..models.check import check_files, describe
 from . import render
 
 FILES = "(GGUF files below)"
+SERVER = "(a server, below)"
 POLL = 0.25  # seconds between progress updates
 
 
 def ready_pairs() -> list[str]:
     """What the chat's pair picker offers: pairs whose files are all on this machine, then "your own files"."""
     try:
-        return [r["pair"] for r in downloads.rows() if r["ready"]] + [FILES]
+        return [r["pair"] for r in downloads.rows() if r["ready"]] + [FILES, SERVER]
     except EngineError:
-        return ["starter", FILES]
+        return ["starter", FILES, SERVER]
 
 
 class ModelsView:

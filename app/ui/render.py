@@ -18,20 +18,37 @@ def _rate(stats: Stats) -> str:
     return f"{stats.tokens_per_second:.1f}" if stats.rate_measured else "—"
 
 
+NOT_REPORTED = "not reported"
+
+
+def _figure(stats: Stats, name: str, text: str) -> str:
+    """``text``, or "not reported" where a server does not report the figure (never a zero in its place)."""
+    return text if stats.reported(name) else NOT_REPORTED
+
+
 def stats_title(stats: Stats, finish: str | None) -> str:
     """The one-line summary each finished answer keeps."""
     end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped",
-           "interrupted": " · interrupted"}.get(finish or "", "")
+           "interrupted": " · interrupted", "error": " · the stream stopped"}.get(finish or "", "")
     if stats.drafter == "none":
         return f"⚡ {_rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
-    return (f"⚡ {_rate(stats)} tok/s · acceptance {_pct(stats.acceptance_rate)} · "
-            f"{stats.mean_accepted_per_round:.2f} accepted/round · {stats.n_tokens} tokens{end}")
+    return (f"⚡ {_rate(stats)} tok/s · acceptance {_figure(stats, 'acceptance_rate', _pct(stats.acceptance_rate))} · "
+            f"{_figure(stats, 'mean_accepted_per_round', f'{stats.mean_accepted_per_round:.2f}')} accepted/round · "
+            f"{stats.n_tokens} tokens{end}")
 
 
 def stats_details(stats: Stats) -> str:
     busy = stats.draft_seconds + stats.verify_seconds
     split = (f"drafting {stats.draft_seconds / busy:.0%} / verifying {stats.verify_seconds / busy:.0%} of the time"
              if busy > 0 else "")
+    if stats.unreported:  # a server: say what it reported, and that the rest was not
+        rounds = f" in {stats.n_rounds} rounds" if stats.reported("n_rounds") else ""
+        counts = (f"drafted {_figure(stats, 'n_drafted', str(stats.n_drafted))}, accepted "
+                  f"{_figure(stats, 'n_accepted', str(stats.n_accepted))}{rounds}")
+        server = f" · server says {stats.server_tokens_per_second:.1f} tok/s" if stats.server_tokens_per_second else ""
+        error = f" · {stats.error}" if stats.error else ""
+        return (f"{stats.drafter} · {counts} · first token {stats.time_to_first_token_s * 1000:.0f} ms{server} · "
+                f"not reported by this server: {', '.join(stats.unreported)}{error}")
     return (f"drafter {stats.drafter} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in {stats.n_rounds} "
             f"rounds · first token {stats.time_to_first_token_s * 1000:.0f} ms · prompt {stats.prompt_tokens} new + "
             f"{stats.prompt_cached} cached tokens · {split}")
@@ -103,24 +120,34 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
     s = stats or Stats()
     busy = s.draft_seconds + s.verify_seconds
     d = s.draft_seconds / busy if busy else 0.0
+    counts = f"{s.n_accepted}/{s.n_drafted}" if s.reported("n_drafted") else \
+        f"{s.n_accepted}/—" if s.reported("n_accepted") else NOT_REPORTED
     metrics = "".join([
-        _metric(_pct(s.acceptance_rate), "acceptance", "acceptance"),
-        _metric(_rate(s), "tokens/s", "tps"),
-        _metric(f"{s.mean_accepted_per_round:.2f}", "accepted / round", "per-round"),
-        _metric(f"{s.n_accepted}/{s.n_drafted}", "accepted / drafted", "counts"),
+        _metric(_figure(s, "acceptance_rate", _pct(s.acceptance_rate)), "acceptance", "acceptance"),
+        _metric(_rate(s), "tokens/s" + (" measured here" if s.unreported else ""), "tps"),
+        _metric(_figure(s, "mean_accepted_per_round", f"{s.mean_accepted_per_round:.2f}"), "accepted / round",
+                "per-round"),
+        _metric(counts, "accepted / drafted", "counts"),
         _metric(f"{s.time_to_first_token_s * 1000:.0f} ms", "first token", "ttft"),
         _metric(str(s.n_tokens), "tokens", "tokens"),
-    ])
+    ] + ([_metric(f"{s.server_tokens_per_second:.1f}", "tokens/s the server says", "server-tps")]
+         if s.server_tokens_per_second else []))
+    if s.reported("draft_seconds"):
+        split = (f'<div class="spec-split" title="time spent drafting vs verifying">'
+                 f'<div class="draft" style="width:{d:.1%}"></div>'
+                 f'<div class="verify" style="width:{1 - d if busy else 0:.1%}"></div>'
+                 f'</div><div class="spec-split-legend"><span class="draft">drafting {d:.0%}</span>'
+                 f'<span class="verify">verifying {1 - d if busy else 0:.0%}</span></div>')
+    else:
+        split = '<div class="spec-unreported">Drafting / verifying time: not reported by this server.</div>'
+    error = f'<div class="spec-error">{html.escape(s.error)}: the partial answer is kept.</div>' if s.error else ""
     return (
-        f'<div class="spec-live" data-state="{state}" data-acceptance="{s.acceptance_rate:.4f}" '
+        f'<div class="spec-live" data-state="{state}" '
+        f'data-acceptance="{f"{s.acceptance_rate:.4f}" if s.reported("acceptance_rate") else ""}" '
         f'data-tps="{f"{s.tokens_per_second:.2f}" if s.rate_measured else ""}" data-tokens="{s.n_tokens}">'
         f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
         f'<span class="drafter">{html.escape(s.drafter)}</span></div>'
-        f'<div class="spec-metrics">{metrics}</div>'
-        f'<div class="spec-split" title="time spent drafting vs verifying">'
-        f'<div class="draft" style="width:{d:.1%}"></div><div class="verify" style="width:{1 - d if busy else 0:.1%}"></div>'
-        f'</div><div class="spec-split-legend"><span class="draft">drafting {d:.0%}</span>'
-        f'<span class="verify">verifying {1 - d if busy else 0:.0%}</span></div>'
+        f'<div class="spec-metrics">{metrics}</div>{split}{error}'
         f'{line_chart(points)}</div>'
     )
 
@@ -178,20 +205,23 @@ def compare_summary(cmp) -> str:
         return f'<div class="spec-compare running">Running speculation {cmp.phase}…</div>'
     if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
         return '<div class="spec-compare">Stopped before both runs finished.</div>'
+    unit = "character" if cmp.by_text else "token"
     if not cmp.greedy:
         check = '<span class="na">sampled (temperature &gt; 0): outputs follow the same distribution, ' \
                 'not the same tokens</span>'
     else:
         diff = cmp.first_difference()
-        check = ('<span class="same">outputs identical</span>' if diff is None
-                 else f'<span class="differ">outputs differ at token {diff}</span>')
+        check = (f'<span class="same">outputs identical{" (compared as text)" if cmp.by_text else ""}</span>'
+                 if diff is None else f'<span class="differ">outputs differ at {unit} {diff}</span>')
     off, on = cmp.off.stats, cmp.on.stats
+    note = f'<div class="note">{html.escape(cmp.note)}</div>' if cmp.note else ""
     return (
         f'<div class="spec-compare" data-speedup="{cmp.speedup:.3f}">'
         f'<div class="speedup">{cmp.speedup:.2f}× <small>speedup</small></div>'
         f'<div class="row">off {off.tokens_per_second:.1f} tok/s → on {on.tokens_per_second:.1f} tok/s · '
-        f'acceptance {_pct(on.acceptance_rate)} · {on.mean_accepted_per_round:.2f} accepted/round · '
-        f'drafter {html.escape(cmp.drafter)}</div><div class="check">{check}</div></div>'
+        f'acceptance {_figure(on, "acceptance_rate", _pct(on.acceptance_rate))} · '
+        f'{_figure(on, "mean_accepted_per_round", f"{on.mean_accepted_per_round:.2f}")} accepted/round · '
+        f'drafter {html.escape(cmp.drafter)}</div><div class="check">{check}</div>{note}</div>'
     )
 
 
@@ -211,14 +241,22 @@ def compare_pane(cmp, side: str) -> str:
     return f"**{title}**\n\n{text}"
 
 
-def compare_row(cmp, n: int) -> dict:
+COMPARE_COLUMNS = ["run", "backend", "prompt", "drafter", "tokens", "tok/s off", "tok/s on", "speedup", "acceptance",
+                   "identical"]
+
+
+def compare_row(cmp, n: int, backend: str) -> dict:
+    """One line of Compare's history. ``backend`` (the pair, or model @ server) and the drafter (for a server, its
+    method) keep results of different methods apart."""
     diff = cmp.first_difference() if cmp.greedy else None
+    on = cmp.on.stats
+    unit = "character" if cmp.by_text else "token"
     return {
-        "run": n, "prompt": cmp.prompt[:80], "drafter": cmp.drafter,
-        "tokens": cmp.on.stats.n_tokens, "tok/s off": round(cmp.off.stats.tokens_per_second, 2),
-        "tok/s on": round(cmp.on.stats.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
-        "acceptance": round(cmp.on.stats.acceptance_rate, 4),
-        "identical": ("yes" if diff is None else f"no (token {diff})") if cmp.greedy else "n/a (sampled)",
+        "run": n, "backend": backend, "prompt": cmp.prompt[:80], "drafter": cmp.drafter,
+        "tokens": on.n_tokens, "tok/s off": round(cmp.off.stats.tokens_per_second, 2),
+        "tok/s on": round(on.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
+        "acceptance": round(on.acceptance_rate, 4) if on.reported("acceptance_rate") else NOT_REPORTED,
+        "identical": ("yes" if diff is None else f"no ({unit} {diff})") if cmp.greedy else "n/a (sampled)",
     }
 
 
