@@ -33,6 +33,7 @@ def _timings(obj) -> dict:
 def test_models_lists_the_loaded_pair(client):
     models = client.models.list().data
     assert models[0].id == "starter" and models[0].model_extra["loaded"] is True
+    assert models[0].model_extra["speculation"].startswith("draft model SmolLM2")  # how it speculates by default
 
 
 def test_chat_completion_with_usage_and_speculative_timings(client):

@@ -262,7 +262,7 @@ def test_compare_reports_speedup_and_identical(page):
     with page.page.expect_download() as download:  # the session's table, exported
         page.page.get_by_role("button", name="Export CSV").click()
     lines = Path(download.value.path()).read_text().splitlines()
-    assert lines[0].startswith("run,prompt,drafter,tokens") and lines[1].endswith(",yes")
+    assert lines[0].startswith("run,backend,prompt,drafter,tokens") and lines[1].endswith(",yes")
 
 
 def test_bad_input_shows_an_error_and_the_app_keeps_working(page):
@@ -658,3 +658,69 @@ def test_a_browser_chat_and_an_api_stream_at_once_are_answered_in_turn(page, app
     assert f"{app_url[0]}v1" in text and "from openai import OpenAI" in text and "curl" in text
     assert re.search(r"chat\s+\d+\s+\d+\.\d\s+\d+\.\d%\s+model\s+(stop|length)", text), text
     page.shot("api")
+
+
+def test_a_server_connected_in_settings_chats_compares_and_comes_back_after_a_restart(browser, fresh_home, app_url):
+    """Settings → Models → Server, by keyboard: the URL and key typed, Enter tests the connection (engine, models),
+    Load connects; the chat streams the server's figures with what it does not report said so; Compare runs off
+    (asked per request) and on, compared as text; the key is kept owner-only, never in settings or the log; after a
+    restart the app is connected again."""
+    import stat
+
+    from servers import specchat_serve
+
+    key = "sk-browser-remote"
+    with specchat_serve(app_url[1], key) as server:
+        app = App(fresh_home)
+        p = Page(browser, app.url)
+        try:
+            p.page.get_by_label("Toggle Sidebar").click()
+            p.page.locator("#server-box").get_by_text("Server (llama-server").click()
+            p.page.locator("#server-url textarea, #server-url input").first.click()
+            p.page.keyboard.type(server)
+            p.page.locator("#server-key input").click()
+            p.page.keyboard.type(key)
+            p.page.locator("#server-url textarea, #server-url input").first.click()
+            p.page.keyboard.press("Enter")  # Test connection
+            p.page.locator("#notice .info").get_by_text("Press Load models").wait_for(timeout=30_000)
+            assert "specchat at http://127.0.0.1" in p.notice() and "models: starter" in p.notice()
+            assert p.page.locator("#pair input").input_value() == "(a server, below)"
+            p.page.locator("#load").focus()
+            p.page.keyboard.press("Enter")
+            p.page.locator("#notice .info").get_by_text("Connected to specchat").wait_for(timeout=60_000)
+            assert f"starter @ {server}" in p.page.locator(".spec-header .pair").inner_text()
+            p.page.get_by_label("Toggle Sidebar").click()
+
+            p.send("Name three colours.")
+            done = p.wait_state(("done", "error"))
+            assert done["state"] == "done" and float(done["acceptance"]) > 0 and float(done["tps"]) > 0
+            panel = p.page.locator("#live-stats").inner_text()
+            assert "measured here" in panel and "not reported by this server" in panel and "server:" in panel
+            p.shot("remote-chat")
+
+            p.page.get_by_role("tab", name="Compare").click()
+            p.page.locator("#cmp-prompt textarea").click()
+            p.page.keyboard.type("Name three colours.")
+            p.page.keyboard.press("Enter")
+            summary = p.page.locator("#cmp-summary .spec-compare[data-speedup]")
+            summary.wait_for(timeout=180_000)
+            assert "outputs identical (compared as text)" in summary.inner_text()
+            assert f"starter @ {server}" in p.page.locator("#cmp-table").inner_text()
+            p.shot("remote-compare")
+        finally:
+            p.close()
+            app.stop()
+        keys = fresh_home / "config" / "server-keys.json"
+        assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and key in keys.read_text()
+        assert key not in (fresh_home / "config" / "settings.json").read_text()
+        assert not any(key in line for line in app.lines)
+
+        app = App(fresh_home)  # restarted: connected to the same server again, with the saved key
+        p = Page(browser, app.url)
+        try:
+            assert f"starter @ {server}" in p.page.locator(".spec-header .pair").inner_text()
+            p.send("Name an animal.")
+            assert p.wait_state(("done", "error"))["state"] == "done"
+        finally:
+            p.close()
+            app.stop()

@@ -46,6 +46,7 @@ def test_generate_against_a_server_reports_the_fields_of_a_local_run(served):
     assert out["tokens_per_second"] > 0 and out["server_tokens_per_second"] > 0  # ours, from the stream; theirs
     assert out["n_tokens"] <= 48 and out["time_to_first_token_s"] > 0 and out["model"] == "starter"
     assert out["engine"] == "specchat"  # from the owner /v1/models names
+    assert out["method"].startswith("draft model SmolLM2") and out["drafter"].startswith("server: draft model")
 
     off = json.loads(generate(served, "--drafter", "none").stdout)  # speculative.n_max 0: honoured by our server
     assert off["n_drafted"] == 0 and off["text"] == out["text"]  # greedy: the same answer
@@ -355,3 +356,46 @@ def test_sglang_meta_info_alone_gives_drafts_from_verify_steps_and_accept_rate()
                                                  "spec_accept_rate": 0.5}})
     assert source.startswith("SGLang meta_info") and stats.unreported == ()
     assert (stats.n_accepted, stats.n_drafted, stats.n_rounds) == (6, 12, 4)  # 10 tokens in 4 steps: 6 from drafts
+
+
+def test_the_apps_runtime_chats_and_compares_through_a_server_and_keeps_its_key_private(served, specchat_home):
+    """The app's core with a server as its backend: connect (the key from the owner-only key file), chat with live
+    figures, Compare off (asked per request) vs on with the outputs compared as text; a wrong URL keeps it."""
+    import stat
+
+    from app.chat.keys import FILE, key_for, save_key
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.engine import EngineError
+    from app.models.loader import LoadSpec
+    from app.paths import config_dir
+
+    save_key(served, KEY)
+    keys = config_dir() / FILE
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and key_for(served.removesuffix("/v1")) == KEY
+    rt = Runtime()
+    try:
+        rt.load(LoadSpec(server=served, method="draft Q4_1"))
+        info = rt.info()
+        assert info["server"]["engine"] == "specchat" and info["target"] == "starter" and rt.has_draft
+        assert info["pair"] == f"starter @ {served}" and KEY not in json.dumps(info)
+        settings = Settings(max_tokens=40)
+        snapshots = list(rt.answer([{"role": "user", "content": "Name three colours."}], settings))
+        live = snapshots[-1]
+        assert live.done.finish_reason in ("stop", "length") and live.text == live.done.text != ""
+        s = live.stats
+        assert s.drafter == "server: draft Q4_1 (llama-server timings)" and s.n_drafted > 0 and s.rate_measured
+        assert s.reported("acceptance_rate") and not s.reported("draft_seconds")
+        assert len(snapshots) > 1  # streamed, not all at the end
+
+        cmp = list(rt.compare([{"role": "user", "content": "Name three colours."}], settings))[-1]
+        assert cmp.by_text and cmp.first_difference() is None and cmp.note == ""
+        assert cmp.off.stats.n_drafted == 0 and cmp.on.stats.n_drafted > 0 and cmp.speedup > 0
+
+        with pytest.raises(EngineError, match="Cannot reach"):
+            rt.load(LoadSpec(server=f"http://127.0.0.1:{free_port()}"))
+        assert rt.info()["server"]["url"] == served.removesuffix("/v1")  # still connected
+        rt.load(LoadSpec(server=served, server_off=served))  # a twin for the off side (here: the same server)
+        assert rt.remote_off is not None and rt.remote_off.model == "starter"
+    finally:
+        rt.close()

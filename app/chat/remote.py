@@ -109,7 +109,8 @@ class RemoteServer:
             types = (props.get("default_generation_settings") or {}).get("speculative.types")
             # Builds that speculate still say "none" here: only a real type is taken as the method.
             return "llama.cpp llama-server", types if types and types != "none" else None
-        owners = {m.get("owned_by") for m in probe("/v1/models").get("data", []) if isinstance(m, dict)}
+        listed = [m for m in probe("/v1/models").get("data", []) if isinstance(m, dict)]
+        owners = {m.get("owned_by") for m in listed}
         info = probe("/server_info") or probe("/get_server_info")
         if "sglang" in owners or "speculative_algorithm" in info:
             algo, n = info.get("speculative_algorithm"), info.get("speculative_num_draft_tokens")
@@ -119,7 +120,8 @@ class RemoteServer:
         if "version" in (version := probe("/version")):
             return f"vLLM {version['version']}", None
         owner = next((o for o in owners if o and o not in ("openai", "system")), None)
-        return owner or "OpenAI-compatible", None
+        said = next((m["speculation"] for m in listed if isinstance(m.get("speculation"), str)), None)  # specchat serve
+        return owner or "OpenAI-compatible", said
 
     @property
     def model(self) -> str:

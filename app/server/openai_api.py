@@ -103,8 +103,17 @@ class OpenAIServer:
         loaded = self._loaded_name()
         names = ([loaded] if loaded else []) + [n for n in downloaded_pairs() if n != loaded]
         now = int(time.time())
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "specchat",
-                                            "loaded": n == loaded} for n in names]}
+        data = [{"id": n, "object": "model", "created": now, "owned_by": "specchat", "loaded": n == loaded}
+                for n in names]
+        if loaded:  # how it speculates by default, for clients that show it (SpecChat pointed at this server does)
+            data[0]["speculation"] = self._speculation()
+        return {"object": "list", "data": data}
+
+    def _speculation(self) -> str:
+        engine, drafter = self.runtime.engine, self.defaults().drafter
+        if drafter == "model" and engine.draft is not None:
+            return f"draft model {engine.draft.model.path.name}"
+        return "n-gram lookup" if drafter != "none" else "off"
 
     async def chat_completions(self, request: Request):
         return await self._answer(request, chat=True)
