@@ -399,3 +399,32 @@ def test_the_apps_runtime_chats_and_compares_through_a_server_and_keeps_its_key_
         assert rt.remote_off is not None and rt.remote_off.model == "starter"
     finally:
         rt.close()
+
+
+def test_the_app_started_with_server_connects_and_saves_the_key_owner_only(served, tmp_path):
+    import os
+    import signal
+    import stat
+
+    home = tmp_path / "home"
+    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, "-m", "app", "--server", served, "--pair", "starter", "--no-browser"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 1 and "either --server or a local pair" in r.stderr
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--server", served, "--server-api-key", KEY, "--port",
+                             str(port), "--no-browser"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        while (line := proc.stdout.readline()) and "running at" not in line:
+            lines.append(line)
+        assert f"(pair: starter @ {served};" in line, "".join(lines) + line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and KEY not in "".join(lines) + line + out
+    keys = home / "config" / "server-keys.json"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and KEY in keys.read_text()
+    saved = json.loads((home / "config" / "settings.json").read_text())
+    assert saved["models"]["server"] == served and KEY not in json.dumps(saved)

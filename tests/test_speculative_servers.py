@@ -97,3 +97,29 @@ def test_llama_server_cannot_turn_speculation_off_per_request_and_bench_says_so(
     else:
         assert r.returncode == 0, r.stderr  # SpecChat's own server honours speculative.n_max 0
 
+
+
+def test_the_apps_compare_against_the_server_and_its_twin(servers):
+    """Compare in the app (its runtime, as the Compare tab drives it): off on the twin, on the server, greedy,
+    identical text. Without a twin, llama-server keeps drafting on the "off" side and Compare says so."""
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.models.loader import LoadSpec
+
+    on, off = servers
+    rt = Runtime()
+    try:
+        rt.load(LoadSpec(server=on, server_off=off))
+        cmp = list(rt.compare(PROMPT, Settings(max_tokens=48)))[-1]
+        assert cmp.phase == "done" and cmp.by_text and cmp.first_difference() is None and cmp.note == ""
+        assert len(cmp.on.text) > 20 and cmp.on.stats.n_drafted > 0 and not cmp.off.stats.n_drafted
+        assert cmp.speedup > 0 and cmp.drafter.startswith("server: ")
+
+        rt.load(LoadSpec(server=on))  # no twin: speculation off is asked for per request
+        cmp = list(rt.compare(PROMPT, Settings(max_tokens=16)))[-1]
+        if rt.info()["server"]["engine"] == "llama.cpp llama-server":
+            assert "kept drafting" in cmp.note and "speculation-off server" in cmp.note
+        else:
+            assert cmp.note == "" and cmp.off.stats.n_drafted == 0 and cmp.first_difference() is None
+    finally:
+        rt.close()
