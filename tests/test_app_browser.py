@@ -164,6 +164,16 @@ class Page:
         sidebar.fill(value)
         sidebar.press("Tab")
 
+    def compare(self, prompt: str):
+        """The Compare tab by keyboard: type the prompt, press Enter; returns the summary once both runs are done."""
+        self.page.get_by_role("tab", name="Compare").click()
+        self.page.locator("#cmp-prompt textarea").click()
+        self.page.keyboard.type(prompt)
+        self.page.keyboard.press("Enter")
+        summary = self.page.locator("#cmp-summary .spec-compare[data-speedup]")
+        summary.wait_for(timeout=180_000)
+        return summary
+
     def conversations(self) -> list[str]:
         return [label.inner_text().strip() for label in self.page.locator("#conv-list label").all()]
 
@@ -244,12 +254,7 @@ def test_stop_ends_generation_within_a_second(page):
 
 
 def test_compare_reports_speedup_and_identical(page):
-    page.page.get_by_role("tab", name="Compare").click()
-    page.page.locator("#cmp-prompt textarea").click()
-    page.page.keyboard.type("Explain in three sentences why the sky is blue.")
-    page.page.keyboard.press("Enter")
-    summary = page.page.locator("#cmp-summary .spec-compare[data-speedup]")
-    summary.wait_for(timeout=180_000)
+    summary = page.compare("Explain in three sentences why the sky is blue.")
     assert float(summary.get_attribute("data-speedup")) > 0
     assert "outputs identical" in summary.inner_text()
     off, on = (page.page.locator(f"#cmp-{side}").inner_text().split("\n", 1) for side in ("off", "on"))
@@ -698,12 +703,7 @@ def test_a_server_connected_in_settings_chats_compares_and_comes_back_after_a_re
             assert "measured here" in panel and "not reported by this server" in panel and "server:" in panel
             p.shot("remote-chat")
 
-            p.page.get_by_role("tab", name="Compare").click()
-            p.page.locator("#cmp-prompt textarea").click()
-            p.page.keyboard.type("Name three colours.")
-            p.page.keyboard.press("Enter")
-            summary = p.page.locator("#cmp-summary .spec-compare[data-speedup]")
-            summary.wait_for(timeout=180_000)
+            summary = p.compare("Name three colours.")
             assert "outputs identical (compared as text)" in summary.inner_text()
             assert f"starter @ {server}" in p.page.locator("#cmp-table").inner_text()
             p.shot("remote-compare")

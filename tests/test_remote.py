@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -94,6 +95,33 @@ def test_server_failures_are_explained(served, case, words):
     assert "Traceback" not in r.stderr
 
 
+@contextmanager
+def running(handler: type, **attrs):
+    """A stand-in server on a free 127.0.0.1 port (``attrs`` set on a subclass of ``handler``); yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (handler,), attrs))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+class Quiet(BaseHTTPRequestHandler):
+    """A stand-in's plumbing: HTTP/1.1, no request log, whole responses with their length."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body, kind: str = "application/json") -> None:
+        body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 class StandIn(BaseHTTPRequestHandler):
     """A server that streams three words and then drops the connection (``cut``), or answers whole without any
     speculation figures (a plain OpenAI-compatible server)."""
@@ -136,11 +164,8 @@ class StandIn(BaseHTTPRequestHandler):
 
 @pytest.fixture(params=[True, False], ids=["cut", "plain"])
 def stand_in(request):
-    handler = type("Handler", (StandIn,), {"cut": request.param})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", request.param
-    server.shutdown()
+    with running(StandIn, cut=request.param) as url:
+        yield url, request.param
 
 
 def test_a_cut_stream_keeps_the_partial_answer_and_a_plain_server_reports_no_drafting(stand_in):
@@ -158,25 +183,14 @@ def test_a_cut_stream_keeps_the_partial_answer_and_a_plain_server_reports_no_dra
     assert out["n_drafted"] is None and out["acceptance_rate"] is None and "n_drafted" in out["unreported"]
 
 
-class VllmStandIn(BaseHTTPRequestHandler):
+class VllmStandIn(Quiet):
     """Answers as vLLM's OpenAI server does (per its docs' "Production Metrics" page and its sources
     vllm/entrypoints/openai/api_server.py for /version and /metrics, vllm/v1/spec_decode/metrics.py for the
     speculative-decoding counters, labelled by engine and model_name): a streamed chat answer with usage but no
     timings, and counters that grow by each request's drafted and accepted tokens. ``busy``: another request
     finishes during ours, so the counters are server-wide, not ours alone."""
-    protocol_version = "HTTP/1.1"
     busy = False
     counters = {"drafted": 0, "accepted": 0, "finished": 0}
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status: int, body: bytes, kind: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         c, labels = self.counters, 'engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"'
@@ -210,17 +224,10 @@ class VllmStandIn(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("busy", [False, True], ids=["alone", "busy"])
 def test_vllm_figures_come_from_its_prometheus_counters(busy):
-    handler = type("Handler", (VllmStandIn,), {"busy": busy, "counters": {"drafted": 40, "accepted": 30,
-                                                                          "finished": 4}})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with running(VllmStandIn, busy=busy, counters={"drafted": 40, "accepted": 30, "finished": 4}) as url:
         r = specchat("generate", "--server", url, "--prompt", "Colours?", "--json")
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout)
-    finally:
-        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
     assert out["engine"] == "vLLM 0.11.0" and out["model"] == "Qwen/Qwen2.5-7B-Instruct"
     assert out["text"] == "Red, green, blue." and out["n_tokens"] == 4
     assert (out["n_drafted"], out["n_accepted"], out["acceptance_rate"]) == (10, 7, 0.7)  # this request's deltas
@@ -230,7 +237,7 @@ def test_vllm_figures_come_from_its_prometheus_counters(busy):
     assert out["token_ids"] is None
 
 
-class EngineStandIn(BaseHTTPRequestHandler):
+class EngineStandIn(Quiet):
     """Answers as vLLM, SGLang or Hugging Face TGI do when they speculate, each as its docs and sources show:
 
     - ``vllm``: started with ``--per-request-spec-decode-metrics summary``: the streamed answer's final usage chunk
@@ -247,21 +254,9 @@ class EngineStandIn(BaseHTTPRequestHandler):
       router/src/infer/mod.rs; docs/source/reference/metrics.md "Speculated tokens per request") and the counter
       ``tgi_request_success``. It reports no drafted count.
     """
-    protocol_version = "HTTP/1.1"
     engine = "vllm"
     state = {"skipped": 0, "steps": 0, "done": 0, "drafted": 0, "accepted": 0}
     words = ("Red", ", green", ", blue", ".")
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status: int, body, kind: str = "application/json") -> None:
-        body = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         st, model = self.state, "org/Model-7B"
@@ -317,18 +312,12 @@ class EngineStandIn(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi"])
 def test_each_engines_own_per_request_figures(engine):
-    handler = type("Handler", (EngineStandIn,), {"engine": engine, "state": {
-        "skipped": 5, "steps": 20, "done": 3, "drafted": 100, "accepted": 60}})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    state = {"skipped": 5, "steps": 20, "done": 3, "drafted": 100, "accepted": 60}
+    with running(EngineStandIn, engine=engine, state=state) as url:
         r = specchat("generate", "--server", url, "--prompt", "Colours?", "--json")
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout)
         text = specchat("generate", "--server", url, "--prompt", "Colours?")
-    finally:
-        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
     assert out["text"] == "Red, green, blue." and out["n_tokens"] == 4 and out["model"] == "org/Model-7B"
     if engine == "vllm":  # the request's own figures, not the counters (which grew by 50 drafted meanwhile)
         assert out["engine"] == "vLLM 0.12.0" and out["drafter"].endswith("(vLLM per-request metrics)")
@@ -428,3 +417,29 @@ def test_the_app_started_with_server_connects_and_saves_the_key_owner_only(serve
     assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and KEY in keys.read_text()
     saved = json.loads((home / "config" / "settings.json").read_text())
     assert saved["models"]["server"] == served and KEY not in json.dumps(saved)
+
+
+def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_refused_key(served, tmp_path,
+                                                                                         monkeypatch):
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.engine import EngineError
+    from app.models.loader import LoadSpec
+    from app.ui import render
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))  # a home with no saved keys
+    rt = Runtime()
+    try:
+        with running(StandIn, cut=True) as url:
+            rt.load(LoadSpec(server=url))
+            live = list(rt.answer([{"role": "user", "content": "Colours?"}], Settings()))[-1]
+        assert live.done.finish_reason == "error" and live.text == "Red, green, blue"
+        assert "stopped mid-answer" in live.stats.error
+        panel = render.live_panel(live.stats, live.points, "done")
+        assert "stopped mid-answer" in panel and "the partial answer is kept" in panel
+        assert render.live_panel(live.stats, [], "done").count(render.NOT_REPORTED) >= 3  # no drafting figures at all
+        with pytest.raises(EngineError, match=r"refused the API key \(401\)"):
+            rt.load(LoadSpec(server=served))
+        assert rt.info()["server"]["url"] == url  # the previous connection stays
+    finally:
+        rt.close()
