@@ -127,6 +127,8 @@ class StandIn(BaseHTTPRequestHandler):
     speculation figures (a plain OpenAI-compatible server)."""
     protocol_version = "HTTP/1.1"
     cut = True
+    think = False  # stream a reasoning model's thinking apart first, as llama-server's reasoning_content
+    bodies: list = []
 
     def log_message(self, *args):
         pass
@@ -140,11 +142,13 @@ class StandIn(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        for thought in ("The user wants", " colours.") if self.think else ():
+            self._chunk({"choices": [{"index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None}]})
         for word in ("Red", ", green", ", blue"):
             self._chunk({"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
         if self.cut:
@@ -441,5 +445,27 @@ def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_ref
         with pytest.raises(EngineError, match=r"refused the API key \(401\)"):
             rt.load(LoadSpec(server=served))
         assert rt.info()["server"]["url"] == url  # the previous connection stays
+    finally:
+        rt.close()
+
+
+def test_thinking_streamed_apart_comes_back_in_think_tags_and_can_be_turned_off():
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.chat.thinking import split
+    from app.models.loader import LoadSpec
+
+    rt = Runtime()
+    bodies = []
+    try:
+        with running(StandIn, cut=False, think=True, bodies=bodies) as url:
+            rt.load(LoadSpec(server=url))
+            live = list(rt.answer([{"role": "user", "content": "Colours?"}], Settings()))[-1]
+            assert live.text == "<think>\nThe user wants colours.\n</think>\n\nRed, green, blue"
+            parts = split(live.text)
+            assert parts.thinking == "The user wants colours." and live.text[parts.answer_start:] == "Red, green, blue"
+            assert "chat_template_kwargs" not in bodies[-1]  # the template's own default
+            list(rt.answer([{"role": "user", "content": "Colours?"}], Settings(enable_thinking=False)))
+            assert bodies[-1]["chat_template_kwargs"] == {"enable_thinking": False}
     finally:
         rt.close()

@@ -28,6 +28,7 @@ from typing import Iterator
 import httpx
 
 from ..engine import Done, EngineError, GenerationParams, Round, Stats, TextDelta
+from .thinking import CLOSE, OPEN
 
 NEVER_REPORTED = ("token_ids", "draft_flags", "draft_seconds", "verify_seconds")
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)\s*$", re.M)
@@ -163,9 +164,12 @@ class RemoteServer:
 
     # --- generation ------------------------------------------------------------------------------------------
     def generate(self, messages: list[dict], params: GenerationParams, speculate: bool = True,
-                 cancel: threading.Event | None = None) -> Iterator[TextDelta | Round | Done]:
+                 cancel: threading.Event | None = None,
+                 template_kwargs: dict | None = None) -> Iterator[TextDelta | Round | Done]:
         """Stream one chat answer as events. ``speculate=False`` asks for speculation off in the request
-        (``speculative.n_max: 0``); whether the server honoured it shows in its ``draft_n``."""
+        (``speculative.n_max: 0``); whether the server honoured it shows in its ``draft_n``. ``template_kwargs``
+        go to the server's chat template (``chat_template_kwargs``, e.g. ``enable_thinking``). Reasoning a server
+        streams apart (``reasoning_content``) comes back inside ``<think>…</think>``, as a local model writes it."""
         sp = params.sampling
         body = {
             "model": self.model, "messages": messages, "stream": True, "max_tokens": params.max_tokens,
@@ -178,13 +182,15 @@ class RemoteServer:
             body["stop"] = list(params.stop)
         if not speculate:
             body["speculative"] = {"n_max": 0}
+        if template_kwargs:
+            body["chat_template_kwargs"] = template_kwargs
         engine = self.identify()
         if engine == "SGLang":
             body["return_spec_tokens_details"] = True
         stats = Stats(drafter=f"server: {self.method()}", unreported=NEVER_REPORTED + DRAFT_FIELDS)
         kind = engine.split()[0]
         counters = self._counters(kind) if kind in COUNTERS else None
-        text, finish = [], None
+        text, finish, thinking = [], None, False
         t_start = time.perf_counter()
         t_first = None
         try:
@@ -196,7 +202,11 @@ class RemoteServer:
                         break
                     now = time.perf_counter()
                     choice = (chunk.get("choices") or [{}])[0]
-                    piece = (choice.get("delta") or {}).get("content") or ""
+                    delta = choice.get("delta") or {}
+                    thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    piece = delta.get("content") or ""
+                    if thought or (piece and thinking):  # thinking streamed apart (llama-server, vLLM, SGLang)
+                        piece, thinking = _in_tags(thought, piece, thinking)
                     finish = choice.get("finish_reason") or finish
                     if piece:
                         if t_first is None:
@@ -257,6 +267,15 @@ def _take_counters(stats: Stats, kind: str, before: dict | None, after: dict | N
     if kind == "TGI":
         source += "; TGI reports tokens from speculation, not drafts, so no acceptance rate"
     stats.drafter += f" ({source})"
+
+
+def _in_tags(thought: str, answer: str, thinking: bool) -> tuple[str, bool]:
+    """A chunk's thinking and answer text as one piece, the thinking inside ``<think>…</think>``; and whether the
+    thinking block is still open after it."""
+    out = ("" if thinking or not thought else OPEN + "\n") + thought
+    if answer:
+        return out + ("\n" + CLOSE + "\n\n" if thinking or thought else "") + answer, False
+    return out, True
 
 
 def _sse(resp: httpx.Response) -> Iterator[dict]:

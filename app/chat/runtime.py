@@ -213,7 +213,8 @@ class Runtime:
         params = settings.generation()
         if (server := self.remote) is not None:  # the server applies its template; any drafter means "speculate"
             live = Live()
-            run = lambda c: server.generate(messages, params, settings.drafter != "none", c)  # noqa: E731
+            kwargs = None if settings.enable_thinking else {"enable_thinking": False}  # else the template's default
+            run = lambda c: server.generate(messages, params, settings.drafter != "none", c, kwargs)  # noqa: E731
             for _ in _stream(run, cancel, interval, live):
                 yield live
             return
