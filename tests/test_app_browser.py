@@ -707,6 +707,10 @@ def test_a_server_connected_in_settings_chats_compares_and_comes_back_after_a_re
             assert "outputs identical (compared as text)" in summary.inner_text()
             assert f"starter @ {server}" in p.page.locator("#cmp-table").inner_text()
             p.shot("remote-compare")
+            p.page.get_by_role("tab", name="Hardware").click()
+            p.page.get_by_role("button", name="Refresh").first.click()
+            p.page.locator("#hardware").get_by_text("specchat at http://127.0.0.1").wait_for(timeout=10_000)
+            assert "draft model SmolLM2" in p.page.locator("#hardware").inner_text()  # how the server speculates
         finally:
             p.close()
             app.stop()
@@ -718,9 +722,21 @@ def test_a_server_connected_in_settings_chats_compares_and_comes_back_after_a_re
         app = App(fresh_home)  # restarted: connected to the same server again, with the saved key
         p = Page(browser, app.url)
         try:
-            assert f"starter @ {server}" in p.page.locator(".spec-header .pair").inner_text()
+            p.page.locator(".spec-header .pair", has_text=f"starter @ {server}").wait_for(timeout=30_000)
             p.send("Name an animal.")
             assert p.wait_state(("done", "error"))["state"] == "done"
+            p.page.get_by_label("Toggle Sidebar").click()  # back to the local starter pair
+            p.page.locator("#pair input").click()
+            p.page.get_by_role("option", name="starter", exact=True).click()
+            p.page.locator("#load").click()
+            p.page.locator("#notice .info").get_by_text("Loaded starter").wait_for(timeout=60_000)
+            p.page.reload(wait_until="domcontentloaded")  # the server's fields stay filled for next time
+            p.page.locator("#msg textarea").wait_for(state="visible", timeout=60_000)
+            p.page.get_by_label("Toggle Sidebar").click()
+            p.page.locator("#server-box").get_by_text("Server (llama-server").click()
+            p.page.wait_for_function(
+                "document.querySelector('#server-url textarea, #server-url input').value.length > 0", timeout=30_000)
+            assert p.page.locator("#server-url textarea, #server-url input").first.input_value() == server
         finally:
             p.close()
             app.stop()

@@ -9,6 +9,7 @@ from ..paths import config_dir
 from .store import load_json, save_json
 
 FILE = "settings.json"
+LOAD_SPECS = ("models", "server")  # the fields that are what to load, not how to generate
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class Settings:
     adaptive: bool = False
     enable_thinking: bool = True  # passed to the chat template (Qwen3 thinks unless told not to, as Qwen ships it)
     show_draft_tokens: bool = False
-    models: LoadSpec | None = None  # the last pair loaded
+    models: LoadSpec | None = None  # the last pair loaded (or server connected to)
+    server: LoadSpec | None = None  # the last server connected to: its fields stay filled while a pair is loaded
 
     def generation(self) -> GenerationParams:
         """Engine parameters, validated: an invalid value raises EngineError with a plain explanation."""
@@ -59,7 +61,8 @@ class Settings:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d["models"] = self.models.as_dict() if self.models else None
+        for name in LOAD_SPECS:
+            d[name] = getattr(self, name).as_dict() if getattr(self, name) else None
         return d
 
     @classmethod
@@ -71,8 +74,8 @@ class Settings:
             if f.name not in d:
                 continue
             v = d[f.name]
-            if f.name == "models":
-                values["models"] = LoadSpec.from_dict(v) if isinstance(v, dict) else None
+            if f.name in LOAD_SPECS:
+                values[f.name] = LoadSpec.from_dict(v) if isinstance(v, dict) else None
             elif isinstance(v, type(getattr(base, f.name))) or (isinstance(v, int) and f.type == "float"):
                 values[f.name] = v
         return replace(base, **values)

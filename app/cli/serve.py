@@ -74,7 +74,9 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         runtime.load(requested or settings.models or STARTER)
     if runtime.recommended and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
         settings = settings.with_draft_params(runtime.recommended)
-    settings = replace(settings, **overrides, models=runtime.spec or settings.models)  # flags win
+    spec = runtime.spec
+    settings = replace(settings, **overrides, models=spec or settings.models,  # flags win
+                       server=spec if spec and spec.server else settings.server)
     if with_ui:
         save_settings(settings.for_pair(None, runtime.has_draft))
 

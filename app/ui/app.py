@@ -19,7 +19,7 @@ from ..chat.conversations import Conversations, for_model
 from ..chat.keys import key_for, save_key
 from ..chat.remote import RemoteServer, ServerSpec
 from ..chat.runtime import Runtime
-from ..chat.settings import Settings, load_settings, save_settings
+from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
 from ..engine import EngineError, Stats
 from ..models import hardware
 from ..models.loader import LoadSpec
@@ -30,7 +30,7 @@ from .models_tab import FILES, SERVER, ModelsView, ready_pairs
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
 # Settings edited in the panel, in the order the handlers receive them.
-SETTING_NAMES = [f.name for f in fields(Settings) if f.name != "models"]
+SETTING_NAMES = [f.name for f in fields(Settings) if f.name not in LOAD_SPECS]
 LABELS = {"top_k": "Top-k", "seed": "Seed", "max_tokens": "Max tokens", "draft_max": "Draft max",
           "draft_min": "Draft min", "temperature": "Temperature", "top_p": "Top-p", "min_p": "Min-p",
           "draft_p_min": "Draft p-min"}
@@ -88,11 +88,19 @@ class SpecChatUI:
         return render.hardware_panel(hardware.snapshot(), self.runtime.info())
 
     def _api(self) -> str:
-        return render.api_panel(self.api_info(), self.runtime.info()["pair"]) if self.api_info else ""
+        if not self.api_info:
+            return ""
+        if self.runtime.remote is not None:  # this app's /v1 serves a local pair; the server has its own API
+            return render.notice(f"The chat runs on {self.runtime.remote.base}, which serves the OpenAI-compatible "
+                                 "API itself: point your clients there. This app's /v1 answers when a local pair is "
+                                 "loaded.", "info")
+        return render.api_panel(self.api_info(), self.runtime.info()["pair"])
 
     def _save(self, settings: Settings) -> None:
         try:
-            save_settings(replace(settings, models=self.runtime.spec or settings.models))
+            spec = self.runtime.spec
+            server = spec if spec and spec.server else load_settings()[0].server  # kept while a pair is loaded
+            save_settings(replace(settings, models=spec or settings.models, server=server))
         except OSError as exc:
             self.notes.append(f"Settings could not be saved: {exc}")
 
@@ -185,7 +193,8 @@ class SpecChatUI:
         view[4] = render.notice(" ".join(notes), "warning") if notes else ""
         return [*view[:-1], self._header(), self._hardware(),
                 gr.Dropdown(choices=ready_pairs(), value=SERVER if spec.server else spec.pair or FILES),
-                spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld, *self._server_fields(spec),
+                spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld,
+                *self._server_fields(spec if spec.server else settings.server or LoadSpec()),
                 *values, self.models.refresh()]
 
     @staticmethod

@@ -272,10 +272,18 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
          else "no — this llama.cpp build runs on the CPU only (reinstall with CMAKE_ARGS=\"-DGGML_CUDA=on\" or "
               "\"-DGGML_METAL=on\" to offload)"),
         ("Loaded pair", html.escape(loaded["pair"] or "none")),
-        ("Target / draft", html.escape(f"{loaded['target']} / {loaded['draft'] or '—'}") if loaded["target"] else "—"),
-        ("Pair memory", f"{loaded['memory_bytes'] / gib:.2f} GiB (weights + KV cache at {loaded['n_ctx']} tokens)"
-         if loaded["target"] else "—"),
     ]
+    if server := loaded.get("server"):  # the models run there: nothing of theirs in this machine's memory
+        rows += [("Server", html.escape(f"{server['engine']} at {server['url']}, model {server['model']}")),
+                 ("Speculation", html.escape(server["method"] + (f"; off side from {server['off']}"
+                                                                 if server["off"] else "")))]
+    else:
+        rows += [
+            ("Target / draft", html.escape(f"{loaded['target']} / {loaded['draft'] or '—'}") if loaded["target"]
+             else "—"),
+            ("Pair memory", f"{loaded['memory_bytes'] / gib:.2f} GiB (weights + KV cache at {loaded['n_ctx']} tokens)"
+             if loaded["target"] else "—"),
+        ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="spec-hw">{body}</table>'
 
