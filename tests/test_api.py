@@ -206,3 +206,30 @@ def test_no_pair_loaded_is_503(tiny_server):
     rt.close()
     r = httpx.post(f"{url}/chat/completions", json={"messages": PROMPT}, timeout=30)
     assert r.status_code == 503 and "No model pair is loaded" in r.json()["error"]["message"]
+
+
+def test_a_request_queued_while_another_pair_loads_is_told_to_retry_not_a_500(tiny_server):
+    """The pair is replaced while a request waits for the engine: it gets 503 model_unloaded (Retry-After), and the
+    next request is answered by the new pair."""
+    from app.models.loader import LoadSpec
+
+    url, rt, api = tiny_server
+    body = {"prompt": "the cat", "max_tokens": 8}
+    queued = {}
+    engine = rt.engine
+    with engine._lock:  # busy: the request queues behind this
+        t = threading.Thread(target=lambda: queued.update(r=httpx.post(f"{url}/completions", json=body, timeout=60)))
+        t.start()
+        while api.waiting < 1:
+            time.sleep(0.01)
+        for loaded in (engine.draft, engine.target):  # what Engine.close does once the engine is free
+            loaded.ctx.close()
+            loaded.model.close()
+        engine.draft = engine.target = None
+    t.join(60)
+    r = queued["r"]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_unloaded" and r.headers["Retry-After"]
+    assert "send it again" in r.json()["error"]["message"]
+    rt.engine = None
+    rt.load(LoadSpec(target=rt.spec.target, draft=rt.spec.draft, ctx=256))
+    assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 200

@@ -2,7 +2,7 @@
 from .costs import Costs
 from .draft_control import DraftParams
 from .engine import DRAFTERS, Engine, chat_prompt, prompt_tokens
-from .errors import EngineError
+from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Round, Stats, TextDelta
 from .llama import Model, ModelSettings, batch_invariant, quantize, supports_gpu_offload, system_info
 from .loop import GenerationParams
@@ -10,6 +10,7 @@ from .sampling import SamplingParams
 
 __all__ = [
     "Costs", "DRAFTERS", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams", "Model",
+    "ModelsUnloaded",
     "ModelSettings", "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant", "chat_prompt",
     "prompt_tokens", "quantize", "supports_gpu_offload", "system_info",
 ]

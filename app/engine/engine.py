@@ -10,7 +10,7 @@ from .compat import check_pair
 from .costs import Costs, measure
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from .errors import EngineError
+from .errors import EngineError, ModelsUnloaded
 from .events import Event
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
@@ -82,6 +82,7 @@ class Engine:
 
     @property
     def model(self) -> Model:
+        self._check_loaded()
         return self.target.model
 
     @property
@@ -139,11 +140,18 @@ class Engine:
         """
         params = params or GenerationParams()
         params.validate()
+        self._check_loaded()
         d = self.make_drafter(drafter, params) if isinstance(drafter, str) else drafter
         return self._run(d, prompt_ids, params, cancel)
 
+    def _check_loaded(self) -> None:
+        if self.target is None:
+            raise ModelsUnloaded("The models were unloaded (another pair was loaded) while this request waited for "
+                                 "its turn: send it again.")
+
     def _run(self, d, prompt_ids, params, cancel) -> Iterator[Event]:
         with self._lock:
+            self._check_loaded()  # closed while this generation waited: its drafter's contexts are gone too
             if self.draft:  # the draft's prompt prefill can be long too: let cancel interrupt it
                 self.draft.ctx.set_cancel(cancel)
             try:

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
-from ..engine import Done, EngineError, Round, Stats, TextDelta
+from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from .requests import ApiError, Job, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
@@ -141,6 +141,8 @@ class OpenAIServer:
                                 "app first, or leave 'model' out.", param="model", code="model_not_found")
         try:
             ids = engine.chat_tokens(job.messages, **job.template_variables) if chat else engine.tokenize(job.prompt)
+        except ModelsUnloaded as exc:
+            raise ApiError(503, str(exc), "server_error", code="model_unloaded", headers={"Retry-After": "1"}) from None
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         if len(ids) >= engine.n_ctx:
@@ -156,6 +158,8 @@ class OpenAIServer:
         batches = batches_async(lambda cancel: engine.generate(ids, job.params, job.drafter, cancel), self._leave)
         try:
             first = await anext(batches)  # validation errors (and the wait for the engine) come before any output
+        except ModelsUnloaded as exc:  # another pair was loaded while this request waited
+            raise ApiError(503, str(exc), "server_error", code="model_unloaded", headers={"Retry-After": "1"}) from None
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
