@@ -11,7 +11,7 @@ from .store import load_json
 FILE = "server-keys.json"
 
 
-def _normal(url: str) -> str:
+def _normal(url: str) -> str:  # the same key for http://host:port, …/ and …/v1
     return url.strip().rstrip("/").removesuffix("/v1")
 
 

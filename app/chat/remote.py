@@ -49,6 +49,14 @@ class RemoteError(EngineError):
     """The server could not be used; worded for the person who pointed SpecChat at it."""
 
 
+def base_url(url: str) -> str:
+    """A server's base URL as given (with or without /v1), checked; without /v1 and trailing slashes."""
+    base = url.strip().rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise RemoteError(f"{url!r} is not a server URL: write http://host:port (e.g. http://127.0.0.1:8080).")
+    return base.removesuffix("/v1")
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     url: str  # base URL, with or without /v1
@@ -61,10 +69,7 @@ class RemoteServer:
     """One OpenAI-compatible server. Requests are made one at a time, like the local engine's."""
 
     def __init__(self, spec: ServerSpec, timeout: float = 600.0):
-        base = spec.url.strip().rstrip("/")
-        if not base.startswith(("http://", "https://")):
-            raise RemoteError(f"{spec.url!r} is not a server URL: write http://host:port (e.g. http://127.0.0.1:8080).")
-        self.base = base.removesuffix("/v1")
+        self.base = base_url(spec.url)
         self.spec = spec
         headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
@@ -126,9 +131,14 @@ class RemoteServer:
 
     @property
     def model(self) -> str:
+        """The model id requests name: the one asked for, else the first the server lists."""
         if self._model is None:
             self._model = self.models()[0]
         return self._model
+
+    @model.setter
+    def model(self, name: str) -> None:
+        self._model = name
 
     def _get_json(self, path: str) -> dict:
         try:

@@ -144,7 +144,7 @@ class Runtime:
                 if spec.server_off:
                     progress(0.4, f"Connecting to {spec.server_off}…")
                     off = RemoteServer(ServerSpec(spec.server_off, key_for(spec.server_off) or key_for(spec.server)))
-                    off._model = on.model if on.model in off.models() else off.models()[0]
+                    off.model = on.model if on.model in (models := off.models()) else models[0]
             except EngineError:
                 on.close()
                 if off is not None:
@@ -213,7 +213,7 @@ class Runtime:
         params = settings.generation()
         if (server := self.remote) is not None:  # the server applies its template; any drafter means "speculate"
             live = Live()
-            kwargs = None if settings.enable_thinking else {"enable_thinking": False}  # else the template's default
+            kwargs = _template_kwargs(settings)
             run = lambda c: server.generate(messages, params, settings.drafter != "none", c, kwargs)  # noqa: E731
             for _ in _stream(run, cancel, interval, live):
                 yield live
@@ -237,7 +237,8 @@ class Runtime:
         if settings.drafter == "none":
             raise EngineError("Comparing needs a drafter: choose the draft model or n-gram drafter in Settings.")
         if self.remote is not None:
-            yield from self._compare_remote(messages, params, cancel or threading.Event(), interval)
+            yield from self._compare_remote(messages, params, _template_kwargs(settings), cancel or threading.Event(),
+                                            interval)
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
@@ -256,13 +257,13 @@ class Runtime:
         cmp.locate_difference(engine.detokenize)
         yield cmp
 
-    def _compare_remote(self, messages, params, cancel, interval) -> Iterator[Comparison]:
+    def _compare_remote(self, messages, params, kwargs, cancel, interval) -> Iterator[Comparison]:
         on, off = self.remote, self.remote_off
         cmp = Comparison(messages[-1]["content"], f"server: {on.method()}", params.sampling.temperature == 0,
                          by_text=True)
         for phase, server, speculate in (("off", off or on, off is not None), ("on", on, True)):
             cmp.phase = phase
-            for _ in _stream(lambda c: server.generate(messages, params, speculate, c), cancel, interval,
+            for _ in _stream(lambda c: server.generate(messages, params, speculate, c, kwargs), cancel, interval,
                              getattr(cmp, phase)):
                 yield cmp
             if cancel.is_set():
@@ -275,6 +276,11 @@ class Runtime:
         cmp.phase = "done"
         cmp.locate_difference(lambda ids: "")  # by text: no tokens to detokenize
         yield cmp
+
+
+def _template_kwargs(settings: Settings) -> dict | None:
+    """What a server's chat template is told: thinking off when the person turned it off, else its own default."""
+    return None if settings.enable_thinking else {"enable_thinking": False}
 
 
 def _stream(run, cancel, interval: float, live: Live) -> Iterator[None]:

@@ -122,12 +122,12 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     url = f"http://127.0.0.1:{port}/"
     pair = runtime.spec.describe() if runtime.spec else "none loaded"
     what = "SpecChat is running at" if with_ui else "SpecChat's API is running at"
-    print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
-    for note in (ui.notes if ui else notes):  # the pair's, the settings' and the conversations' notes
-        print(f"specchat: note: {note}", file=sys.stderr)
-    if open_browser and with_ui:
-        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
-    try:
+    try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
+        print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
+        for note in (ui.notes if ui else notes):  # the pair's, the settings' and the conversations' notes
+            print(f"specchat: note: {note}", file=sys.stderr)
+        if open_browser and with_ui:
+            threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
         while thread.is_alive():
             thread.join(0.5)
     except KeyboardInterrupt:

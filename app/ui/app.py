@@ -17,7 +17,7 @@ import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
 from ..chat.keys import key_for, save_key
-from ..chat.remote import RemoteServer, ServerSpec
+from ..chat.remote import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
 from ..engine import EngineError, Stats
@@ -381,8 +381,8 @@ class SpecChatUI:
             raise EngineError("Give the server's URL, e.g. http://127.0.0.1:8080 (llama-server, vLLM, SGLang, "
                               "specchat serve).")
         for u in (url, url_off):
-            if u and not u.startswith(("http://", "https://")):
-                raise EngineError(f"{u!r} is not a server URL: write http://host:port (e.g. http://127.0.0.1:8080).")
+            if u:
+                base_url(u)  # a clear error before anything is saved
         if (key or "").strip():
             save_key(url, key.strip())
         return LoadSpec(server=url, model=(model or "").strip() or None, server_off=url_off or None,
