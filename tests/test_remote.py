@@ -425,6 +425,7 @@ def test_the_app_started_with_server_connects_and_saves_the_key_owner_only(serve
 
 def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_refused_key(served, tmp_path,
                                                                                          monkeypatch):
+    from app.chat.keys import key_for
     from app.chat.runtime import Runtime
     from app.chat.settings import Settings
     from app.engine import EngineError
@@ -444,7 +445,11 @@ def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_ref
         assert render.live_panel(live.stats, [], "done").count(render.NOT_REPORTED) >= 3  # no drafting figures at all
         with pytest.raises(EngineError, match=r"refused the API key \(401\)"):
             rt.load(LoadSpec(server=served))
-        assert rt.info()["server"]["url"] == url  # the previous connection stays
+        with pytest.raises(EngineError, match=r"refused the API key \(401\)"):
+            rt.load(LoadSpec(server=served), api_key="wrong")
+        assert rt.info()["server"]["url"] == url and key_for(served) is None  # still connected; nothing saved
+        rt.load(LoadSpec(server=served), api_key=KEY)
+        assert key_for(served) == KEY  # saved once the server accepted it
     finally:
         rt.close()
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 from ..engine import DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
-from .keys import key_for
+from .keys import key_for, save_key
 from .remote import RemoteServer, ServerSpec
 from .settings import Settings
 from .streaming import INTERVAL, Generation
@@ -102,11 +102,12 @@ class Runtime:
         self._load_lock = threading.Lock()
 
     # --- models ---------------------------------------------------------------------------------------------
-    def load(self, spec: LoadSpec, progress: Callable[[float, str], None] = lambda f, m: None) -> None:
-        """Load a pair, or connect to a server. On failure the previous one stays (a pair is loaded back) and the
-        error is raised."""
+    def load(self, spec: LoadSpec, progress: Callable[[float, str], None] = lambda f, m: None,
+             api_key: str | None = None) -> None:
+        """Load a pair, or connect to a server (``api_key``: a new key for it, saved once the server accepts it;
+        else the saved one). On failure the previous one stays (a pair is loaded back) and the error is raised."""
         if spec.server:
-            return self._connect(spec, progress)
+            return self._connect(spec, progress, api_key)
         with self._load_lock:
             previous = self.spec
             progress(0.05, f"Finding {spec.describe()}…")
@@ -131,11 +132,12 @@ class Runtime:
                 self.spec = self.resolved = None
                 raise
 
-    def _connect(self, spec: LoadSpec, progress: Callable[[float, str], None]) -> None:
+    def _connect(self, spec: LoadSpec, progress: Callable[[float, str], None], api_key: str | None) -> None:
         """Check the server (and the speculation-off one) before letting go of what is loaded now."""
         with self._load_lock:
             progress(0.1, f"Connecting to {spec.server}…")
-            on = RemoteServer(ServerSpec(spec.server, key_for(spec.server), spec.model or None, spec.method or None))
+            key = api_key or key_for(spec.server)
+            on = RemoteServer(ServerSpec(spec.server, key, spec.model or None, spec.method or None))
             off = None
             try:
                 on.models()  # reachable, the key accepted
@@ -143,13 +145,15 @@ class Runtime:
                 on.identify()
                 if spec.server_off:
                     progress(0.4, f"Connecting to {spec.server_off}…")
-                    off = RemoteServer(ServerSpec(spec.server_off, key_for(spec.server_off) or key_for(spec.server)))
+                    off = RemoteServer(ServerSpec(spec.server_off, key_for(spec.server_off) or key))
                     off.model = on.model if on.model in (models := off.models()) else models[0]
             except EngineError:
                 on.close()
                 if off is not None:
                     off.close()
                 raise
+            if api_key:
+                save_key(spec.server, api_key)  # accepted: remembered for next time
             progress(0.7, "Freeing the local pair…")
             self._close_engine()
             self._close_remote()

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--server", metavar="URL", help="an OpenAI-compatible server: llama-server, vLLM, SGLang, TGI, "
                                                     "specchat serve (e.g. http://127.0.0.1:8080)")
     ar.add_argument("--server-api-key", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
-                    help="its API key (default: $SPECCHAT_SERVER_API_KEY); saved, readable only by you, for next "
+                    help="its API key (default: $SPECCHAT_SERVER_API_KEY); once accepted, saved (readable only by you) for next "
                          "time. (--api-key is the key for this app's own /v1.)")
     ar.add_argument("--model", help="the server's model id (default: the first it lists)")
     ar.add_argument("--server-off", metavar="URL", help="the same model served without a draft, for Compare")
@@ -379,12 +379,8 @@ def cmd_app(args) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise EngineError(f"Invalid --port {args.port}: use 1..65535.")
     if getattr(args, "server", None):
-        from ..chat.keys import save_key
-
         if args.pair or args.target:
             raise EngineError("Give either --server or a local pair (--pair, --target), not both.")
-        if args.server_api_key:
-            save_key(args.server, args.server_api_key)
         requested = LoadSpec(server=args.server, model=args.model, server_off=args.server_off, method=args.method)
     elif args.pair or args.target:
         requested = load_spec(args)
@@ -398,7 +394,8 @@ def cmd_app(args) -> int:
     if overrides:
         replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
     return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,
-                 api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app")
+                 api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
+                 server_key=getattr(args, "server_api_key", None))
 
 
 def main(argv: list[str] | None = None) -> int:

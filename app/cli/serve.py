@@ -37,11 +37,12 @@ def free_port(host: str, start: int = 7860, tries: int = 100) -> int:
     raise EngineError(f"No free port between {start} and {start + tries - 1}; choose one with --port.")
 
 
-def startup_pair(requested: LoadSpec | None, last_used: LoadSpec | None, runtime: Runtime) -> list[str]:
+def startup_pair(requested: LoadSpec | None, last_used: LoadSpec | None, runtime: Runtime,
+                 server_key: str | None = None) -> list[str]:
     """Load what was asked for, else the last-used pair, else the starter; say what happened."""
     notes = []
     if requested is not None:
-        runtime.load(requested)  # asked for explicitly: a failure is the user's to see, at once
+        runtime.load(requested, api_key=server_key)  # asked for explicitly: a failure is the user's to see, at once
         return notes
     for spec in dict.fromkeys(s for s in (last_used, STARTER) if s):
         try:
@@ -58,7 +59,10 @@ def _interrupt(signum, frame):
 
 
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool,
-          api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True) -> int:
+          api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True,
+          server_key: str | None = None) -> int:
+    """``api_key`` guards this app's own /v1; ``server_key`` is the key for a requested server (saved once it is
+    accepted)."""
     import uvicorn
     from fastapi import FastAPI
 
@@ -69,9 +73,9 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     settings, warning = load_settings()
     notes = [warning] if warning else []
     if with_ui:
-        notes += startup_pair(requested, settings.models, runtime)
+        notes += startup_pair(requested, settings.models, runtime, server_key)
     else:  # the API alone serves what was asked for, else the last-used pair: nothing to choose from without a UI
-        runtime.load(requested or settings.models or STARTER)
+        runtime.load(requested or settings.models or STARTER, api_key=server_key)
     if runtime.recommended and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
         settings = settings.with_draft_params(runtime.recommended)
     spec = runtime.spec

@@ -16,7 +16,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
-from ..chat.keys import key_for, save_key
+from ..chat.keys import key_for
 from ..chat.remote import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
@@ -348,8 +348,9 @@ class SpecChatUI:
         pair, target, draft, ctx, ngl, ngld, url, key, model, url_off, method, *values = args
         keep = [gr.skip()] * 6
         try:
+            key = (key or "").strip() or None
             if pair == SERVER:
-                spec = self._server_spec(url, key, model, url_off, method)
+                spec = self._server_spec(url, model, url_off, method)
             else:
                 numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
                 spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
@@ -357,7 +358,7 @@ class SpecChatUI:
                              ctx=numbers[0], ngl=numbers[1], ngld=numbers[2])
                 if min(numbers) < -1 or numbers[0] < 0:
                     raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
-            self.runtime.load(spec, lambda f, msg: progress(f, desc=msg))
+            self.runtime.load(spec, lambda f, msg: progress(f, desc=msg), api_key=key if spec.server else None)
         except (EngineError, ValueError, TypeError) as exc:
             return render.notice(str(exc)), self._header(), self._hardware(), *keep
         # A new pair brings its recommended draft settings, and the drafter it can use.
@@ -374,17 +375,15 @@ class SpecChatUI:
                 self._server_fields(self.runtime.spec)[1])
 
     @staticmethod
-    def _server_spec(url, key, model, url_off, method) -> LoadSpec:
-        """The server fields as a LoadSpec; a key typed in is saved (owner-only) for that URL."""
+    def _server_spec(url, model, url_off, method) -> LoadSpec:
+        """The server fields as a LoadSpec (the key goes apart: it is saved once the server accepts it)."""
         url, url_off = (url or "").strip(), (url_off or "").strip()
         if not url:
             raise EngineError("Give the server's URL, e.g. http://127.0.0.1:8080 (llama-server, vLLM, SGLang, "
                               "specchat serve).")
         for u in (url, url_off):
             if u:
-                base_url(u)  # a clear error before anything is saved
-        if (key or "").strip():
-            save_key(url, key.strip())
+                base_url(u)  # a clear error at once
         return LoadSpec(server=url, model=(model or "").strip() or None, server_off=url_off or None,
                         method=(method or "").strip() or None)
 
