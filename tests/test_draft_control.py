@@ -17,7 +17,7 @@ def feed(c: DraftLength, rounds: int, accept, t_draft: float) -> list[int]:
         k = c.next()
         asked.append(k)
         k = min(k, (8, 3, 1, 5)[i % 4])
-        c.update(k, accept(k), k * t_draft, verify(k + 1), n_evals=k)
+        c.update(k, accept(k), k * t_draft, verify(k + 1), n_evals=k, first_s=t_draft if k else 0.0)
     return asked
 
 
@@ -57,6 +57,35 @@ def test_measured_loss_turns_speculation_off_even_where_the_model_says_it_pays()
         c.next()
         c.update(0, 0, 0.004, verify(1), n_evals=1)
     assert c._best_k() > 0 and c.next() == 0
+
+
+def test_a_rounds_first_call_catching_up_does_not_pass_for_the_cost_of_every_token():
+    """The first draft call of a round also evaluates the tokens made since the last draft (and llama.cpp pays
+    extra for a batch shape it has not seen): the starter pair's first rounds measured 14-27 ms for calls whose
+    marginal cost is 10 ms. Taken as the cost of every token, drafting looked dearer than the target's own step and
+    speculation went off for whole answers whose drafts were all accepted."""
+    c = DraftLength(ADAPTIVE)
+    asked = []
+    for _ in range(40):
+        k = c.next()
+        asked.append(k)
+        first = 0.012 if k else 0.0  # catching up: more than a target step (0.010)
+        c.update(k, k, first + 0.002 * max(k - 1, 0), verify(k + 1), n_evals=k, first_s=first)
+    assert asked[:2] == [2, 0] and all(k == 8 for k in asked[6:])
+
+
+def test_a_passing_slowdown_does_not_end_speculation_for_the_whole_answer():
+    """A busy machine makes a few draft rounds slow: measured loss, off. Drafting can pay (cheap, accepted), so
+    probes come every PROBE_EVERY rounds and drafting resumes once the slowdown is over."""
+    c = DraftLength(ADAPTIVE)
+    asked = []
+    for i in range(120):
+        k = c.next()
+        asked.append(k)
+        slow = 0.08 if 6 <= i < 16 else 0.0  # another process takes the CPU for a while
+        c.update(k, k, slow + 0.002 * k, verify(k + 1), n_evals=k, first_s=slow + 0.002 if k else 0.0)
+    assert asked[16:].count(0) >= 10  # it went off during or after the slowdown...
+    assert all(k == 8 for k in asked[-20:])  # ...and came back
 
 
 def test_fixed_mode_always_drafts_draft_max():

@@ -52,9 +52,9 @@ class DraftParams:
 class DraftLength:
     MEASURE_DRAFT = 2  # tokens a measuring round drafts: two draft calls to time, at little risk
     PROBE_EVERY = 24  # rounds with speculation off between two probe drafts
-    # ...when a draft model's drafts were being accepted and speculation still lost, drafting costs too much on
-    # this machine: a probe would only learn that again, and the draft model must first catch up on every token
-    # made since (costly). Model-free drafters probe for free.
+    # ...when the measured costs say a draft model cannot pay even if every token were accepted: a probe would only
+    # learn that again, and the draft model must first catch up on every token made since (costly). Model-free
+    # drafters probe for free.
     PROBE_EVERY_WHEN_COSTLY = 192
     DECAY = 0.9  # weight of the past in the running estimates (about the last 10 rounds)
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
@@ -92,7 +92,10 @@ class DraftLength:
         # is accepted goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
-            costly = self._spec[0] > 0 and self.acceptance() >= 0.9
+            # Off because a draft model costs more than it can save even when every token is accepted: probes
+            # would only learn that again. Off for any other reason (poor acceptance, a measured loss that noise
+            # can fake): probe often, so a passing slowdown does not end speculation for the whole answer.
+            costly = self._spec[0] > 0 and self._best_k(0.999) == 0
             if self._off_rounds >= (self.PROBE_EVERY_WHEN_COSTLY if costly else self.PROBE_EVERY):
                 self._off_rounds = 0
                 return min(2, self.p.draft_max)
@@ -148,7 +151,7 @@ class DraftLength:
 
     # --- feedback -------------------------------------------------------------------------------------------
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
-               signals: list[float] | None = None, n_evals: int = 0) -> None:
+               signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0) -> None:
         d = self.DECAY
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
@@ -160,9 +163,17 @@ class DraftLength:
             self._succ = d * self._succ + n_accepted
             self._seen = d * self._seen + examined
             self._examined += examined
-        if n_drafted or n_evals:
-            # A drafted token costs one draft-model call (model-free drafters: their time per token)
-            per_token = draft_s / (n_evals or n_drafted)
+        # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
+        # a round's first tell that marginal cost; the first also catches up on the tokens made since the last
+        # draft (and a new batch shape costs llama.cpp extra the first time), so it alone only gives a first guess.
+        per_token = None
+        if n_evals > 1:
+            per_token = (draft_s - first_s) / (n_evals - 1)
+        elif n_evals == 1:
+            per_token = draft_s if self._t_draft is None else None
+        elif n_drafted:
+            per_token = draft_s / n_drafted
+        if per_token is not None:
             self._t_draft = per_token if self._t_draft is None else d * self._t_draft + (1 - d) * per_token
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec

@@ -6,6 +6,8 @@ distribution each token was drawn from (``None`` = a deterministic proposal, tre
 """
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -21,6 +23,7 @@ class Draft:
     probs: list[np.ndarray] | None = None  # q per token when the drafter sampled from a distribution
     signals: list[float] | None = None  # per token: the drafter's confidence signal, when asked for
     n_evals: int = 0  # draft-model decode calls spent (the marginal cost of a token is one call)
+    first_s: float = 0.0  # seconds of the first call, which also catches up on the tokens made since the last draft
 
 
 KeepGoing = Callable[[float], bool]  # given the confidence signal of the next token: draft it?
@@ -82,8 +85,10 @@ class ModelDrafter:
         if n == len(history):  # everything cached, but we need fresh logits for the last token
             ctx.truncate(n - 1)
             n -= 1
+        t0 = time.perf_counter()
         ctx.decode(history[n:], n_logits=1)
-        draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None, n_evals=1)
+        draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None, n_evals=1,
+                      first_s=time.perf_counter() - t0)
         n_vocab = ctx.model.n_vocab
         for i in range(n_max):
             logits = ctx.logits(-1)

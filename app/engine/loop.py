@@ -152,7 +152,7 @@ def speculative_generate(
             stats.n_accepted += accepted
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals)
+            control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s)
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"
