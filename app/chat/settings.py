@@ -59,6 +59,13 @@ class Settings:
         s = self.with_draft_params(recommended) if recommended else self
         return replace(s, drafter="ngram") if s.drafter == "model" and not has_draft else s
 
+    def loaded(self, spec: LoadSpec | None) -> "Settings":
+        """These settings with ``spec`` as the last thing loaded; a server's fields are also kept apart, so they
+        stay filled while a local pair is loaded."""
+        if spec is None:
+            return self
+        return replace(self, models=spec, server=spec if spec.server else self.server)
+
     def as_dict(self) -> dict:
         d = asdict(self)
         for name in LOAD_SPECS:

@@ -7,13 +7,17 @@ import time
 from pathlib import Path
 
 
-def save_json(path: Path, data) -> None:
+def save_json(path: Path, data, mode: int | None = None) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over the old file: a crash at any
-    moment leaves either the old or the new content, never half of one."""
+    moment leaves either the old or the new content, never half of one. ``mode`` (e.g. 0o600 for secrets): the
+    file's permissions from its first byte."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # a leftover temporary file may have had wider rights
             json.dump(data, f, ensure_ascii=False, indent=1)
             f.flush()
             os.fsync(f.fileno())

@@ -37,15 +37,22 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
 
 
-def _remote_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    r = p.add_argument_group("a server instead (llama-server, specchat serve: it runs the models and speculates)")
+def _remote_flags(p: argparse.ArgumentParser, key_flag: str = "--api-key", with_off: bool = False) -> None:
+    """--server and its companions. The app names the server's key --server-api-key: its --api-key guards its own
+    /v1."""
+    r = p.add_argument_group("a server instead (llama-server, vLLM, SGLang, TGI, specchat serve: it runs the models "
+                             "and speculates)")
     r.add_argument("--server", metavar="URL", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
-    r.add_argument("--api-key", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
-                   help="the server's API key (default: $SPECCHAT_SERVER_API_KEY)")
+    r.add_argument(key_flag, dest="server_api_key", metavar="KEY", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
+                   help="the server's API key (default: $SPECCHAT_SERVER_API_KEY)"
+                        + ("; once accepted, saved (readable only by you) for next time" if key_flag != "--api-key"
+                           else ""))
     r.add_argument("--model", help="the server's model id (default: the first it lists)")
     r.add_argument("--method", help="your label for how the server speculates (e.g. 'EAGLE-3'), shown beside its "
                                     "figures and kept apart in reports (default: what the server says, if anything)")
-    return r
+    if with_off:
+        r.add_argument("--server-off", metavar="URL", help="the same model served without a draft, for the "
+                       "speculation-off side (for servers that cannot turn it off per request, like llama-server)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,13 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="speculation off vs on over a JSONL file of prompts (greedy)")
     _model_flags(b)
-    remote = _remote_flags(b)
+    _remote_flags(b, with_off=True)
     b.add_argument("--prompts", type=Path, required=True, help="JSONL: {\"prompt\": ..., \"category\": ...} per line")
     b.add_argument("--max-tokens", "-n", type=int, default=128)
     b.add_argument("--repeats", type=int, default=1, help="runs of each prompt per mode (interleaved)")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
-    remote.add_argument("--server-off", metavar="URL", help="with --server: the same model served without a draft, for "
-                   "the speculation-off side (for servers that cannot turn it off per request, like llama-server)")
 
     c = sub.add_parser("chat", help="chat in the terminal")
     _model_flags(c)
@@ -84,15 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(a)
     _serving_flags(a)
     a.add_argument("--no-browser", action="store_true", help="do not open a browser window")
-    ar = a.add_argument_group("a server instead of a local pair (it runs the models and speculates)")
-    ar.add_argument("--server", metavar="URL", help="an OpenAI-compatible server: llama-server, vLLM, SGLang, TGI, "
-                                                    "specchat serve (e.g. http://127.0.0.1:8080)")
-    ar.add_argument("--server-api-key", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
-                    help="its API key (default: $SPECCHAT_SERVER_API_KEY); once accepted, saved (readable only by you) for next "
-                         "time. (--api-key is the key for this app's own /v1.)")
-    ar.add_argument("--model", help="the server's model id (default: the first it lists)")
-    ar.add_argument("--server-off", metavar="URL", help="the same model served without a draft, for Compare")
-    ar.add_argument("--method", help="your label for how the server speculates")
+    _remote_flags(a, key_flag="--server-api-key", with_off=True)
     sv = sub.add_parser("serve", help="the OpenAI-compatible API alone (/v1), no browser")
     _model_flags(sv)
     _serving_flags(sv)
@@ -290,7 +287,7 @@ def cmd_chat(args) -> int:
         from ..chat.remote import RemoteServer, ServerSpec
         from .remote import remote_summary
 
-        server = RemoteServer(ServerSpec(args.server, args.api_key or None, args.model, args.method))
+        server = RemoteServer(ServerSpec(args.server, args.server_api_key or None, args.model, args.method))
         params = _generation_params(args, DraftParams())
         answer = lambda msgs, cancel: server.generate(msgs, params, args.drafter != "none", cancel)  # noqa: E731
         summary = remote_summary

@@ -169,15 +169,13 @@ def _check_on_hub(hf: str | None, hfd: str | None) -> int:
         return 0 if _hub_pair(hf, hfd)[1].ok else 1
     target = discover.choose(hf, "target")
     _print_choice(target, "target")
-    candidates = discover.drafts_for(target)
-    target_info = discover.remote_info(target) if candidates else None  # read once for every candidate
-    if not candidates:
+    judged = discover.judged_drafts(target)
+    if not judged:
         print("No draft of this model's family found on the Hub; --drafter ngram speculates without one.")
         return 1
     print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded):")
     good = 0
-    for hit, choice in candidates:
-        advice = discover.advise(target, choice, {hit.repo: hit}, target_info=target_info)
+    for hit, choice, advice in judged:
         good += bool(advice.ok)
         mark = "OK " if advice.ok else "NO "
         print(f"  {mark} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "

@@ -17,7 +17,7 @@ JSON_FIELDS = ("text", "token_ids", "n_tokens", "n_drafted", "n_accepted", "acce
 
 
 def _server(args, url: str | None = None) -> RemoteServer:
-    return RemoteServer(ServerSpec(url or args.server, args.api_key or None, args.model, args.method))
+    return RemoteServer(ServerSpec(url or args.server, args.server_api_key or None, args.model, args.method))
 
 
 def _messages(args, prompt: str) -> list[dict]:

@@ -78,9 +78,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         runtime.load(requested or settings.models or STARTER, api_key=server_key)
     if runtime.recommended and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
         settings = settings.with_draft_params(runtime.recommended)
-    spec = runtime.spec
-    settings = replace(settings, **overrides, models=spec or settings.models,  # flags win
-                       server=spec if spec and spec.server else settings.server)
+    settings = replace(settings, **overrides).loaded(runtime.spec)  # flags win
     if with_ui:
         save_settings(settings.for_pair(None, runtime.has_draft))
 

@@ -206,6 +206,13 @@ def drafts_for(target: GgufChoice, limit: int = 5, endpoint: str | None = None) 
     return out
 
 
+def judged_drafts(target: GgufChoice, endpoint: str | None = None) -> list[tuple[RepoHit, GgufChoice, Advice]]:
+    """``drafts_for`` with each candidate's pairing advice; the target's header is read once for all of them."""
+    candidates = drafts_for(target, endpoint=endpoint)
+    info = remote_info(target, endpoint) if candidates else None
+    return [(hit, c, advise(target, c, {hit.repo: hit}, endpoint, target_info=info)) for hit, c in candidates]
+
+
 def pick_draft_file(files: list[GgufChoice]) -> GgufChoice:
     by_quant = {c.quantization: c for c in files}
     return by_quant.get("Q8_0") or max(files, key=lambda c: c.size)

@@ -142,7 +142,7 @@ class OpenAIServer:
         try:
             ids = engine.chat_tokens(job.messages, **job.template_variables) if chat else engine.tokenize(job.prompt)
         except ModelsUnloaded as exc:
-            raise ApiError(503, str(exc), "server_error", code="model_unloaded", headers={"Retry-After": "1"}) from None
+            raise _retry(exc) from None
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         if len(ids) >= engine.n_ctx:
@@ -159,7 +159,7 @@ class OpenAIServer:
         try:
             first = await anext(batches)  # validation errors (and the wait for the engine) come before any output
         except ModelsUnloaded as exc:  # another pair was loaded while this request waited
-            raise ApiError(503, str(exc), "server_error", code="model_unloaded", headers={"Retry-After": "1"}) from None
+            raise _retry(exc) from None
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
@@ -249,3 +249,8 @@ def _usage(meta: dict, stats: Stats) -> dict:
 
 def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _retry(exc: ModelsUnloaded) -> ApiError:
+    """The models went away (another pair loaded) before this request was served: 503, worth sending again."""
+    return ApiError(503, str(exc), "server_error", code="model_unloaded", headers={"Retry-After": "1"})

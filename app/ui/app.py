@@ -98,9 +98,8 @@ class SpecChatUI:
 
     def _save(self, settings: Settings) -> None:
         try:
-            spec = self.runtime.spec
-            server = spec if spec and spec.server else load_settings()[0].server  # kept while a pair is loaded
-            save_settings(replace(settings, models=spec or settings.models, server=server))
+            # The panel's settings carry no server: the one saved stays while a pair is loaded.
+            save_settings(replace(settings, server=load_settings()[0].server).loaded(self.runtime.spec))
         except OSError as exc:
             self.notes.append(f"Settings could not be saved: {exc}")
 

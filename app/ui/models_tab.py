@@ -132,9 +132,7 @@ class ModelsView:
         repo, file = (repo or "").strip(), (file or "").strip()
         try:
             target = discover.choose(f"{repo}:{file}")
-            candidates = discover.drafts_for(target)
-            info = discover.remote_info(target) if candidates else None  # read once for every candidate
-            found = [(hit, c, discover.advise(target, c, {hit.repo: hit}, target_info=info)) for hit, c in candidates]
+            found = discover.judged_drafts(target)
         except EngineError as exc:
             return gr.skip(), render.notice(str(exc)), gr.skip(), gr.skip()
         rows = [(a.ok, c.repo, c.quantization or c.file, c.size, hit.downloads, a.lines[-1]) for hit, c, a in found]
