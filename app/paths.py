@@ -16,7 +16,9 @@ def _dir(kind: str) -> Path:
         path = Path(platformdirs.user_data_dir("specchat", appauthor=False))
     else:
         path = Path(platformdirs.user_config_dir("specchat", appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:  # conversations, settings and keys: nobody else's business
+        path.chmod(0o700)
     return path
 
 

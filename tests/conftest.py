@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,3 +63,23 @@ def starter_engine(specchat_home):
     e = Engine(ModelSettings(starter.target_path(), n_ctx=2048), ModelSettings(starter.draft_path(), n_ctx=2048))
     yield e
     e.close()
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium through Playwright; skipped without it, unless SPECCHAT_REQUIRE_BROWSER=1 (CI)."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("SPECCHAT_REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium is not installed (apt install chromium)")
+        pytest.skip("chromium is not installed (apt install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update"])
+        yield b
+        b.close()

@@ -45,3 +45,48 @@ def specchat_serve(home: Path, api_key: str | None = None, *args: str) -> Iterat
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, "".join(lines) + out
+
+
+class App:
+    """`specchat` (the app) started as a person starts it, with ``args`` added to its command line
+    (tests/net_guard.py logs any connection beyond loopback)."""
+
+    def __init__(self, home: Path, *args: str, **env):
+        self.home, self.port = home, free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.net_log = home / "outside-connections.log"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "SPECCHAT_API_KEY"}
+        environ.update(SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(self.net_log), **env)
+        guard = Path(__file__).with_name("net_guard.py")
+        self.proc = subprocess.Popen([sys.executable, str(guard), "--no-browser", "--port", str(self.port), *args],
+                                     env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and (line := self.proc.stdout.readline()):
+            self.lines.append(line)
+            if "running at" in line:
+                break
+        if not any(self.url in ln for ln in self.lines):
+            self.proc.kill()
+            raise AssertionError("".join(self.lines))
+
+    def read_line(self, containing: str, timeout: float = 30) -> str:
+        """The next line of its output that holds ``containing``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (line := self.proc.stdout.readline()):
+            self.lines.append(line)
+            if containing in line:
+                return line
+        raise AssertionError(f"no line with {containing!r} in:\n" + "".join(self.lines))
+
+    def stop(self) -> None:
+        """Ctrl-C: a clean shutdown, having reached nothing beyond 127.0.0.1."""
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=30)
+        assert self.proc.returncode == 0, "".join(self.lines) + out
+        assert self.net_log.read_text() == "", "the app reached beyond 127.0.0.1"
+
+    def kill(self) -> None:
+        """kill -9: no chance to save anything."""
+        self.proc.kill()
+        self.proc.communicate(timeout=30)

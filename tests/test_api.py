@@ -160,6 +160,31 @@ def test_twenty_concurrent_streams_are_queued_and_all_correct(client):
     assert not errors and results == [reference] * 20
 
 
+def test_ctrl_c_with_requests_queued_and_streaming_exits_cleanly(specchat_home):
+    """Clients still reading long answers, more waiting their turn: Ctrl-C cancels them all and the server exits 0
+    (specchat_serve asserts it, within its 30 s), not stuck behind the queue until a watchdog kills it."""
+    errors, started = [], threading.Event()
+
+    def long_answer(url):
+        body = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000,
+                "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    started.set()
+        except httpx.HTTPError as exc:  # the server going away mid-answer is expected here
+            errors.append(exc)
+
+    with specchat_serve(specchat_home) as url:
+        threads = [threading.Thread(target=long_answer, args=(url,), daemon=True) for _ in range(6)]
+        for t in threads:
+            t.start()
+        assert started.wait(120)  # one is streaming, five are queued behind it
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+
+
 # --- in-process: the queue bound, no pair --------------------------------------------------------------------
 @pytest.fixture
 def tiny_server(models):

@@ -19,18 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from servers import App, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).parent / "artifacts"))
 LONG_PROMPT = "Write a long story about a lighthouse keeper and a storm, with many details."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -63,63 +57,12 @@ draft = { repo = "tests/tiny", file = "tiny-draft-F32.gguf", quantization = "F32
     hub.close()
 
 
-class App:
-    """`specchat` started as a person starts it (tests/net_guard.py logs any connection beyond loopback)."""
-
-    def __init__(self, home: Path, **env):
-        self.home, self.port = home, _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.net_log = home / "outside-connections.log"
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-        environ.update(SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", SPECCHAT_NET_LOG=str(self.net_log), **env)
-        guard = Path(__file__).with_name("net_guard.py")
-        self.proc = subprocess.Popen([sys.executable, str(guard), "--no-browser", "--port", str(self.port)],
-                                     env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and (line := self.proc.stdout.readline()):
-            self.lines.append(line)
-            if "running at" in line:
-                break
-        if not any(self.url in ln for ln in self.lines):
-            self.proc.kill()
-            raise AssertionError("".join(self.lines))
-
-    def stop(self) -> None:
-        """Ctrl-C: a clean shutdown, having reached nothing beyond 127.0.0.1."""
-        self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=30)
-        assert self.proc.returncode == 0, "".join(self.lines) + out
-        assert self.net_log.read_text() == "", "the app reached beyond 127.0.0.1"
-
-    def kill(self) -> None:
-        """kill -9: no chance to save anything."""
-        self.proc.kill()
-        self.proc.communicate(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory, fake_hub):
     home = tmp_path_factory.mktemp("home")
     app = App(home, HF_ENDPOINT=fake_hub[0].url, HF_HUB_CACHE=str(home / "hub"), SPECCHAT_MODELS=str(fake_hub[1]))
     yield app.url, home
     app.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("SPECCHAT_REQUIRE_BROWSER") == "1":
-            pytest.fail("chromium is not installed (apt install chromium)")
-        pytest.skip("chromium is not installed (apt install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update"])
-        yield b
-        b.close()
 
 
 class Page:

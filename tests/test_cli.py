@@ -177,21 +177,33 @@ def test_serve_bad_flags_are_one_clear_line(args, words, tmp_path):
     assert_one_line_error(r, words)
 
 
-def test_serve_on_the_network_without_a_key_warns_and_with_one_does_not(models, tmp_path):
-    """`--listen` without --api-key serves, but says plainly that anyone on the network may use it."""
+def test_serve_on_the_network_makes_up_a_key_and_only_no_auth_serves_openly(models, tmp_path):
+    """`--listen` without --api-key prints a random key that /v1 then requires; `--no-auth` serves without one but
+    says plainly that anyone on the network may use it; with --api-key neither."""
+    import httpx
+
     env = {k: v for k, v in os.environ.items() if k != "SPECCHAT_API_KEY"}
     env.update(SPECCHAT_HOME=str(tmp_path), PYTHONUNBUFFERED="1")
-    for extra, warned in (([], True), (["--api-key", "k"], False)):
+    for extra, made_up, warned in (([], True, False), (["--no-auth"], False, True), (["--api-key", "k"], False, False)):
+        port = _free_port()
         proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--target", str(models["target"]), "--listen",
-                                 "--port", str(_free_port()), *extra], env=env, stdout=subprocess.PIPE,
+                                 "--port", str(port), *extra], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = []
         while (line := proc.stdout.readline()) and "running at" not in line:
             lines.append(line)
+        if made_up:
+            key_line = proc.stdout.readline()
+            lines.append(key_line)
+            key = key_line.split("the key for this session is ")[1].split()[0]
+            models_url = f"http://127.0.0.1:{port}/v1/models"
+            assert httpx.get(models_url, timeout=30).status_code == 401
+            assert httpx.get(models_url, headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code == 200
         proc.send_signal(signal.SIGINT)
         out = "".join(lines) + line + proc.communicate(timeout=30)[0]
         assert proc.returncode == 0, out
-        assert ("--listen serves to your whole network" in out) is warned, out
+        assert ("serves to your whole network and nobody needs a key" in out) is warned, out
+        assert ("the key for this session is" in out) is made_up, out
 
 
 def _free_port() -> int:

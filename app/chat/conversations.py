@@ -68,6 +68,9 @@ class Conversations:
     # --- opening --------------------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Owner-only from the first byte; SQLite gives its -wal and -shm files the database file's permissions.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(self.path, 0o600)  # a file from an earlier version may be wider
         db = sqlite3.connect(self.path, timeout=3, check_same_thread=False, isolation_level=None)
         try:
             db.row_factory = sqlite3.Row

@@ -7,17 +7,16 @@ import time
 from pathlib import Path
 
 
-def save_json(path: Path, data, mode: int | None = None) -> None:
+def save_json(path: Path, data, mode: int = 0o600) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over the old file: a crash at any
-    moment leaves either the old or the new content, never half of one. ``mode`` (e.g. 0o600 for secrets): the
-    file's permissions from its first byte."""
+    moment leaves either the old or the new content, never half of one. ``mode``: the file's permissions from its
+    first byte (owner-only: settings name your files, keys are secrets)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)  # a leftover temporary file may have had wider rights
+            os.fchmod(f.fileno(), mode)  # a leftover temporary file may have had wider rights
             json.dump(data, f, ensure_ascii=False, indent=1)
             f.flush()
             os.fsync(f.fileno())

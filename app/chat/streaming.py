@@ -69,14 +69,16 @@ class Generation:
 
 
 async def batches_async(run: Callable[[threading.Event], Iterator[Event]],
-                        on_end: Callable[[], None] = lambda: None) -> AsyncIterator[list[Event]]:
+                        on_end: Callable[[], None] = lambda: None,
+                        cancel: threading.Event | None = None) -> AsyncIterator[list[Event]]:
     """The same worker thread for an asyncio viewer (the HTTP API): as soon as there are events, all there are (a
     verification round commits several tokens at once; sending them together saves the viewer work). Leaving early,
-    or being cancelled because the client went away, cancels the generation at once. ``on_end`` runs on the worker
-    when the generation is over, however it ended (even if this iterator is never read)."""
+    or being cancelled because the client went away, cancels the generation at once; so does setting ``cancel``
+    (while it still waits for the engine, too). ``on_end`` runs on the worker when the generation is over, however
+    it ended (even if this iterator is never read)."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
-    cancel = threading.Event()
+    cancel = cancel or threading.Event()
 
     def put(item) -> None:
         try:

@@ -139,9 +139,16 @@ def _hub_refs(p: argparse.ArgumentParser, what: str) -> None:
 
 def _serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 7860 or the next free one)")
-    p.add_argument("--listen", action="store_true", help="serve on every network interface (default: loopback only)")
+    p.add_argument("--listen", action="store_true",
+                   help="serve on every network interface (default: loopback only); everything then needs the key")
     p.add_argument("--api-key", default=os.environ.get("SPECCHAT_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECCHAT_API_KEY, else none)")
+                   help="the key: on loopback /v1 requires 'Authorization: Bearer KEY'; with --listen the UI and its "
+                        "API require it too (default: $SPECCHAT_API_KEY; with --listen, a random one, printed)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="with --listen, serve without any key: anyone on your network can use the app")
+    p.add_argument("--allow-host", action="append", metavar="NAME", default=[],
+                   help="also answer requests addressed to NAME, e.g. behind a reverse proxy (repeatable; "
+                        "default: loopback names, and with --listen this machine's addresses and names)")
     p.add_argument("--cors", action="append", metavar="ORIGIN",
                    help="let web pages from ORIGIN call /v1 (repeatable; default: none)")
 
@@ -392,7 +399,7 @@ def cmd_app(args) -> int:
         replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
     return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,
                  api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
-                 server_key=getattr(args, "server_api_key", None))
+                 server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth)
 
 
 def main(argv: list[str] | None = None) -> int:

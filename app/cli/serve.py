@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import secrets
+import tempfile
 import signal
 import socket
 import sys
@@ -60,12 +62,13 @@ def _interrupt(signum, frame):
 
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool,
           api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True,
-          server_key: str | None = None) -> int:
-    """``api_key`` guards this app's own /v1; ``server_key`` is the key for a requested server (saved once it is
-    accepted)."""
+          server_key: str | None = None, allow_hosts: list[str] | None = None, no_auth: bool = False) -> int:
+    """``api_key`` guards this app's own /v1 (and, with ``listen``, everything: one is made up when none is given,
+    unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted)."""
     import uvicorn
     from fastapi import FastAPI
 
+    from ..server.guard import Access, Guard, lan_address
     from ..server.openai_api import OpenAIServer
 
     runtime = Runtime()
@@ -84,17 +87,23 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
 
     host = "0.0.0.0" if listen else "127.0.0.1"
     port = port or free_port(host)
+    made_up_key = listen and not api_key and not no_auth
+    if made_up_key:  # as Jupyter does: a random key, printed with the URL that signs in
+        api_key = secrets.token_urlsafe(24)
     if listen and not api_key:
-        print("specchat: warning: --listen serves to your whole network and nobody needs a key: anyone who can reach "
-              "this machine can use it. Add --api-key KEY (or set SPECCHAT_API_KEY) to require one on /v1.",
-              file=sys.stderr)
+        print("specchat: warning: --listen --no-auth serves to your whole network and nobody needs a key: anyone who "
+              "can reach this machine can read your conversations and use the models. Leave out --no-auth to "
+              "require a key.", file=sys.stderr)
+    access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
     # What a request leaves out: the app's settings as last saved by the UI, or this command's.
     defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
-    api = OpenAIServer(runtime, defaults, api_key)
+    api = OpenAIServer(runtime, defaults)
     root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     root.mount("/v1", api.app(cors))
     ui = None
     if with_ui:
+        # Gradio copies files it serves (exports) into its cache: keep that owner-only too, not in a shared /tmp.
+        os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix="specchat-gradio-"))
         import gradio as gr
 
         from ..ui.app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
@@ -106,8 +115,8 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         root = gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
                                    theme=theme(), css=css(), footer_links=["api", "settings"],
                                    favicon_path=str(resource("assets/logo.svg")))
-    server = uvicorn.Server(uvicorn.Config(root, host=host, port=port, log_level="warning", access_log=False,
-                                           lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(Guard(root, access), host=host, port=port, log_level="warning",
+                                           access_log=False, lifespan="on", timeout_graceful_shutdown=5))
     server.install_signal_handlers = lambda: None  # ours below; uvicorn's would swallow Ctrl-C
     thread = threading.Thread(target=server.run, daemon=True, name="specchat-http")
     thread.start()
@@ -126,10 +135,20 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     what = "SpecChat is running at" if with_ui else "SpecChat's API is running at"
     try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
         print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
+        if listen:
+            lan = lan_address()
+            if made_up_key:
+                where = [access.login_url(h) for h in ([lan] if lan else []) + ["127.0.0.1"]] if with_ui else []
+                print(f"specchat: the key for this session is {api_key}" + (
+                    " — open " + " or ".join(where) + " to sign in" if where else
+                    " (send it as 'Authorization: Bearer KEY')"), flush=True)
+            if lan:
+                print(f"specchat: on your network: http://{lan}:{port}/", flush=True)
         for note in (ui.notes if ui else notes):  # the pair's, the settings' and the conversations' notes
             print(f"specchat: note: {note}", file=sys.stderr)
         if open_browser and with_ui:
-            threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+            first = access.login_url() if listen and api_key else url  # this machine's own browser signs in at once
+            threading.Thread(target=webbrowser.open, args=(first,), daemon=True).start()
         while thread.is_alive():
             thread.join(0.5)
     except KeyboardInterrupt:
@@ -141,6 +160,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         if ui:
             for cancel in list(ui.cancels.values()):  # end answers in progress
                 cancel.set()
+        api.cancel_all()  # and API requests, queued ones included: none of them waits for its turn now
         server.should_exit = True
         thread.join(10)
         if ui:

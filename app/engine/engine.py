@@ -11,7 +11,7 @@ from .costs import Costs, measure
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError, ModelsUnloaded
-from .events import Event
+from .events import Done, Event, Stats
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
 from .loop import GenerationParams, speculative_generate
@@ -150,7 +150,13 @@ class Engine:
                                  "its turn: send it again.")
 
     def _run(self, d, prompt_ids, params, cancel) -> Iterator[Event]:
-        with self._lock:
+        # Wait for the turn, but leave the queue the moment this generation is cancelled (a client that gave up, a
+        # shutdown): an abandoned request must not cost the ones behind it a whole answer.
+        while not self._lock.acquire(timeout=0.05):
+            if cancel is not None and cancel.is_set():
+                yield Done("cancelled", "", [], Stats(drafter=d.name))
+                return
+        try:
             self._check_loaded()  # closed while this generation waited: its drafter's contexts are gone too
             if self.draft:  # the draft's prompt prefill can be long too: let cancel interrupt it
                 self.draft.ctx.set_cancel(cancel)
@@ -159,6 +165,8 @@ class Engine:
             finally:
                 if self.draft:
                     self.draft.ctx.set_cancel(None)
+        finally:
+            self._lock.release()
 
     def measure_costs(self, draft_max: int, drafter: str = "model") -> Costs:
         """Time the operations of a speculative round with the loaded models (see ``costs``); the draft model's

@@ -2,10 +2,13 @@
 
 Requests take turns on the engine (its lock is the slot the chat UI uses too, so an API call and a browser chat
 never interleave in one context); a bounded number may wait, beyond that the answer is 503 with Retry-After.
-A client that goes away mid-stream cancels its generation at once.
+A client that goes away — while its request waits for its turn, mid-stream or before a whole answer is sent —
+cancels its generation at once, and so does shutting down (``cancel_all``). Who may call at all (Host, Origin,
+the key) is decided in front of every route by ``guard.Guard``.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -58,14 +61,14 @@ class Served:
 
 
 class OpenAIServer:
-    def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, api_key: str | None = None,
-                 max_waiting: int = MAX_WAITING):
+    def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
-        self.api_key = api_key
         self.max_waiting = max_waiting
         self.waiting = 0
+        self.generations = 0  # generations started (queued included): what a refused request must not move
         self._count_lock = threading.Lock()
+        self._cancels: set[threading.Event] = set()  # one per request queued or running
         self.served: deque[Served] = deque(maxlen=50)
 
     # --- the app --------------------------------------------------------------------------------------------
@@ -77,11 +80,7 @@ class OpenAIServer:
             api.add_middleware(CORSMiddleware, allow_origins=cors, allow_methods=["*"], allow_headers=["*"])
 
         @api.middleware("http")
-        async def guard(request: Request, call_next):
-            if self.api_key and request.method != "OPTIONS" and \
-                    request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-                return _error(ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
-                                       "invalid_request_error", code="invalid_api_key"))
+        async def errors(request: Request, call_next):
             try:
                 return await call_next(request)
             except Exception as exc:  # never crash the server: say what went wrong
@@ -125,7 +124,18 @@ class OpenAIServer:
     def _loaded_name(self) -> str | None:
         return self.runtime.spec.describe() if self.runtime.spec and self.runtime.engine else None
 
+    def cancel_all(self) -> None:
+        """Stop every request queued or running (shutting down)."""
+        with self._count_lock:
+            for cancel in self._cancels:
+                cancel.set()
+
     async def _answer(self, request: Request, chat: bool):
+        # Only JSON: a web page can send text/plain or a form without asking first, never application/json.
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise ApiError(415, f"Send the request as JSON (Content-Type: application/json), not {kind or 'nothing'}.",
+                           code="unsupported_media_type")
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
@@ -149,33 +159,47 @@ class OpenAIServer:
             raise ApiError(400, f"The prompt is {len(ids)} tokens but the context holds {engine.n_ctx}: shorten it.",
                            param="messages" if chat else "prompt", code="context_length_exceeded")
 
+        cancel = threading.Event()
         with self._count_lock:
             if self.waiting >= self.max_waiting:
                 raise ApiError(503, f"Busy: {self.waiting} requests are queued; try again shortly.", "server_error",
                                code="queue_full", headers={"Retry-After": "2"})
             self.waiting += 1
-        # The worker leaves the queue when its generation is over, however it ends.
-        batches = batches_async(lambda cancel: engine.generate(ids, job.params, job.drafter, cancel), self._leave)
-        try:
-            first = await anext(batches)  # validation errors (and the wait for the engine) come before any output
-        except ModelsUnloaded as exc:  # another pair was loaded while this request waited
-            raise _retry(exc) from None
-        except EngineError as exc:
-            raise ApiError(400, str(exc)) from None
-        meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                    model=loaded, chat=chat, prompt_n=len(ids))
-        if job.stream:
-            return StreamingResponse(self._stream(job, first, batches, meta), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        done = first[-1]
-        async for batch in batches:
-            done = batch[-1]
-        self._log(meta, done, chat)
-        return JSONResponse(self._final(meta, done))
+            self.generations += 1
+            self._cancels.add(cancel)
 
-    def _leave(self) -> None:
-        with self._count_lock:
-            self.waiting -= 1
+        def leave() -> None:  # on the worker, when its generation is over, however it ends
+            with self._count_lock:
+                self.waiting -= 1
+                self._cancels.discard(cancel)
+
+        batches = batches_async(lambda c: engine.generate(ids, job.params, job.drafter, c), leave, cancel)
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+        handed_over = False
+        try:
+            try:
+                first = await anext(batches)  # validation errors (and the wait for the engine) come before output
+            except StopAsyncIteration:  # cancelled before its turn: the client is gone, nobody reads an answer
+                return JSONResponse(ApiError(499, "The client went away.", code="client_closed").body(), 499)
+            except ModelsUnloaded as exc:  # another pair was loaded while this request waited
+                raise _retry(exc) from None
+            except EngineError as exc:
+                raise ApiError(400, str(exc)) from None
+            meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
+                        model=loaded, chat=chat, prompt_n=len(ids))
+            if job.stream:
+                handed_over = True  # the stream stops the watch when it ends
+                return StreamingResponse(self._stream(job, first, batches, meta, watch), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            done = first[-1]
+            async for batch in batches:
+                done = batch[-1]
+            self._log(meta, done, chat)
+            return JSONResponse(self._final(meta, done))
+        finally:
+            if not handed_over:
+                watch.cancel()
+                await batches.aclose()
 
     def _final(self, meta: dict, done: Done) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
@@ -187,7 +211,7 @@ class OpenAIServer:
                 "created": meta["created"], "model": meta["model"], "choices": [choice],
                 "usage": _usage(meta, done.stats), "timings": timings(done.stats)}
 
-    async def _stream(self, job: Job, first: list, batches: AsyncIterator, meta: dict):
+    async def _stream(self, job: Job, first: list, batches: AsyncIterator, meta: dict, watch: asyncio.Future):
         """Server-Sent Events: OpenAI's chunks, llama-server's timings on the last (and on each with
         ``timings_per_token``), usage when asked, then ``[DONE]``. Closing the connection cancels the generation."""
         chat = meta["chat"]
@@ -231,6 +255,7 @@ class OpenAIServer:
         except EngineError as exc:  # after the headers went out: the error as the stream's last event
             yield f"data: {json.dumps(ApiError(500, str(exc), 'server_error').body())}\n\n"
         finally:
+            watch.cancel()
             await batches.aclose()  # a client gone away lands here too: the generation stops now
             if done is not None:
                 self._log(meta, done, chat)
@@ -240,6 +265,14 @@ class OpenAIServer:
         self.served.appendleft(Served(time.time(), "chat" if chat else "completions", meta["model"], s.n_tokens,
                                       s.tokens_per_second if s.rate_measured else None,
                                       s.acceptance_rate if s.n_drafted else None, s.drafter, done.finish_reason))
+
+
+async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
+    """Set ``cancel`` when the client closes the connection (the body is read already: what comes next from the
+    server is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    cancel.set()
 
 
 def _usage(meta: dict, stats: Stats) -> dict:
