@@ -8,18 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from servers import App, free_port
+from servers import App
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
