@@ -133,6 +133,33 @@ def test_a_client_that_hangs_up_before_a_whole_answer_stops_its_generation(guard
     assert len(done) == 3 and all(s.finish == "cancelled" for s in done)  # none ran on to the end of its context
 
 
+def test_turns_on_the_engine_are_first_come_first_served_and_a_cancelled_waiter_leaves_the_line():
+    from app.engine.turns import Turns
+
+    turns, order, cancels = Turns(), [], [threading.Event() for _ in range(5)]
+
+    def wait(i):
+        if turns.acquire(cancels[i]):
+            order.append(i)
+            turns.release()
+        else:
+            order.append(f"{i} left")
+
+    threads = []
+    with turns:  # busy: five callers line up, in this order
+        for i in range(5):
+            threads.append(threading.Thread(target=wait, args=(i,)))
+            threads[-1].start()
+            while turns.waiting < i + 1:
+                time.sleep(0.005)
+        cancels[2].set()
+        threads[2].join(10)
+        assert order == ["2 left"] and turns.waiting == 4  # gone before the engine was free
+    for t in threads:
+        t.join(10)
+    assert order == ["2 left", 0, 1, 3, 4]
+
+
 # --- the real app ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def loopback_app(tmp_path_factory):

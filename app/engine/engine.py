@@ -14,6 +14,7 @@ from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
+from .turns import Turns
 from .loop import GenerationParams, speculative_generate
 
 DRAFTERS = ("model", "ngram", "none")
@@ -45,7 +46,7 @@ class Engine:
     caches persist between generations so a chat turn only evaluates what is new."""
 
     def __init__(self, target: ModelSettings, draft: ModelSettings | None = None):
-        self._lock = threading.Lock()
+        self._lock = Turns()  # one generation at a time, in the order they asked
         settings = [s for s in (target, draft) if s is not None]
         for s in settings:
             for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
@@ -152,10 +153,9 @@ class Engine:
     def _run(self, d, prompt_ids, params, cancel) -> Iterator[Event]:
         # Wait for the turn, but leave the queue the moment this generation is cancelled (a client that gave up, a
         # shutdown): an abandoned request must not cost the ones behind it a whole answer.
-        while not self._lock.acquire(timeout=0.05):
-            if cancel is not None and cancel.is_set():
-                yield Done("cancelled", "", [], Stats(drafter=d.name))
-                return
+        if not self._lock.acquire(cancel):
+            yield Done("cancelled", "", [], Stats(drafter=d.name))
+            return
         try:
             self._check_loaded()  # closed while this generation waited: its drafter's contexts are gone too
             if self.draft:  # the draft's prompt prefill can be long too: let cancel interrupt it
