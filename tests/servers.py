@@ -90,3 +90,23 @@ class App:
         """kill -9: no chance to save anything."""
         self.proc.kill()
         self.proc.communicate(timeout=30)
+
+
+@contextmanager
+def serve_in_thread(make_app, port: int | None = None) -> Iterator[str]:
+    """An ASGI app (``make_app(port)``) served by uvicorn on a thread of this process; yields its base URL."""
+    import threading
+
+    import uvicorn
+
+    port = port or free_port()
+    srv = uvicorn.Server(uvicorn.Config(make_app(port), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(10)

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from servers import free_port, specchat_serve
+from servers import serve_in_thread, specchat_serve
 
 KEY = "sk-test-specchat"
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -189,8 +189,6 @@ def test_ctrl_c_with_requests_queued_and_streaming_exits_cleanly(specchat_home):
 @pytest.fixture
 def tiny_server(models):
     """The API on tiny models in this process, allowing one request at a time in the queue."""
-    import uvicorn
-
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
     from app.server.openai_api import OpenAIServer
@@ -198,15 +196,8 @@ def tiny_server(models):
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
     api = OpenAIServer(rt, max_waiting=1)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(api.app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", rt, api
-    srv.should_exit = True
-    thread.join(10)
+    with serve_in_thread(lambda port: api.app()) as url:
+        yield url, rt, api
     rt.close()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import App, free_port
+from servers import App, serve_in_thread
 
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 KEY = "k-" + "s3cret" * 4
@@ -22,7 +22,6 @@ KEY = "k-" + "s3cret" * 4
 @pytest.fixture
 def guarded(models):
     """The /v1 API on tiny models behind the guard (loopback rules), in this process: its counters can be read."""
-    import uvicorn
     from fastapi import FastAPI
 
     from app.chat.runtime import Runtime
@@ -36,16 +35,8 @@ def guarded(models):
     root = FastAPI()
     root.mount("/v1", api.app())
     root.get("/")(lambda: {"page": "the app"})
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(Guard(root, Access.serving(port, listen=False)), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", rt, api
-    srv.should_exit = True
-    thread.join(10)
+    with serve_in_thread(lambda port: Guard(root, Access.serving(port, listen=False))) as url:
+        yield url, rt, api
     rt.close()
 
 
