@@ -136,7 +136,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
         print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
         if listen:
-            lan = lan_address()
+            lan = lan_address(access.names)
             if made_up_key:
                 where = [access.login_url(h) for h in ([lan] if lan else []) + ["127.0.0.1"]] if with_ui else []
                 print(f"specchat: the key for this session is {api_key}" + (

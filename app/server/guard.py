@@ -256,10 +256,11 @@ button {{ padding: .6rem 1.2rem; font-size: 1rem; }}
 """
 
 
-def lan_address() -> str | None:
-    """An address other machines can use to reach this one (for the printed URL under --listen)."""
-    names = sorted(n for n in machine_names() if _is_lan(n))
-    return names[0] if names else None
+def lan_address(names) -> str | None:
+    """Of the names an ``Access`` allows, an address other machines can use to reach this one (for the printed URL
+    under --listen)."""
+    lan = sorted(n for n in names if _is_lan(n))
+    return lan[0] if lan else None
 
 
 def _is_lan(name: str) -> bool:
