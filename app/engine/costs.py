@@ -85,10 +85,13 @@ def _time(ctx: Context, n: int, n_logits: int, reps: int) -> float:
     position = min(POSITION, ctx.n_ctx - n - 1)
     scratch = [(7 + 13 * i) % n_vocab for i in range(position + n)]  # any valid ids: the cost is the same
     ctx.decode(scratch[ctx.reuse_prefix(scratch[:position]) : position], n_logits=0)  # prefilled once
+    ctx.checkpoint()  # recurrent memory comes back here between tries
     times = []
     for _ in range(reps):
         ctx.truncate(position)
+        # A round: the batch, then every draft token rejected (recurrent memory saves and restores its state).
         t0 = time.perf_counter()
-        ctx.decode(scratch[position:], n_logits=n_logits)
+        ctx.decode(scratch[position:], n_logits=n_logits, n_speculative=n - 1)
+        ctx.truncate(position + 1)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -75,9 +75,11 @@ class ModelDrafter:
         self.p_min = p_min
 
     def begin(self, prompt_ids: list[int]) -> None:
-        # Prefill all but the last prompt token; the first propose() evaluates it with logits.
+        # Prefill all but the last prompt token; the first propose() evaluates it with logits. (A recurrent draft
+        # keeps its state here, for Regenerate and for a next turn that changes the answer.)
         n = self.ctx.reuse_prefix(prompt_ids[:-1])
         self.ctx.decode(prompt_ids[n:-1], n_logits=0)
+        self.ctx.checkpoint()
 
     def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
         ctx = self.ctx
@@ -109,7 +111,7 @@ class ModelDrafter:
                 draft.probs.append(q)
             draft.tokens.append(tok)
             if i + 1 < n_max:
-                ctx.decode([tok], n_logits=1)
+                ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
                 draft.n_evals += 1
         return draft
 

@@ -67,10 +67,14 @@ class Engine:
                 models.append(Model(s.path, n_gpu_layers=s.n_gpu_layers))
             # The draft shares the target's context size: it must hold the same conversation.
             n_ctx = target.n_ctx or min(models[0].n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
-            check_fits([Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers)
-                        for m, s in zip(models, settings)], gpus())
-            for m, s, n_out in zip(models, settings, (MAX_DRAFT + 1, 1)):  # the draft needs one output
-                contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out))
+            check_fits([Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers,
+                             m.recurrent_bytes, n_rs, s.n_checkpoints)
+                        for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))], gpus())
+            # The draft needs one output, and no recurrent-state snapshots: it drafts one token per decode, and
+            # llama.cpp snapshots only the positions of the last decode (a rejected draft restores a saved state).
+            for m, s, n_out, n_rs in zip(models, settings, (MAX_DRAFT + 1, 1), (target.n_rs_seq, 0)):
+                contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out, n_rs,
+                                        s.n_checkpoints))
         except Exception:
             for c in contexts:  # contexts before their models
                 c.close()
@@ -111,18 +115,9 @@ class Engine:
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
         if kind not in DRAFTERS:
             raise EngineError(f"Unknown drafter {kind!r}: choose one of {', '.join(DRAFTERS)}.")
-        if kind != "none" and not self.model.can_drop_tail:
-            raise EngineError(
-                f"{self.model.path.name} is a recurrent/hybrid model whose cache cannot roll back rejected "
-                "draft tokens; speculation is not supported for it yet. Use --drafter none."
-            )
+        if kind == "model" and self.draft is None:
+            raise EngineError("The model drafter needs a draft model (--draft PATH); or use --drafter ngram.")
         if kind == "model":
-            if self.draft is None:
-                raise EngineError("The model drafter needs a draft model (--draft PATH); or use --drafter ngram.")
-            if not self.draft.model.can_drop_tail:
-                raise EngineError(
-                    f"{self.draft.model.path.name} is a recurrent/hybrid model and cannot be used as a draft."
-                )
             return ModelDrafter(self.draft.ctx, params.draft.draft_p_min)
         if kind == "ngram":
             return NgramDrafter()
@@ -189,8 +184,9 @@ class Engine:
                 loaded.ctx.truncate(0)
 
     def memory_bytes(self) -> int:
-        """Weights plus KV caches of the loaded models (what the pair costs in RAM or VRAM)."""
-        return sum(x.model.size_bytes + x.model.kv_bytes_per_token * x.ctx.n_ctx for x in (self.target, self.draft) if x)
+        """Weights plus caches of the loaded models (what the pair costs in RAM or VRAM): KV, and for recurrent
+        models the state with its snapshots and the saved states held now."""
+        return sum(x.model.size_bytes + x.ctx.cache_bytes() for x in (self.target, self.draft) if x)
 
     def close(self) -> None:
         """Frees the models; waits for a generation in progress (another thread's) to finish first."""

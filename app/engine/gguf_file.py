@@ -26,17 +26,23 @@ def shard_names(name: str) -> list[str]:
     return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
-_checked: set[tuple[str, int, int]] = set()
+_checked: dict[tuple[str, int, int], _Header] = {}
 
 
 def check_gguf_file(path: Path) -> None:
     """Raise EngineError unless ``path`` looks like a complete GGUF file (each file is checked once per process)."""
-    path = Path(path)
+    _cached_header(Path(path))
+
+
+def _cached_header(path: Path) -> _Header:
     st = path.stat() if path.is_file() else None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
-    if key not in _checked:
-        _checked_header(path)
-        _checked.add(key)
+    header = _checked.get(key) if key else None
+    if header is None:
+        header = _checked_header(path)
+        if key:
+            _checked[key] = header
+    return header
 
 
 def _checked_header(path: Path) -> _Header:
@@ -184,6 +190,7 @@ class GgufInfo:
     context_length: int
     n_layer: int
     kv_bytes_per_token: int  # F16 K and V cache
+    recurrent_bytes: int  # one sequence's recurrent state (0: attention only)
     vocab_type: int
     tokens: list = field(repr=False)
     bos: int
@@ -203,7 +210,7 @@ class GgufInfo:
 def read_info(path: Path) -> GgufInfo:
     """Read a GGUF file's metadata (first shard of a split file); EngineError with plain words if it is not one."""
     path = Path(path)
-    kv = _checked_header(path).kv
+    kv = _cached_header(path).kv
     shards = [path]
     if int(kv.get("split.count", 1)) > 1:
         shards = [path.with_name(n) for n in shard_names(path.name)]
@@ -231,6 +238,9 @@ def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
     n_embd, n_head = int(num("embedding_length")), num("attention.head_count", 1)
     n_head_kv = num("attention.head_count_kv", n_head)
     per_layer = [int(x) for x in n_head_kv] if hasattr(n_head_kv, "__len__") else [int(n_head_kv)] * n_layer
+    interval = int(num("full_attention_interval", 0))
+    if interval > 1:  # Qwen3.5/3-Next: one attention layer in every `interval`, the others linear (recurrent)
+        per_layer = [h if (il + 1) % interval == 0 else 0 for il, h in enumerate(per_layer)]
     head_max = max(int(x) for x in n_head) if hasattr(n_head, "__len__") else int(n_head)
     k_len = int(num("attention.key_length", n_embd // max(head_max, 1)))
     v_len = int(num("attention.value_length", k_len))
@@ -247,6 +257,7 @@ def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
         context_length=int(num("context_length")),
         n_layer=n_layer,
         kv_bytes_per_token=sum(h * (k_len + v_len) * 2 for h in per_layer),
+        recurrent_bytes=_recurrent_bytes(arch, num, n_embd, per_layer),
         vocab_type=vocab_type,
         tokens=list(tokens),
         bos=int(kv.get("tokenizer.ggml.bos_token_id", -1)),
@@ -255,6 +266,33 @@ def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
         add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
         has_chat_template="tokenizer.chat_template" in kv,
     )
+
+
+# Architectures whose every layer is recurrent (Mamba, RWKV), or has a recurrent path beside attention (Falcon-H1).
+_ALL_RECURRENT = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "falcon-h1")
+_HYBRID_KEYS = ("ssm.conv_kernel", "shortconv.l_cache", "wkv.head_size")
+
+
+def _recurrent_bytes(arch: str, num, n_embd: int, per_layer_kv: list[int]) -> int:
+    """Bytes of one sequence's recurrent state (F32, as llama.cpp keeps it; cf. llama_hparams::n_embd_r/_s): what
+    a saved state costs, and a snapshot. 0 for attention-only models."""
+    if not any(num(k, 0) for k in _HYBRID_KEYS):
+        return 0
+    if arch in _ALL_RECURRENT:
+        layers = len(per_layer_kv)
+    else:  # hybrids: the layers without attention heads are the recurrent ones
+        layers = sum(1 for h in per_layer_kv if h == 0)
+    head_size = int(num("wkv.head_size", 0))
+    l_cache = int(num("shortconv.l_cache", 0))
+    if head_size:  # RWKV: token shifts and the wkv state
+        r, s = 2 * n_embd, n_embd * head_size
+    elif l_cache:  # LFM2: short convolutions only
+        r, s = n_embd * (l_cache - 1), 0
+    else:  # Mamba-style SSMs and gated DeltaNet: convolution plus state
+        d_conv, d_inner = int(num("ssm.conv_kernel", 0)), int(num("ssm.inner_size", 0))
+        d_state, n_group = int(num("ssm.state_size", 0)), int(num("ssm.group_count", 0))
+        r, s = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state), d_state * d_inner
+    return layers * (r + s) * 4
 
 
 def _ftype_name(ftype) -> str:

@@ -10,6 +10,7 @@ import ctypes
 import functools
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import llama_cpp.llama_cpp as ll
 
 from .errors import EngineError
-from .gguf_file import check_gguf_file
+from .gguf_file import check_gguf_file, read_info
 from .memory import Gpu
 
 _init_lock = threading.Lock()
@@ -146,6 +147,11 @@ class ModelSettings:
     n_threads: int = 0  # 0: physical cores
     n_gpu_layers: int = 0  # -1: all layers
     n_batch: int = 512
+    # Recurrent/hybrid models only. n_rs_seq: llama.cpp's per-token snapshots of the recurrent state, the deepest
+    # draft rejection rolled back for free (deeper ones restore a saved state); costs n_rs_seq copies of the state.
+    # n_checkpoints: saved states kept between chat turns (llama-server's --ctx-checkpoints).
+    n_rs_seq: int = 16
+    n_checkpoints: int = 8
 
 
 class Model:
@@ -174,18 +180,16 @@ class Model:
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         self.add_eos = bool(ll.llama_vocab_get_add_eos(self.vocab))
         self.vocab_type = int(ll.llama_vocab_type(self.vocab))
-        self.can_drop_tail = not (ll.llama_model_is_recurrent(ptr) or ll.llama_model_is_hybrid(ptr))
+        # Recurrent state (Mamba, RWKV; the linear layers of Qwen3.5, LFM2, Nemotron-H, Granite 4 hybrids) cannot
+        # simply drop a tail of positions: Context rolls it back through snapshots or saved states instead.
+        self.recurrent = bool(ll.llama_model_is_recurrent(ptr) or ll.llama_model_is_hybrid(ptr))
         self.size_bytes = int(ll.llama_model_size(ptr))
         self.n_layer = 0 if vocab_only else int(ll.llama_model_n_layer(ptr))
-        self.kv_bytes_per_token = 0 if vocab_only else self._kv_bytes_per_token()
+        info = read_info(self.path)  # its header was read (and is cached) by the check above
+        self.arch = info.architecture
+        self.kv_bytes_per_token = info.kv_bytes_per_token  # F16 K and V of the attention layers
+        self.recurrent_bytes = info.recurrent_bytes  # one copy of the recurrent state (a snapshot, a checkpoint)
         self._piece_cache: dict[int, bytes] = {}
-
-    def _kv_bytes_per_token(self) -> int:
-        """K and V bytes one cached token takes (F16 cache): layers x 2 x head_dim x kv_heads x 2 bytes.
-        (Not for vocab-only models: llama.cpp aborts when asked for the heads of a model without layers.)"""
-        n_layer = int(ll.llama_model_n_layer(self.ptr))
-        head_dim = int(ll.llama_model_n_embd(self.ptr)) // max(int(ll.llama_model_n_head(self.ptr)), 1)
-        return n_layer * 2 * head_dim * int(ll.llama_model_n_head_kv(self.ptr)) * 2
 
     # --- metadata -------------------------------------------------------------------------------------------
     def chat_template(self) -> str | None:
@@ -242,10 +246,44 @@ class Model:
             pass
 
 
-class Context:
-    """One llama.cpp context (sequence 0) plus the list of tokens its KV cache holds, position by position."""
+@dataclass
+class _Saved:
+    """A saved recurrent state: what the memory held after ``tokens[:n]`` (the recurrent part only, for a hybrid:
+    its attention cache keeps every position and simply drops the tail)."""
 
-    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, n_outputs_max: int = 64):
+    n: int
+    data: ctypes.Array
+
+
+@dataclass
+class StateCosts:
+    """What keeping recurrent state exact cost so far (measured): the price of speculation on such a model."""
+
+    rollbacks: int = 0  # tails dropped through llama.cpp's snapshots (n_rs_seq), for free
+    saves: int = 0  # states copied out (checkpoints)
+    restores: int = 0  # states copied back in
+    replayed: int = 0  # committed tokens evaluated again after a restore
+    seconds: float = 0.0  # spent copying states out and in
+    bytes: int = 0  # size of one saved state
+
+
+_PARTIAL = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a hybrid's recurrent part only; all of a pure recurrent state
+
+
+class Context:
+    """One llama.cpp context (sequence 0) plus the list of tokens its cache holds, position by position.
+
+    ``truncate(n)`` keeps ``tokens[:n]`` on every model. An attention cache drops the tail. Recurrent state cannot
+    (it is one summary of everything read), so for those models the context rolls back through llama.cpp's
+    per-token snapshots (``n_rs_seq``, where the architecture keeps them) when the dropped tail lies within the
+    last decode, and otherwise restores the nearest saved state at or before ``n``; the tokens between that state
+    and ``n`` are replayed by the next ``decode``, in the same batch as its own tokens. Saved states come from
+    ``checkpoint()`` (chat-turn boundaries, kept up to ``n_checkpoints``) and from ``decode(n_speculative=k)``,
+    which saves the state before a batch whose last k tokens a later truncate may drop, unless snapshots cover it.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, n_outputs_max: int = 64,
+                 n_rs_seq: int = 0, n_checkpoints: int = 8):
         self.model = model
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -255,6 +293,7 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.n_outputs_max = n_outputs_max
+        params.n_rs_seq = n_rs_seq if model.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         params.no_perf = True
         # Sliding-window layers (Gemma 3) keep the whole context, not just the window plus a batch: a smaller SWA
         # cache is a ring whose order our rollbacks and edited turns scramble, so llama-server's test (the oldest
@@ -277,14 +316,41 @@ class Context:
         self.n_batch = int(params.n_batch)
         self.n_outputs_max = n_outputs_max
         self.mem = ll.llama_get_memory(ptr)
-        self.tokens: list[int] = []  # what the KV cache holds at positions 0..len-1
+        self.tokens: list[int] = []  # the cached sequence, position by position (the tail may await replay)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._n_vocab = model.n_vocab
         self._cancel: threading.Event | None = None
         self._abort_cb = ll.ggml_abort_callback(self._should_abort)
+        # Recurrent memory only:
+        self.recurrent = model.recurrent
+        self.n_rs_seq = int(ll.llama_n_rs_seq(ptr))
+        self.n_checkpoints = n_checkpoints
+        self.state_costs = StateCosts()
+        self._n_mem = 0  # positions llama.cpp's memory really holds; tokens[_n_mem:] are replayed by the next decode
+        self._rollback = 0  # trailing positions llama_memory_seq_rm can drop now (the last decode's snapshots)
+        self._turns: list[_Saved] = []  # checkpoint()s, by position
+        self._round: _Saved | None = None  # saved before the latest speculative batch
+        self._spec_open = False  # the last decode was speculative and nothing was truncated since
+
+    @property
+    def n_held(self) -> int:
+        """Positions llama.cpp's memory holds now; ``tokens`` beyond them are evaluated by the next decode."""
+        return self._n_mem
+
+    def cache_bytes(self) -> int:
+        """KV cache, recurrent state and its snapshots (as allocated), and the saved states held now."""
+        return self.model.kv_bytes_per_token * self.n_ctx + self.recurrent_state()["bytes"]
+
+    def recurrent_state(self) -> dict:
+        """What recurrent memory holds beside the KV cache: the state with its snapshots, and saved states."""
+        saved = [s for s in self._turns + [self._round] if s]
+        live = self.model.recurrent_bytes * (1 + self.n_rs_seq)
+        saved_bytes = sum(len(s.data) for s in saved)
+        return {"snapshots": self.n_rs_seq, "saved": len(saved), "bytes": live + saved_bytes,
+                "saved_bytes": saved_bytes}
 
     def memory_pos_max(self) -> int:
-        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); equals len(tokens) - 1."""
+        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); equals n_held - 1."""
         return int(ll.llama_memory_seq_pos_max(self.mem, 0))
 
     def _should_abort(self, _data) -> bool:
@@ -296,16 +362,33 @@ class Context:
 
     # --- cache bookkeeping ----------------------------------------------------------------------------------
     def truncate(self, n_keep: int) -> None:
-        """Drop every cached position >= n_keep (rejected draft tokens, an edited chat turn)."""
-        if n_keep < len(self.tokens):
+        """Keep ``tokens[:n_keep]``: drop rejected draft tokens, an edited chat turn."""
+        self._spec_open = False
+        n_keep = max(n_keep, 0)
+        if n_keep >= len(self.tokens):
+            return
+        del self.tokens[n_keep:]
+        if not self.recurrent:
             self._drop_from(n_keep)
+            return
+        self._turns = [s for s in self._turns if s.n <= n_keep]  # the others saved tokens that are gone
+        if self._round and self._round.n > n_keep:
+            self._round = None
+        if n_keep >= self._n_mem:  # only tokens awaiting replay were dropped
+            return
+        if self._n_mem - n_keep <= self._rollback and ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
+            self.state_costs.rollbacks += 1
+            self._n_mem, self._rollback = n_keep, 0  # a snapshot serves once
+            return
+        self._restore(n_keep)
 
     def _drop_from(self, n_keep: int) -> None:
+        """Attention caches: remove positions >= n_keep (all of them when llama.cpp refuses a partial removal)."""
         if n_keep <= 0 or not ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
-            # Recurrent/hybrid memory cannot drop a tail; start over rather than corrupt the state.
             ll.llama_memory_clear(self.mem, True)
             n_keep = 0
         del self.tokens[n_keep:]
+        self._n_mem = n_keep
 
     def reuse_prefix(self, history: list[int]) -> int:
         """Keep the longest cached prefix of ``history`` and return its length (the next position to fill)."""
@@ -317,12 +400,60 @@ class Context:
         self.truncate(i)
         return len(self.tokens)
 
+    def checkpoint(self) -> None:
+        """Recurrent memory: save the state here, where a later turn may restart (Regenerate, an edited message),
+        so it replays from here instead of re-reading the conversation. Nothing to do for attention caches."""
+        if not self.recurrent or self._n_mem != len(self.tokens) or self._n_mem == 0:
+            return
+        if any(s.n == self._n_mem for s in self._turns):
+            return
+        if len(self._turns) >= self.n_checkpoints > 0:
+            # Forget the state closest after another: the one whose loss costs the shortest replay.
+            gaps = [self._turns[i].n - (self._turns[i - 1].n if i else 0) for i in range(len(self._turns))]
+            del self._turns[gaps.index(min(gaps))]
+        if self.n_checkpoints > 0:
+            self._turns.append(self._save())
+            self._turns.sort(key=lambda s: s.n)
+
+    def _save(self, reuse: _Saved | None = None) -> _Saved:
+        t0 = time.perf_counter()
+        size = ll.llama_state_seq_get_size_ext(self.ptr, 0, _PARTIAL)
+        buf = reuse.data if reuse is not None and len(reuse.data) == size else (ctypes.c_uint8 * size)()
+        if ll.llama_state_seq_get_data_ext(self.ptr, buf, size, 0, _PARTIAL) != size:
+            raise EngineError(f"llama.cpp could not save the recurrent state of {self.model.path.name}.")
+        costs = self.state_costs
+        costs.saves, costs.bytes = costs.saves + 1, size
+        costs.seconds += time.perf_counter() - t0
+        return _Saved(self._n_mem, buf)
+
+    def _restore(self, n_keep: int) -> None:
+        """Bring the memory back to the nearest saved state at or before ``n_keep`` (or empty it); the tokens after
+        it wait for the next decode."""
+        t0 = time.perf_counter()
+        saved = max((s for s in self._turns + [self._round] if s and s.n <= n_keep), key=lambda s: s.n,
+                    default=None)
+        self._rollback = 0
+        ok = saved is not None and (
+            ll.llama_state_seq_set_data_ext(self.ptr, saved.data, len(saved.data), 0, _PARTIAL) == len(saved.data)
+            # the attention part of a hybrid still holds the later positions
+            and ll.llama_memory_seq_rm(self.mem, 0, saved.n, -1))
+        if ok:
+            self._n_mem = saved.n
+            self.state_costs.restores += 1
+        else:
+            ll.llama_memory_clear(self.mem, True)
+            self._n_mem = 0
+        self.state_costs.seconds += time.perf_counter() - t0
+
     # --- evaluation -----------------------------------------------------------------------------------------
-    def decode(self, tokens: list[int], n_logits: int = 1) -> None:
+    def decode(self, tokens: list[int], n_logits: int = 1, n_speculative: int = 0) -> None:
         """Append ``tokens`` to the cache; keep logits for the last ``n_logits`` of them (read with ``logits``).
 
-        Splits long inputs into n_batch chunks. On failure or cancellation the cache is rolled back to what it
-        held before, so the token bookkeeping never disagrees with llama.cpp's memory.
+        ``n_speculative``: how many of the last tokens a later ``truncate`` may drop (draft tokens on trial), with
+        those of decodes right before this one that were speculative too; recurrent memory prepares for it.
+        Tokens awaiting replay after a restore go first, in the same batch. Long inputs are split into n_batch
+        chunks. On failure or cancellation the cache keeps what it held before, so the token bookkeeping never
+        disagrees with llama.cpp's memory.
         """
         if not tokens:
             return
@@ -332,30 +463,55 @@ class Context:
                 f"Context full: {start + len(tokens)} tokens needed but the context holds {self.n_ctx}. "
                 "Use a larger context (--ctx) or a shorter prompt/conversation."
             )
-        first_logit = len(tokens) - n_logits
-        # Outputs are read from the final chunk only (verification batches are a single chunk).
-        assert n_logits <= min(self.n_outputs_max, (len(tokens) - 1) % self.n_batch + 1)
+        batch = self.tokens[self._n_mem :] + tokens
+        if self.recurrent:
+            self._prepare(len(batch), n_speculative)
         # ggml polls the abort callback at every graph node: a Python call each time, too slow for per-token
         # decodes, so only long (prompt) decodes are made interruptible.
-        abortable = self._cancel is not None and len(tokens) > 64
+        abortable = self._cancel is not None and len(batch) > 64
         if abortable:
             ll.llama_set_abort_callback(self.ptr, self._abort_cb, ctypes.c_void_p(0))
         try:
-            self._decode_chunks(tokens, start, first_logit)
+            self._decode_chunks(batch, self._n_mem, n_logits)
         finally:
             if abortable:
                 ll.llama_set_abort_callback(self.ptr, ll.ggml_abort_callback(), ctypes.c_void_p(0))
+        self.state_costs.replayed += len(batch) - len(tokens)
         self.tokens.extend(tokens)
-        n = (len(tokens) - 1) % self.n_batch + 1
-        self._n_out = min(n_logits, n)
-        self._last_chunk = n
+        self._n_mem = len(self.tokens)
 
-    def _decode_chunks(self, tokens: list[int], start: int, first_logit: int) -> None:
+    def prefill(self, tokens: list[int]) -> None:
+        """Evaluate a prompt's uncached tokens, logits for the last. Recurrent memory keeps a checkpoint before that
+        last token: where Regenerate restarts, and the nearest way back when the next turn changes the answer."""
+        if self.recurrent and len(tokens) > 1:
+            self.decode(tokens[:-1], n_logits=0)
+            self.checkpoint()
+            tokens = tokens[-1:]
+        self.decode(tokens, n_logits=1)
+
+    def _prepare(self, n_batch: int, n_speculative: int) -> None:
+        """Before a recurrent decode: make sure a later truncate into its speculative tokens has a way back."""
+        if n_speculative <= 0:
+            self._spec_open = False
+            return
+        if self._spec_open:
+            return  # the way back saved for the speculative decode before this one covers these tokens too
+        self._spec_open = True
+        if n_speculative <= min(self.n_rs_seq, n_batch - 1):
+            return  # llama.cpp's snapshots of this batch's last positions will do
+        self._round = self._save(reuse=self._round)
+
+    def _decode_chunks(self, tokens: list[int], start: int, n_logits: int) -> None:
         batch = self._batch
         _log_tail.clear()  # so a failure quotes this decode's error, not an old one
+        # The first chunk takes the remainder, so the last is full: it holds every output asked for (and, for
+        # recurrent memory, every position its snapshots can roll back).
+        assert n_logits <= min(self.n_outputs_max, len(tokens), self.n_batch)
+        first_logit = len(tokens) - n_logits
         done = 0
         while done < len(tokens):
-            chunk = tokens[done : done + self.n_batch]
+            size = (len(tokens) - 1) % self.n_batch + 1 if done == 0 else self.n_batch
+            chunk = tokens[done : done + size]
             n = len(chunk)
             tok, pos, nseq, seq, lg = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
             for j, t in enumerate(chunk):
@@ -368,12 +524,21 @@ class Context:
             batch.n_tokens = n
             rc = ll.llama_decode(self.ptr, batch)
             if rc != 0:
-                # Processed micro-batches stay in memory: forget them so cache and bookkeeping agree.
-                self._drop_from(start)
+                self._undo_failed(start)
                 if rc == 2:
                     raise Cancelled()
                 raise _failure(f"llama_decode failed (code {rc})", "The context may be full or memory short.")
             done += n
+            self._rollback = min(self.n_rs_seq, n - 1)
+        self._n_out = min(n_logits, n)
+        self._last_chunk = n
+
+    def _undo_failed(self, start: int) -> None:
+        """Processed micro-batches stay in memory: forget them so cache and bookkeeping agree."""
+        if not self.recurrent:
+            self._drop_from(start)
+            return
+        self._restore(start)  # the state moved on: back to a saved one, the rest replays later
 
     def logits(self, i: int) -> np.ndarray:
         """Logits (a view, valid until the next decode) of the i-th requested output of the last decode.

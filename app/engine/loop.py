@@ -70,9 +70,9 @@ def speculative_generate(
         n_cached = target.reuse_prefix(prompt_ids)
         if n_cached == len(prompt_ids):
             target.truncate(n_cached - 1)
-        stats.prompt_cached = len(target.tokens)
+        stats.prompt_cached = target.n_held  # (recurrent state may have gone back to a checkpoint before it)
         stats.prompt_tokens = len(prompt_ids) - stats.prompt_cached
-        target.decode(prompt_ids[len(target.tokens) :], n_logits=1)
+        target.prefill(prompt_ids[len(target.tokens) :])
         drafter.begin(prompt_ids)
         history = list(prompt_ids)
         pending = [pick(target.logits(-1))]
@@ -124,7 +124,7 @@ def speculative_generate(
             t1 = time.perf_counter()
 
             # --- verify [last, d1..dk] in one target batch ----------------------------------------------------
-            target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1)
+            target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1, n_speculative=k)
             pending, pending_flags = [], []
             accepted = 0
             for i in range(k + 1):

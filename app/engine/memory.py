@@ -24,6 +24,11 @@ class Load:
     n_layer: int
     n_ctx: int
     gpu_layers: int = 0  # -1: all
+    # Recurrent/hybrid models: the state and its n_rs_seq snapshots live beside the KV cache; saved states
+    # (checkpoints: one per speculative round, and those kept between chat turns) in RAM.
+    recurrent_bytes: int = 0
+    n_rs_seq: int = 0
+    n_checkpoints: int = 0
 
     def gpu_fraction(self) -> float:
         n = self.n_layer + 1  # the output layer is offloaded last, like llama.cpp's -ngl counts it
@@ -31,7 +36,12 @@ class Load:
 
     @property
     def kv_bytes(self) -> int:
-        return self.kv_bytes_per_token * self.n_ctx
+        """The context's cache: K and V for every position, plus the recurrent state with its snapshots."""
+        return self.kv_bytes_per_token * self.n_ctx + self.recurrent_bytes * (1 + self.n_rs_seq)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return self.recurrent_bytes * (self.n_checkpoints + 1) if self.recurrent_bytes else 0
 
     @property
     def total_bytes(self) -> int:
@@ -79,7 +89,7 @@ def estimate(loads: list[Load], gpus: list[Gpu] | None = None) -> Fit:
     vm = psutil.virtual_memory()
     gpus = gpus or []
     vram_need = sum(m.gpu_bytes() for m in loads)
-    cache = sum(int(m.kv_bytes * (1 - m.gpu_fraction())) + OVERHEAD for m in loads)
+    cache = sum(int(m.kv_bytes * (1 - m.gpu_fraction())) + m.checkpoint_bytes + OVERHEAD for m in loads)
     weights = sum(int(m.size_bytes * (1 - m.gpu_fraction())) for m in loads)
     vram_free = sum(g.free for g in gpus) if gpus else None
     fit = Fit(weights + cache, cache, vram_need, vm.total, vm.available, vram_free)

@@ -11,7 +11,7 @@ from ..engine import EngineError
 from ..engine.compat import compatibility_problems
 from ..engine.engine import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, read_info
-from ..engine.llama import gpus
+from ..engine.llama import ModelSettings, gpus
 from ..engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
 
@@ -37,15 +37,18 @@ def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ng
     problems = compatibility_problems(t, d) if d else []
     ctx = n_ctx or min(t.context_length or DEFAULT_CTX, DEFAULT_CTX)
     devices = gpus()
-    loads = [_load(t, ctx, 0)] + ([_load(d, ctx, 0)] if d else [])
+    loads = [_load(t, ctx, 0, True)] + ([_load(d, ctx, 0, False)] if d else [])
     rec = recommend_offload(loads[0], loads[1] if d else None, devices)
     chosen = (rec[0] if ngl is None else ngl, rec[1] if ngld is None else ngld)
-    fit = estimate([_load(t, ctx, chosen[0])] + ([_load(d, ctx, chosen[1])] if d else []), devices)
+    fit = estimate([_load(t, ctx, chosen[0], True)] + ([_load(d, ctx, chosen[1], False)] if d else []), devices)
     return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [])
 
 
-def _load(info: GgufInfo, n_ctx: int, gpu_layers: int) -> Load:
-    return Load(info.path.name, info.size_bytes, info.kv_bytes_per_token, info.n_layer, n_ctx, gpu_layers)
+def _load(info: GgufInfo, n_ctx: int, gpu_layers: int, target: bool) -> Load:
+    """As the engine loads it: recurrent-state snapshots for the target only (an upper bound: llama.cpp keeps them
+    only for the architectures that support it), saved states for both."""
+    return Load(info.path.name, info.size_bytes, info.kv_bytes_per_token, info.n_layer, n_ctx, gpu_layers,
+                info.recurrent_bytes, ModelSettings.n_rs_seq if target else 0, ModelSettings.n_checkpoints)
 
 
 def suggest_drafts(target: GgufInfo) -> list[str]:

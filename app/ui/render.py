@@ -281,7 +281,9 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
         rows += [
             ("Target / draft", html.escape(f"{loaded['target']} / {loaded['draft'] or '—'}") if loaded["target"]
              else "—"),
-            ("Pair memory", f"{loaded['memory_bytes'] / gib:.2f} GiB (weights + KV cache at {loaded['n_ctx']} tokens)"
+            ("Pair memory", f"{loaded['memory_bytes'] / gib:.2f} GiB (weights + KV cache at {loaded['n_ctx']} tokens"
+             + "".join(f"; recurrent state {r['bytes'] / 2**20:.1f} MiB: {r['snapshots']} snapshots, "
+                       f"{r['saved']} saved states" for r in loaded.get("recurrent", [])) + ")"
              if loaded["target"] else "—"),
         ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
