@@ -293,7 +293,9 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.n_outputs_max = n_outputs_max
-        params.n_rs_seq = n_rs_seq if model.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
+        # llama.cpp clamps n_rs_seq to 0 where the architecture keeps no snapshots, and aborts the process unless a
+        # micro-batch can hold the n_rs_seq + 1 positions they are taken from plus one more.
+        params.n_rs_seq = max(0, min(n_rs_seq, params.n_ubatch - 2)) if model.recurrent else 0
         params.no_perf = True
         # Sliding-window layers (Gemma 3) keep the whole context, not just the window plus a batch: a smaller SWA
         # cache is a ring whose order our rollbacks and edited turns scramble, so llama-server's test (the oldest
