@@ -89,6 +89,7 @@ def test_greedy_speculation_is_token_identical_to_plain(engines, case):
     assert 0 < accepted < drafted  # drafts were verified, some accepted and some rolled back
     costs = spec.target.ctx.state_costs
     rollbacks, restores = costs.rollbacks - before[0], costs.restores - before[1]
+    assert costs.replayed <= 17 * costs.restores  # a restore replays at most a round's accepted tokens
     if spec.target.ctx.n_rs_seq >= 16:
         assert rollbacks > 0 and costs.saves <= 2 + len(spec.target.ctx._turns)  # snapshots did every round
     elif spec.target.ctx.n_rs_seq:
@@ -200,6 +201,22 @@ def test_specchat_generate_speculates_on_a_hybrid_pair(files):
     off = generate("--drafter", "none")
     assert on["token_ids"] == off["token_ids"]
     assert on["n_drafted"] > 0 and on["n_accepted"] > 0  # verified, not refused
+
+
+def test_bench_reports_identical_output_and_what_state_cost_per_round(files, tmp_path):
+    target, draft = files["granitehybrid"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the cat sat on the mat"}\n{"prompt": "it was a hot day", "category": "b"}\n')
+    r = subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(target), "--draft", str(draft),
+                        "--draft-max", "6", "--draft-p-min", "0", "--prompts", str(prompts), "-n", "40", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["overall"]["all_identical"] and report["overall"]["acceptance"] > 0
+    state = report["recurrent_state"]
+    assert set(state) == {"target", "draft"}  # both hybrid, neither with snapshots: saved states every round
+    assert state["target"]["saves"] > 0.5 and state["target"]["rollbacks"] == 0
+    assert 0 < state["target"]["replayed_tokens"] <= 7
 
 
 def test_round_events_report_drafts_on_a_recurrent_model(engines):

@@ -40,12 +40,19 @@ def load_prompts(path: Path) -> list[dict]:
     return prompts
 
 
-def _run(engine: Engine, ids: list[int], drafter: str, params: GenerationParams) -> Done:
+def _run(engine: Engine, ids: list[int], drafter: str, params: GenerationParams, state: dict | None = None) -> Done:
+    """One generation from empty caches; ``state`` accumulates what recurrent models spent keeping state exact."""
     engine.reset()
+    before = engine.state_costs()
     done = None
     for ev in engine.generate(ids, params, drafter):
         if isinstance(ev, Done):
             done = ev
+    if state is not None:
+        for role, costs in engine.state_costs().items():
+            acc = state.setdefault(role, dict.fromkeys(costs, 0))
+            for k, v in costs.items():
+                acc[k] = v if k == "bytes" else acc[k] + v - before[role][k]
     return done
 
 
@@ -67,6 +74,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     _run(engine, encoded[0], "none", warm)
     _run(engine, encoded[0], drafter, warm)
     costs = []
+    state: dict[str, dict] = {}  # recurrent models, speculation on: snapshots, saves, restores, replays
 
     rows = []
     for i, (p, ids) in enumerate(zip(prompts, encoded)):
@@ -75,7 +83,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
             order = [("off", off), ("on", on)] if (i + r) % 2 == 0 else [("on", on), ("off", off)]
             for mode, sink in order:
                 sink.append(_run(engine, ids, "none" if mode == "off" else drafter,
-                                 off_params if mode == "off" else on_params))
+                                 off_params if mode == "off" else on_params, state if mode == "on" else None))
         row = _row(p, off, on)
         rows.append(row)
         costs.append(engine.measure_costs(dp.draft_max, drafter))
@@ -104,7 +112,17 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
         "overall": overall,
         "costs": mean_costs.as_dict(),
         "ceiling": ceiling,
+        "recurrent_state": _per_round(state, sum(r["_counts"][2] for r in rows)),
     }
+
+
+def _per_round(state: dict[str, dict], rounds: int) -> dict | None:
+    """What recurrent state cost the runs with speculation on, per round (None for attention-only pairs)."""
+    if not state or not rounds:
+        return None
+    return {role: {"rollbacks": c["rollbacks"] / rounds, "saves": c["saves"] / rounds,
+                   "restores": c["restores"] / rounds, "replayed_tokens": c["replayed"] / rounds,
+                   "ms": 1e3 * c["seconds"] / rounds, "state_mib": c["bytes"] / 2**20} for role, c in state.items()}
 
 
 def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
@@ -226,3 +244,7 @@ def print_report(report: dict) -> None:
         cl = report["ceiling"]
         print(f"ceiling if every draft token were accepted: {cl['speedup']:.2f}x with {cl['draft_length']} draft "
               f"tokens per round; this run reached {cl['reached']:.0%} of it")
+    for role, c in (report.get("recurrent_state") or {}).items():
+        print(f"recurrent state of the {role} ({c['state_mib']:.2f} MiB), per round: {c['rollbacks']:.2f} snapshot "
+              f"rollbacks, {c['saves']:.2f} saves, {c['restores']:.2f} restores, {c['replayed_tokens']:.2f} tokens "
+              f"replayed, {c['ms']:.3f} ms copying state")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from .chat import render_chat
@@ -182,6 +182,11 @@ class Engine:
         for loaded in (self.target, self.draft):
             if loaded:
                 loaded.ctx.truncate(0)
+
+    def state_costs(self) -> dict[str, dict]:
+        """Per recurrent model ("target", "draft"): what keeping its state exact has cost so far (``StateCosts``)."""
+        return {role: asdict(x.ctx.state_costs) for role, x in (("target", self.target), ("draft", self.draft))
+                if x and x.model.recurrent}
 
     def memory_bytes(self) -> int:
         """Weights plus caches of the loaded models (what the pair costs in RAM or VRAM): KV, and for recurrent

@@ -339,6 +339,11 @@ class Context:
         """Positions llama.cpp's memory holds now; ``tokens`` beyond them are evaluated by the next decode."""
         return self._n_mem
 
+    @property
+    def n_pending(self) -> int:
+        """Tokens awaiting replay after a restore (recurrent memory)."""
+        return len(self.tokens) - self._n_mem
+
     def cache_bytes(self) -> int:
         """KV cache, recurrent state and its snapshots (as allocated), and the saved states held now."""
         return self.model.kv_bytes_per_token * self.n_ctx + self.recurrent_state()["bytes"]

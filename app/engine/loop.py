@@ -117,7 +117,10 @@ def speculative_generate(
                 break
 
             # --- draft ----------------------------------------------------------------------------------------
-            n_max = min(control.next(), room, params.max_tokens - len(out_ids))
+            # After recurrent state went back to a saved one, this round replays the accepted tokens and drafts
+            # nothing (as llama-server does): the state saved before the next draft then holds all of them.
+            replaying = target.n_pending > 0
+            n_max = 0 if replaying else min(control.next(), room, params.max_tokens - len(out_ids))
             t0 = time.perf_counter()
             draft = drafter.propose(history, n_max, sp, rng, keep_going) if n_max > 0 else Draft()
             k = _usable(draft, n_max, params.draft.draft_min, model)
@@ -152,7 +155,8 @@ def speculative_generate(
             stats.n_accepted += accepted
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s)
+            if not replaying:  # a replay round's cost is not a plain step's
+                control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s)
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"
