@@ -29,6 +29,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--threads-draft", "-td", type=int, default=0, help="CPU threads for the draft (default: -t)")
     src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
     src.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, default=0, help="draft layers on the GPU")
+    src.add_argument("-ctxcp", "--ctx-checkpoints", dest="ctx_checkpoints", type=int, default=8,
+                     help="recurrent/hybrid models: saved states kept between chat turns, so Regenerate or an edited "
+                          "message restarts near the change (default: 8)")
     d = p.add_argument_group("speculation (llama.cpp's flags; defaults from the pair)")
     d.add_argument("--draft-max", type=int, help="most tokens drafted per round")
     d.add_argument("--draft-min", type=int, help="drafts shorter than this are not verified")
@@ -164,7 +167,7 @@ def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
-LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld")  # argparse dests named as LoadSpec's fields
+LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld", "ctx_checkpoints")  # argparse dests named as LoadSpec's fields
 
 
 def load_spec(args) -> LoadSpec:

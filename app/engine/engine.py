@@ -52,6 +52,8 @@ class Engine:
             for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
                 if value < 0:
                     raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
+            if s.n_checkpoints < 0:
+                raise EngineError(f"Invalid --ctx-checkpoints {s.n_checkpoints}: use 0 (none) or more.")
         if draft is not None:
             # Judge the pair from vocabularies alone before spending time and memory on weights.
             t_vocab, d_vocab = Model(target.path, vocab_only=True), Model(draft.path, vocab_only=True)

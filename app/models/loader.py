@@ -18,6 +18,7 @@ class LoadSpec:
     threads_draft: int = 0  # 0: same as threads
     ngl: int = 0  # target layers on the GPU (-1: all)
     ngld: int = 0  # draft layers on the GPU
+    ctx_checkpoints: int = 8  # recurrent/hybrid models: saved states kept between chat turns
     # Or an OpenAI-compatible server that speculates itself (its API key lives in app/chat/keys.py, not here).
     server: str | None = None  # base URL
     model: str | None = None  # the server's model id (None: the first it lists)
@@ -65,8 +66,12 @@ def resolve(spec: LoadSpec) -> Resolved:
 
 def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True) -> Engine:
     r = resolved or resolve(spec)
+    # Recurrent-state snapshots for the pair's longest draft (at least llama-server's default of 16).
+    n_rs_seq = max(ModelSettings.n_rs_seq, r.draft_params.draft_max)
     return Engine(
-        ModelSettings(r.target, n_ctx=spec.ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl),
-        ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld)
+        ModelSettings(r.target, n_ctx=spec.ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl, n_rs_seq=n_rs_seq,
+                      n_checkpoints=spec.ctx_checkpoints),
+        ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld,
+                      n_checkpoints=spec.ctx_checkpoints)
         if r.draft and with_draft else None,
     )
