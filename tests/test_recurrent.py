@@ -224,3 +224,47 @@ def test_round_events_report_drafts_on_a_recurrent_model(engines):
     params = GenerationParams(max_tokens=30, draft=DraftParams(draft_max=4, draft_p_min=0.0))
     rounds = [e for e in spec.generate(spec.chat_tokens(PROMPT), params, "model") if isinstance(e, Round)]
     assert rounds and sum(r.n_drafted for r in rounds) > 0
+
+
+def test_memory_estimates_count_the_state_its_snapshots_and_saved_states(engines, files, monkeypatch):
+    from dataclasses import replace
+
+    import app.models.check as check
+    from app.engine.gguf_file import read_info
+
+    for case, (spec, _) in engines.items():
+        run(spec, spec.chat_tokens(PROMPT), "model", max_tokens=10)
+        ctx, model = spec.target.ctx, spec.model
+        assert ctx.state_costs.bytes > 0  # states were saved (prompt checkpoints at least)
+        # the header's estimate is the state llama.cpp saves, less a few bytes of cell metadata
+        assert 0 <= ctx.state_costs.bytes - model.recurrent_bytes < 1024, case
+        held = ctx.recurrent_state()
+        assert held["snapshots"] == ctx.n_rs_seq and held["saved"] >= 1
+        assert held["bytes"] == model.recurrent_bytes * (1 + ctx.n_rs_seq) + held["saved_bytes"]
+        assert spec.memory_bytes() >= model.size_bytes + held["bytes"]
+    # Before loading (specchat check, the Models tab): the target's state with 16 snapshots, the draft's alone, and
+    # each one's 8 chat-turn states plus the one saved per round, beside the KV caches and buffers.
+    target, draft = files["qwen35"]
+    r = read_info(target).recurrent_bytes
+    with_state = check.check_files(target, draft, n_ctx=2048).fit.cache_need
+    monkeypatch.setattr(check, "read_info", lambda p: replace(read_info(p), recurrent_bytes=0))
+    without = check.check_files(target, draft, n_ctx=2048).fit.cache_need
+    assert with_state - without == r * ((1 + 16) + 1 + (8 + 1) * 2)
+
+
+def test_the_hardware_tab_shows_the_recurrent_state(files):
+    from app.chat.runtime import Runtime
+    from app.models.hardware import snapshot
+    from app.models.loader import LoadSpec
+    from app.ui.render import hardware_panel
+
+    target, draft = files["nemotron_h"]
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(target), draft=str(draft), ctx=1024))
+    try:
+        info = rt.info()
+        assert [r["snapshots"] for r in info["recurrent"]] == [16, 0]  # the target's, the draft's
+        html = hardware_panel(snapshot(), info)
+        assert "recurrent state" in html and "16 snapshots" in html
+    finally:
+        rt.close()

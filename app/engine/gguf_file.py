@@ -280,8 +280,10 @@ def _recurrent_bytes(arch: str, num, n_embd: int, per_layer_kv: list[int]) -> in
         return 0
     if arch in _ALL_RECURRENT:
         layers = len(per_layer_kv)
-    else:  # hybrids: the layers without attention heads are the recurrent ones
-        layers = sum(1 for h in per_layer_kv if h == 0)
+    else:  # hybrids: the layers without attention heads are the recurrent ones, but for FFN-only ones (Nemotron-H)
+        n_ff = num("feed_forward_length", 0)
+        ffn_only = [int(f) > 0 for f in n_ff] if hasattr(n_ff, "__len__") else [False] * len(per_layer_kv)
+        layers = sum(1 for h, f in zip(per_layer_kv, ffn_only) if h == 0 and not f)
     head_size = int(num("wkv.head_size", 0))
     l_cache = int(num("shortconv.l_cache", 0))
     if head_size:  # RWKV: token shifts and the wkv state
