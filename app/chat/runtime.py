@@ -207,6 +207,7 @@ class Runtime:
             "memory_bytes": e.memory_bytes() if e else 0,
             "recurrent": [x.ctx.recurrent_state() for x in (e.target, e.draft) if x and x.model.recurrent]
             if e else [],
+            "threads": e.threads() if e else {},
             "gpu_offload": supports_gpu_offload(),
             "server": {"url": r.base, "engine": r.identify(), "method": r.method(), "model": r.model,
                        "off": self.remote_off.base if self.remote_off else None} if r else None,

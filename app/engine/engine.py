@@ -14,6 +14,7 @@ from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
+from .threads import RECHECK_S, ThreadChooser
 from .turns import Turns
 from .loop import GenerationParams, speculative_generate
 
@@ -86,6 +87,9 @@ class Engine:
         loaded = [_Loaded(m, c) for m, c in zip(models, contexts)]
         self.target = loaded[0]
         self.draft = loaded[1] if draft is not None else None
+        # Contexts without --threads follow the cores other programs leave free (they never run at once).
+        self._auto = [x.ctx for x, s in zip(loaded, settings) if not s.n_threads]
+        self._threads = ThreadChooser(default_threads())
 
     @property
     def model(self) -> Model:
@@ -158,12 +162,28 @@ class Engine:
             if self.draft:  # the draft's prompt prefill can be long too: let cancel interrupt it
                 self.draft.ctx.set_cancel(cancel)
             try:
-                yield from speculative_generate(self.target.ctx, d, prompt_ids, params, cancel)
+                self._choose_threads()
+                for event in speculative_generate(self.target.ctx, d, prompt_ids, params, cancel):
+                    yield event
+                    if self._threads.since_last_look >= RECHECK_S:
+                        self._choose_threads()
             finally:
                 if self.draft:
                     self.draft.ctx.set_cancel(None)
         finally:
             self._lock.release()
+
+    def _choose_threads(self) -> None:
+        if self._auto:
+            n = self._threads.choose().n_threads
+            for ctx in self._auto:
+                ctx.set_threads(n)
+
+    def threads(self) -> dict:
+        """The threads each model runs with now, and why."""
+        auto = self._threads.choice.why
+        return {role: {"n_threads": x.ctx.n_threads, "why": auto if x.ctx in self._auto else "--threads"}
+                for role, x in (("target", self.target), ("draft", self.draft)) if x}
 
     def measure_costs(self, draft_max: int, drafter: str = "model") -> Costs:
         """Time the operations of a speculative round with the loaded models (see ``costs``); the draft model's

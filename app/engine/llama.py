@@ -360,6 +360,15 @@ class Context:
         """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); equals n_held - 1."""
         return int(ll.llama_memory_seq_pos_max(self.mem, 0))
 
+    @property
+    def n_threads(self) -> int:
+        return int(ll.llama_n_threads(self.ptr))
+
+    def set_threads(self, n: int) -> None:
+        """CPU threads for the next decodes (one-token and batched alike)."""
+        if n != self.n_threads:
+            ll.llama_set_n_threads(self.ptr, n, n)
+
     def _should_abort(self, _data) -> bool:
         return bool(self._cancel is not None and self._cancel.is_set())
 

@@ -286,6 +286,9 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
                        f"{r['saved']} saved states" for r in loaded.get("recurrent", [])) + ")"
              if loaded["target"] else "—"),
         ]
+        if threads := loaded.get("threads"):
+            rows.append(("Threads", html.escape("; ".join(f"{role} {t['n_threads']} ({t['why']})"
+                                                          for role, t in threads.items()))))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="spec-hw">{body}</table>'
 
