@@ -52,3 +52,21 @@ def test_the_engine_applies_the_choice_and_says_why(models):
         assert 1 <= info["target"]["n_threads"] <= auto._threads.cores and "cores" in info["target"]["why"]
     finally:
         auto.close()
+
+
+def test_logits_do_not_depend_on_the_thread_count(models):
+    """The count may change mid-answer, so it must not change a single logit (each output element of ggml's CPU
+    kernels is computed whole by one thread)."""
+    import numpy as np
+
+    engine = Engine(ModelSettings(models["target"], n_ctx=256, n_threads=1))
+    try:
+        ctx, out = engine.target.ctx, []
+        for n in (1, 2, 3):
+            ctx.truncate(0)
+            ctx.set_threads(n)
+            ctx.decode([1] + list(range(262, 320)), n_logits=4)
+            out.append(np.array([ctx.logits(i) for i in range(4)]))
+        assert all(np.array_equal(out[0], o) for o in out[1:])
+    finally:
+        engine.close()
