@@ -1,9 +1,9 @@
-"""Speculation on recurrent and hybrid models stays exact: tiny random-weight models of five llama.cpp
+"""Speculation on recurrent and hybrid models stays exact: tiny random-weight models of eight llama.cpp
 architectures (tests/tiny_recurrent.py), each drafted by a noisy copy of itself so drafts are partly rejected.
 
 Three roll a rejected tail back through llama.cpp's recurrent-state snapshots (qwen35, lfm2, nemotron_h: n_rs_seq);
-granitehybrid (a hybrid) and mamba2 (pure recurrent) cannot, and restore the state saved before the batch, then
-replay the accepted tokens. "qwen35-rs4" keeps only 4 snapshots under drafts of up to 16 tokens, so both paths mix.
+the hybrids granitehybrid, falcon-h1 and kimi-linear and the purely recurrent mamba2 and rwkv7 cannot, and restore
+the state saved before the batch, then replay the accepted tokens. "qwen35-rs4" keeps only 4 snapshots under drafts of up to 16 tokens, so both paths mix.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from tiny_recurrent import ROLLBACK_ARCHS, write_recurrent
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, Round
 
-NOISE = {"qwen35": 0.2, "lfm2": 0.2, "nemotron_h": 0.2, "granitehybrid": 0.2, "mamba2": 0.2}
-CASES = ["qwen35", "lfm2", "nemotron_h", "granitehybrid", "mamba2", "qwen35-rs4"]
+NOISE = {"qwen35": 0.2, "lfm2": 0.2, "nemotron_h": 0.2, "granitehybrid": 0.2, "mamba2": 0.2, "rwkv7": 0.15,
+         "falcon-h1": 0.15, "kimi-linear": 0.15}
+CASES = ["qwen35", "lfm2", "nemotron_h", "granitehybrid", "mamba2", "rwkv7", "falcon-h1", "kimi-linear", "qwen35-rs4"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ PROMPT = [{"role": "user", "content": "the cat sat on the mat and the dog ran to
 
 def test_the_fixtures_are_what_they_claim(engines):
     for case, (spec, _) in engines.items():
-        arch = case.partition("-")[0]
+        arch = case.partition("-rs")[0]
         assert spec.model.recurrent and spec.model.arch == arch and spec.draft.model.recurrent
         expected = 4 if case.endswith("rs4") else ModelSettings.n_rs_seq if arch in ROLLBACK_ARCHS else 0
         assert spec.target.ctx.n_rs_seq == expected  # llama.cpp clamps it to 0 where the arch keeps no snapshots

@@ -21,7 +21,9 @@ import llama_cpp.llama_cpp as ll
 
 TARGET_SEED = 1
 # draft = target + noise: tuned so each arch's draft agrees with its target's greedy token often, but not always
-DRAFT_NOISE = {"lfm2": 0.1, "qwen35": 0.1, "nemotron_h": 0.1, "granitehybrid": 0.1, "mamba2": 0.1, "mamba": 0.1}
+# (PLaMo-2's post-norms rescale every mixer and FFN output to unit RMS, which makes it the most noise-sensitive)
+DRAFT_NOISE = {"lfm2": 0.1, "qwen35": 0.1, "nemotron_h": 0.1, "granitehybrid": 0.1, "mamba2": 0.1, "mamba": 0.1,
+               "rwkv7": 0.1, "falcon-h1": 0.1, "jamba": 0.1, "plamo2": 0.07, "kimi-linear": 0.1}
 N_RS_SEQ = 8
 PROMPT = "<|im_start|>user\nthe cat sat on the mat and the dog ran<|im_end|>\n<|im_start|>assistant\n"
 

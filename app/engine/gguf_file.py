@@ -270,7 +270,7 @@ def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
 
 # Architectures whose every layer is recurrent (Mamba, RWKV), or has a recurrent path beside attention (Falcon-H1).
 _ALL_RECURRENT = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "falcon-h1")
-_HYBRID_KEYS = ("ssm.conv_kernel", "shortconv.l_cache", "wkv.head_size")
+_HYBRID_KEYS = ("ssm.conv_kernel", "shortconv.l_cache", "wkv.head_size", "kda.head_dim")
 
 
 def _recurrent_bytes(arch: str, num, n_embd: int, per_layer_kv: list[int]) -> int:
@@ -286,8 +286,13 @@ def _recurrent_bytes(arch: str, num, n_embd: int, per_layer_kv: list[int]) -> in
         layers = sum(1 for h, f in zip(per_layer_kv, ffn_only) if h == 0 and not f)
     head_size = int(num("wkv.head_size", 0))
     l_cache = int(num("shortconv.l_cache", 0))
+    kda_dim = int(num("kda.head_dim", 0))
     if head_size:  # RWKV: token shifts and the wkv state
         r, s = 2 * n_embd, n_embd * head_size
+    elif kda_dim:  # Kimi's delta attention: convolutions over q, k and v, and a head_dim x head_dim state per head
+        n_head = num("attention.head_count", 1)
+        n_head = max(int(h) for h in n_head) if hasattr(n_head, "__len__") else int(n_head)
+        r, s = 3 * max(int(num("ssm.conv_kernel", 4)) - 1, 0) * n_head * kda_dim, kda_dim * kda_dim * n_head
     elif l_cache:  # LFM2: short convolutions only
         r, s = n_embd * (l_cache - 1), 0
     else:  # Mamba-style SSMs and gated DeltaNet: convolution plus state
