@@ -2,20 +2,24 @@ import numpy as np
 import pytest
 
 from app.engine import EngineError, SamplingParams
-from app.engine.sampling import accept_or_resample, distribution
+from app.engine.sampling import Dist, accept_or_resample, distribution, sample
+
+
+def dense(logits, sp) -> np.ndarray:
+    return distribution(logits, sp).dense(len(logits))
 
 
 def test_transform_keeps_top_k_then_top_p_then_min_p():
     logits = np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05]))
-    p = distribution(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
+    p = dense(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
     assert np.allclose(p, [0.4, 0.3, 0.15, 0.1, 0.05])
-    p = distribution(logits, SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0))
+    p = dense(logits, SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0))
     assert np.count_nonzero(p) == 3 and np.isclose(p.sum(), 1.0)
-    p = distribution(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0))
+    p = dense(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0))
     assert np.allclose(p[:2], [0.4 / 0.7, 0.3 / 0.7]) and p[2:].sum() == 0
-    p = distribution(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3))
+    p = dense(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3))
     assert np.count_nonzero(p) == 3  # 0.15 >= 0.3 * 0.4, 0.1 is not
-    hot = distribution(logits, SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0))
+    hot = dense(logits, SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0))
     assert hot[4] > 0.05 and hot[0] < 0.4  # a higher temperature flattens
 
 
@@ -25,12 +29,16 @@ def test_speculative_step_reproduces_target_distribution_exactly():
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(6))
     q = rng.dirichlet(np.ones(6))
+    q[4] = 0.0  # the draft never proposes token 4 ...
+    q /= q.sum()
+    p[5] = 0.0  # ... and proposes token 5, which the target never takes: supports differ
+    p /= p.sum()
     counts = np.zeros(6)
     n = 200_000
     coin = np.random.default_rng(1)
     drafts = coin.choice(6, size=n, p=q)
     for x in drafts[:n]:
-        _, tok = accept_or_resample(p, q, int(x), coin)
+        _, tok = accept_or_resample(Dist.from_dense(p), Dist.from_dense(q), int(x), coin)
         counts[tok] += 1
     freq = counts / n
     # 5 sigma of a binomial proportion
@@ -40,7 +48,7 @@ def test_speculative_step_reproduces_target_distribution_exactly():
 def test_deterministic_proposal_is_accepted_with_target_probability():
     p = np.array([0.5, 0.3, 0.2])
     rng = np.random.default_rng(2)
-    results = [accept_or_resample(p, None, 1, rng) for _ in range(50_000)]
+    results = [accept_or_resample(Dist.from_dense(p), None, 1, rng) for _ in range(50_000)]
     accepted = np.mean([ok for ok, _ in results])
     assert abs(accepted - 0.3) < 0.01
     out = np.bincount([t for _, t in results], minlength=3) / len(results)
@@ -84,4 +92,48 @@ def test_fast_transform_matches_the_reference(sp):
     rng = np.random.default_rng(5)
     for scale in (0.5, 3.0, 8.0):
         logits = (rng.standard_normal(5000) * scale).astype(np.float32)
-        assert np.allclose(distribution(logits, sp), reference_distribution(logits, sp), atol=1e-9)
+        assert np.allclose(dense(logits, sp), reference_distribution(logits, sp), atol=1e-9)
+
+
+def dense_sample(probs: np.ndarray, rng) -> int:
+    """The draw before distributions were sparse: inverse CDF over the whole vocabulary."""
+    c = np.cumsum(probs)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(probs) - 1))
+
+
+def test_a_sparse_draw_picks_the_token_a_dense_one_would():
+    """Same seed, same output as before distributions became sparse: the draw runs over the kept tokens in id
+    order, whose partial sums are those of the dense vocabulary-sized array (its zeros add nothing)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        logits = (rng.standard_normal(3000) * 3).astype(np.float32)
+        d = distribution(logits, SamplingParams(0.8, 40, 0.95, 0.05))
+        seed = int(rng.integers(1 << 30))
+        assert sample(d, np.random.default_rng(seed)) == dense_sample(d.dense(3000), np.random.default_rng(seed))
+
+
+def test_top_k_is_exact_when_few_logits_are_near_the_top():
+    logits = np.full(1000, -100.0, dtype=np.float32)
+    logits[[3, 500, 999]] = [5.0, 4.0, 3.0]  # only three within reach of the top: the rest tie far below
+    logits[[10, 20]] = [-50.0, -60.0]
+    d = distribution(logits, SamplingParams(1.0, 5, 1.0, 0.0))
+    assert list(d.idx) == [3, 10, 20, 500, 999]
+
+
+@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ties"])
+def test_top_k_without_a_full_partition_is_the_top_k(order):
+    from app.engine.sampling import _top_k
+
+    rng = np.random.default_rng(11)
+    for n, k in ((1000, 40), (262_144, 40), (151_936, 1), (5000, 300)):
+        x = (rng.standard_normal(n) * 4).astype(np.float32)
+        if order == "ascending":
+            x.sort()
+        elif order == "descending":
+            x[::-1].sort()
+        elif order == "ties":
+            x = np.round(x).astype(np.float32)  # many equal logits around the k-th
+        got = _top_k(x, k)
+        assert len(got) == k == len(set(got.tolist()))
+        kth = np.sort(x)[n - k]
+        assert x[got].min() >= kth and np.count_nonzero(x > kth) <= k  # exactly a top-k set (ties: any of them)

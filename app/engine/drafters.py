@@ -91,7 +91,6 @@ class ModelDrafter:
         ctx.decode(history[n:], n_logits=1)
         draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None, n_evals=1,
                       first_s=time.perf_counter() - t0)
-        n_vocab = ctx.model.n_vocab
         for i in range(n_max):
             logits = ctx.logits(-1)
             if sp.greedy:
@@ -104,7 +103,7 @@ class ModelDrafter:
                         break
                     draft.signals.append(gap)
             else:
-                q = distribution(logits, sp, n_vocab)
+                q = distribution(logits, sp)
                 if self.p_min > 0.0 and q.max() < self.p_min:
                     break
                 tok = sample(q, rng)
