@@ -122,7 +122,7 @@ def test_top_k_is_exact_when_few_logits_are_near_the_top():
 
 @pytest.mark.parametrize("order", ["random", "ascending", "descending", "ties"])
 def test_top_k_without_a_full_partition_is_the_top_k(order):
-    from app.engine.sampling import _top_k
+    from app.engine.sampling import _Blocks
 
     rng = np.random.default_rng(11)
     for n, k in ((1000, 40), (262_144, 40), (151_936, 1), (5000, 300)):
@@ -133,7 +133,35 @@ def test_top_k_without_a_full_partition_is_the_top_k(order):
             x[::-1].sort()
         elif order == "ties":
             x = np.round(x).astype(np.float32)  # many equal logits around the k-th
-        got = _top_k(x, k)
+        got = _Blocks(x).top_k(k)
         assert len(got) == k == len(set(got.tolist()))
         kth = np.sort(x)[n - k]
         assert x[got].min() >= kth and np.count_nonzero(x > kth) <= k  # exactly a top-k set (ties: any of them)
+
+
+def test_greedy_draft_step_is_llama_cpps_top_10_softmax_without_the_vocabulary():
+    """A greedy draft token's confidence is its probability among the 10 most likely tokens, as llama.cpp's draft
+    sampler (top-k 10) has it, decided without a softmax over the vocabulary, also where p_min is within 3% of it;
+    the token is np.argmax's (the first of tied maxima) and the gap the exact top-1 minus top-2 logit."""
+    from app.engine.sampling import draft_pick
+
+    rng = np.random.default_rng(5)
+    decided = {True: 0, False: 0}
+    for trial in range(600):
+        n = int(rng.choice([3, 50, 5000, 151_936, 262_144]))
+        x = (rng.standard_normal(n) * rng.uniform(0.3, 6)).astype(np.float32)
+        if trial % 5 == 0:
+            x = np.round(x)  # ties, the top's included
+        if trial % 7 == 0:
+            x[np.argmax(x)] += rng.uniform(0, 25)
+        top10 = np.sort(x.astype(np.float64))[::-1][:10]
+        p_top = 1.0 / np.exp(top10 - top10[0]).sum()
+        p_min = float(rng.choice([0.0, 0.3, 0.5, 0.9, min(0.999, p_top * rng.uniform(0.97, 1.03))]))
+        before = x.copy()
+        tok, confident, gap = draft_pick(x, p_min)
+        assert np.array_equal(x, before)  # llama.cpp's buffer is left as it was
+        assert tok == int(np.argmax(x))
+        assert confident == (p_top >= p_min or p_min == 0.0), (p_top, p_min)
+        assert gap == (top10[0] - top10[1] if n > 1 else np.inf)
+        decided[confident] += 1
+    assert min(decided.values()) > 100  # both answers were exercised

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .llama import Context
-from .sampling import SamplingParams, distribution, greedy_token, sample, top_probability
+from .sampling import SamplingParams, distribution, draft_pick, sample
 
 
 @dataclass
@@ -94,11 +94,10 @@ class ModelDrafter:
         for i in range(n_max):
             logits = ctx.logits(-1)
             if sp.greedy:
-                if self.p_min > 0.0 and top_probability(logits) < self.p_min:
+                tok, confident, gap = draft_pick(logits, self.p_min)
+                if not confident:
                     break
-                tok = greedy_token(logits)
                 if draft.signals is not None:
-                    gap = _logit_gap(logits, tok)
                     if not keep_going(gap):
                         break
                     draft.signals.append(gap)
@@ -113,15 +112,6 @@ class ModelDrafter:
                 ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
                 draft.n_evals += 1
         return draft
-
-
-def _logit_gap(logits: np.ndarray, top: int) -> float:
-    """Top-1 minus top-2 logit. The target disagrees with a greedy draft mostly where this is small (near-ties)."""
-    best = logits[top]
-    logits[top] = -np.inf  # a view of llama.cpp's buffer: mask the argmax for a moment instead of copying
-    second = logits.max()
-    logits[top] = best
-    return float(best - second)
 
 
 class NgramDrafter:

@@ -43,10 +43,72 @@ def greedy_token(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
-def top_probability(logits: np.ndarray) -> float:
-    """Softmax probability of the argmax token (the draft's confidence, compared with --draft-p-min)."""
-    m = logits.max()
-    return float(1.0 / np.exp(logits - m).sum())
+class _Blocks:
+    """A vocabulary's logits laid out as 32 rows, with each column's maximum (one vectorised pass), so that the
+    few logits above a high floor are found by looking only at the columns whose maximum reaches it: selecting
+    from a 262k vocabulary then costs about one reduction instead of a compare and an index scan over all of it
+    (and a row-wise reduction over small blocks would be slow in numpy). The last n % 32 logits are kept apart."""
+
+    ROWS = 32
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self.width = len(x) // self.ROWS
+        self.n_full = self.width * self.ROWS
+        self.grid = x[: self.n_full].reshape(self.ROWS, self.width)
+        self.col_max = self.grid.max(axis=0)
+        self.tail = x[self.n_full :]
+
+    def max(self) -> float:
+        return float(max(self.col_max.max(initial=-np.inf), self.tail.max(initial=-np.inf)))
+
+    def at_least(self, floor: float) -> np.ndarray:
+        """Indices (ascending) of the logits >= floor."""
+        hit = np.flatnonzero(self.col_max >= floor)
+        row, col = np.nonzero(self.grid[:, hit] >= floor)
+        idx = row * self.width + hit[col]  # row-major order: ascending
+        if len(self.tail):
+            idx = np.concatenate([idx, np.flatnonzero(self.tail >= floor) + self.n_full])
+        return idx
+
+    def top_k(self, k: int) -> np.ndarray:
+        """Indices of the k largest logits. The k-th largest of the column maxima (and tail values) is a lower
+        bound of the k-th largest logit, since each of those k columns holds a logit at least that high."""
+        x = self.x
+        n = len(x)
+        summary = np.concatenate([self.col_max, self.tail])
+        if len(summary) <= 4 * k:
+            return np.argpartition(x, n - k)[n - k :]
+        floor = np.partition(summary, len(summary) - k)[len(summary) - k]
+        cand = self.at_least(floor)
+        return cand[np.argpartition(x[cand], len(cand) - k)[len(cand) - k :]]
+
+
+DRAFT_TOP_K = 10  # llama.cpp's draft sampler keeps the 10 most likely tokens (common/speculative.cpp)
+
+
+def draft_pick(logits: np.ndarray, p_min: float) -> tuple[int, bool, float]:
+    """A greedy drafter's step, judged as llama.cpp's draft sampler judges it (top-k 10, then softmax): the argmax
+    token; whether its probability among the 10 most likely reaches ``p_min``; the top-1 minus top-2 logit gap
+    (the adaptive controller's signal).
+
+    p_top >= p_min <=> the 9 others' sum of exp(l - l_top) <= budget = 1/p_min - 1, and each of them is at most
+    exp(-gap): the gap alone decides unless budget/9 < exp(-gap) <= budget; only then are the top 10 found.
+    """
+    top = int(np.argmax(logits))
+    m = logits[top]
+    logits[top] = -np.inf  # a view of llama.cpp's buffer: mask the argmax for a moment instead of copying
+    second = logits.max()
+    logits[top] = m
+    gap = float(m) - float(second)
+    if p_min <= 0.0:
+        return top, True, gap
+    budget = 1.0 / p_min - 1.0
+    worst = np.exp(-gap)
+    if worst > budget or (DRAFT_TOP_K - 1) * worst <= budget:
+        return top, worst <= budget, gap
+    vals = logits[_Blocks(logits).top_k(min(DRAFT_TOP_K, len(logits)))].astype(np.float64)
+    return top, float(np.exp(vals - float(m)).sum()) - 1.0 <= budget, gap
 
 
 @dataclass(frozen=True)
@@ -77,19 +139,6 @@ class Dist:
         return float(self.p.max())
 
 
-def _top_k(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest logits, without partitioning the whole vocabulary: the k-th largest of every
-    16th logit is a lower bound of the k-th largest of all, so the logits at or above it hold the top k exactly,
-    and only those few are partitioned (a 262k vocabulary: ~0.2 ms instead of ~1-2 ms)."""
-    n = x.shape[0]
-    sub = x[::16]
-    if len(sub) <= 4 * k:
-        return np.argpartition(x, n - k)[n - k :]
-    floor = np.partition(sub, len(sub) - k)[len(sub) - k]
-    cand = np.flatnonzero(x >= floor)
-    return cand[np.argpartition(x[cand], len(cand) - k)[len(cand) - k :]]
-
-
 def distribution(logits: np.ndarray, sp: SamplingParams) -> Dist:
     """The probabilities after top-k, top-p, min-p and temperature, over the tokens they keep.
 
@@ -98,16 +147,17 @@ def distribution(logits: np.ndarray, sp: SamplingParams) -> Dist:
     """
     x = np.asarray(logits)
     n = x.shape[0]
-    m = float(x.max())
+    blocks = _Blocks(x)
     if sp.top_k == 0 or sp.top_k >= n:
+        m = blocks.max()
         if sp.top_p >= 1.0 and sp.min_p <= 0.0:  # nothing to truncate: plain softmax with temperature
             w = np.exp((x.astype(np.float64) - m) / sp.temperature)
             return Dist(np.arange(n), w / w.sum())
         # top-p normalises over the whole vocabulary; min-p keeps p >= min_p * p_max, i.e. x >= m + log(min_p)
         z_vocab = float(np.exp(x - m, dtype=np.float64).sum()) if sp.top_p < 1.0 else None
-        idx = np.flatnonzero(x >= m + np.log(sp.min_p)) if sp.min_p > 0.0 else np.arange(n)
+        idx = blocks.at_least(m + np.log(sp.min_p)) if sp.min_p > 0.0 else np.arange(n)
     else:
-        idx = _top_k(x, sp.top_k)
+        idx = blocks.top_k(sp.top_k)
         z_vocab = None  # after top-k, top-p normalises over the k candidates
     cand = x[idx].astype(np.float64)
     order = np.argsort(-cand, kind="stable")
