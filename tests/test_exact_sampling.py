@@ -42,9 +42,10 @@ def same_distribution(a: Counter, b: Counter) -> tuple[bool, float, float]:
     return stat < chi2_threshold(df), stat, chi2_threshold(df)
 
 
-def samples(engine: Engine, ids, drafter: str, n_tokens: int = 3, seed0: int = 0, **draft):
+def samples(engine: Engine, ids, drafter: str, n_tokens: int = 3, seed0: int = 0, sp: SamplingParams = SP,
+            **draft):
     params = lambda s: GenerationParams(  # noqa: E731
-        max_tokens=n_tokens, sampling=SamplingParams(SP.temperature, SP.top_k, SP.top_p, SP.min_p, seed=s),
+        max_tokens=n_tokens, sampling=SamplingParams(sp.temperature, sp.top_k, sp.top_p, sp.min_p, seed=s),
         draft=DraftParams(**draft))
     out, drafted = [], 0
     for s in range(seed0, seed0 + N):
@@ -92,6 +93,35 @@ def test_ngram_drafter_samples_the_target_distribution(tiny_engine):
     spec, drafted = samples(tiny_engine, ids, NgramDrafter(n_min=1, n_max=2), draft_max=3)
     assert drafted > N
     compare(plain, spec)
+
+
+def test_a_2026_sized_vocabulary_is_sampled_exactly_with_the_default_transform(tmp_path_factory):
+    """151,936 tokens (Qwen's vocabulary size) and the default top-k 40 / top-p 0.95 / min-p 0.05: the candidates
+    come from column maxima and the distributions are sparse, and the output must still follow the target's."""
+    from tiny_gguf import write_model
+
+    d = tmp_path_factory.mktemp("vocab-151936")
+    extra = 151_936 - 288  # tiny_gguf's fixed tokens: 3 specials, 256 bytes, 2 chat markers, 27 words
+    target = write_model(d / "t.gguf", seed=1, extra_words=extra, n_embd=32, n_layer=1)
+    draft = write_model(d / "d.gguf", seed=2, base_seed=1, noise=0.3, extra_words=extra, n_embd=32, n_layer=1)
+    sp = SamplingParams(temperature=1.0)  # the defaults otherwise
+    engine = Engine(ModelSettings(target, n_ctx=128), ModelSettings(draft, n_ctx=128))
+    try:
+        assert engine.model.n_vocab == 151_936
+        plain, _ = samples(engine, [1, 300, 301, 302], "none", seed0=30_000, sp=sp)
+        spec, drafted = samples(engine, [1, 300, 301, 302], "model", sp=sp, draft_max=3, draft_p_min=0.0)
+    finally:
+        engine.close()
+    assert drafted > N
+    assert len({t[0] for t in plain}) > 10  # many candidates really compete
+    compare(plain, spec)
+    draft_as_target = Engine(ModelSettings(draft, n_ctx=128))
+    try:
+        wrong, _ = samples(draft_as_target, [1, 300, 301, 302], "none", seed0=30_000, sp=sp)
+    finally:
+        draft_as_target.close()
+    with pytest.raises(AssertionError):  # and at this size the check still tells the draft's distribution apart
+        compare(plain, wrong)
 
 
 def test_sampled_speculation_accepts_some_and_rejects_some(tiny_engine):
