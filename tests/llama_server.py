@@ -1,12 +1,16 @@
 """llama.cpp's own ``llama-server``, built from the llama.cpp vendored in the pinned llama-cpp-python sdist (see
 tests/llama_sdist.py), so the remote-server tests drive the real thing with the same llama.cpp SpecChat runs.
 
-Built once in a temporary folder (about ten minutes on two cores); the binary alone is kept in
-``tests/.cache/llama-server-<version>/`` and reused while the sdist is the same; no network: the web UI is left out (``LLAMA_USE_PREBUILT_UI=OFF``), so is HTTPS. ``GGML_LLAMAFILE=OFF``
-as for SpecChat's own build: batch-invariant kernels, so greedy output with and without a draft is identical.
+Built once per machine in a temporary folder (15-20 minutes on two cores); the binary alone is kept in the user's
+cache (``$XDG_CACHE_HOME/specchat-tests/`` or ``~/.cache/specchat-tests/``; ``SPECCHAT_TEST_CACHE`` overrides),
+named after the sdist's SHA-256 and the build flags, so a fresh clone reuses it and a different llama.cpp or flag
+set builds anew. Delete the folder to force a rebuild. No network: the web UI is left out
+(``LLAMA_USE_PREBUILT_UI=OFF``), so is HTTPS. ``GGML_LLAMAFILE=OFF`` as for SpecChat's own build: batch-invariant
+kernels, so greedy output with and without a draft is identical.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -27,11 +31,19 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA
                "-DBUILD_SHARED_LIBS=OFF"]
 
 
+def cache_dir() -> Path:
+    root = os.environ.get("SPECCHAT_TEST_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specchat-tests"
+
+
 def binary() -> Path:
-    """The built llama-server, building it first if this sdist's build is not cached. Only the (statically
-    linked) binary is kept: llama.cpp's sources and objects go with the temporary build folder."""
+    """The built llama-server, building it first if this sdist's build with these flags is not cached. Only the
+    (statically linked) binary is kept: llama.cpp's sources and objects go with the temporary build folder."""
     sdist = llama_sdist.path()
-    home = llama_sdist.CACHE / sdist.name.removesuffix(".tar.gz").replace("llama_cpp_python", "llama-server")
+    key = hashlib.sha256(sdist.read_bytes() + " ".join(CMAKE_FLAGS).encode()).hexdigest()[:16]
+    home = cache_dir() / f"{sdist.name.removesuffix('.tar.gz').replace('llama_cpp_python', 'llama-server')}-{key}"
     exe = home / "llama-server"
     if exe.is_file():
         return exe
@@ -50,7 +62,8 @@ def binary() -> Path:
                     ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)]):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
                 raise RuntimeError(f"building llama-server failed: see {log}")
-        shutil.copy2(build / "bin" / "llama-server", exe)
+        shutil.copy2(build / "bin" / "llama-server", exe.with_suffix(".part"))
+        os.replace(exe.with_suffix(".part"), exe)  # a build killed half-way leaves no binary behind
     return exe
 
 
