@@ -35,7 +35,8 @@ def test_turns_off_when_drafting_costs_more_than_it_saves_and_rarely_probes_then
     assert asked[:3] == [2, 0, 0]  # one short draft and a plain step show it cannot pay: little lost finding out
     assert asked[10:].count(0) > 0.95 * len(asked[10:])
     off = asked[asked.index(0, 2):]  # after the measuring rounds
-    assert sum(1 for k in off if k) <= 2  # at most one probe in ~190 rounds off
+    assert sum(1 for k in off if k) <= 4  # a few probes settle the costs, then none for the rest (~190 rounds)
+    assert not any(asked[110:])
 
 
 def test_probes_often_when_it_was_off_for_poor_acceptance():
@@ -74,6 +75,34 @@ def test_a_rounds_first_call_catching_up_does_not_pass_for_the_cost_of_every_tok
     assert asked[:2] == [2, 0] and all(k == 8 for k in asked[6:])
 
 
+def test_slow_first_timings_of_new_shapes_do_not_end_drafting_for_the_answer():
+    """Measured on the starter pair (a slow spell: 24 ms a target token, 6 ms per extra verified token, 10 ms a
+    draft token): the first call of each new batch shape paid ~15 ms extra, so the first round's timings said a
+    draft token costs 16 ms and each verified one 11 ms, drafting could not pay even at 100% acceptance, and the
+    controller went off for the whole answer (1 of 192 tokens drafted; fixed drafts: 1.4x). First timings only
+    stand in until the next ones come."""
+    c = DraftLength(DraftParams(draft_max=12, adaptive=True))
+    seen: set[tuple[str, int]] = set()
+
+    def cost(kind: str, n: int, t: float) -> float:
+        first = (kind, n) not in seen
+        seen.add((kind, n))
+        return t + (0.015 if first else 0.0)
+
+    asked = []
+    for i in range(60):
+        k = c.next()
+        asked.append(k)
+        evals = k
+        if i == 2 and k:  # as measured: the third round's first token was a near-tie, so nothing was drafted
+            k, evals = 0, 1
+        first_call = cost("draft", 2, 0.017) if evals else 0.0  # catches up on two tokens
+        rest = sum(cost("draft", 1, 0.0099) for _ in range(max(k - 1, 0)))
+        c.update(k, k, first_call + rest, cost("verify", k + 1, 0.024 + 0.006 * k), n_evals=evals,
+                 first_s=first_call)
+    assert sum(asked[:20]) > 0 and all(k >= 8 for k in asked[-20:])  # (12 x 10 ms + 96 ms for 13 tokens: pays)
+
+
 def test_a_passing_slowdown_does_not_end_speculation_for_the_whole_answer():
     """A busy machine makes a few draft rounds slow: measured loss, off. Drafting can pay (cheap, accepted), so
     probes come every PROBE_EVERY rounds and drafting resumes once the slowdown is over."""
@@ -103,4 +132,4 @@ def test_model_free_drafters_keep_probing_often():
         k = min(k, (8, 3, 1, 5)[i % 4])
         c.update(k, k, k * 0.011, verify(k + 1))
     off = asked[asked.index(0):]
-    assert 5 <= sum(1 for k in off if k) <= 10
+    assert 5 <= sum(1 for k in off if k) <= 14  # every 24 rounds, after a few to settle the costs

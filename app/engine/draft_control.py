@@ -23,6 +23,7 @@ Adaptive mode decides token by token, from measurements of this generation:
 """
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -58,6 +59,8 @@ class DraftLength:
     PROBE_EVERY_WHEN_COSTLY = 192
     DECAY = 0.9  # weight of the past in the running estimates (about the last 10 rounds)
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
+    SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
+    PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,)):
         self.p = params
@@ -67,8 +70,8 @@ class DraftLength:
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
-        self._t_draft = None  # seconds to draft one more token
-        self._fit = [0.0] * 5  # decayed sums for verify_s ~ a + b * n: S, Sn, Snn, St, Snt
+        self._t_draft = _Estimate(self.DECAY)  # seconds to draft one more token
+        self._verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
         self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
         self._off_rounds = 0
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
@@ -84,7 +87,7 @@ class DraftLength:
         if self._examined and not self._plain_rounds:
             return 0  # one plain step: what drafting must beat, and a second batch size for the verify fit
         measure = min(max(self.MEASURE_DRAFT, self.p.draft_min), self.p.draft_max)
-        if self._t_draft is None or self._rounds < 2:
+        if not self._t_draft.known or self._rounds < 2:
             return measure  # measure before judging
         if self._examined < 4 and self._best_k(0.999) > 0:
             return measure  # drafting could pay: learn the acceptance before drafting at length
@@ -92,11 +95,18 @@ class DraftLength:
         # is accepted goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
-            # Off because a draft model costs more than it can save even when every token is accepted: probes
-            # would only learn that again. Off for any other reason (poor acceptance, a measured loss that noise
-            # can fake): probe often, so a passing slowdown does not end speculation for the whole answer.
-            costly = self._spec[0] > 0 and self._best_k(0.999) == 0
-            if self._off_rounds >= (self.PROBE_EVERY_WHEN_COSTLY if costly else self.PROBE_EVERY):
+            # Off while the costs rest on a few timings (a new shape's first call, a busy moment): probe soon, to
+            # settle them. Off because a draft model costs more than it can save even when every token is
+            # accepted, by settled costs: probes would only learn that again. Off for any other reason (poor
+            # acceptance, a measured loss that noise can fake): probe often, so a passing slowdown does not end
+            # speculation for the whole answer.
+            if not self._settled():
+                every = self.PROBE_EVERY_UNSETTLED
+            elif self._spec[0] > 0 and self._best_k(0.999) == 0:
+                every = self.PROBE_EVERY_WHEN_COSTLY
+            else:
+                every = self.PROBE_EVERY
+            if self._off_rounds >= every:
                 self._off_rounds = 0
                 return min(2, self.p.draft_max)
         else:
@@ -115,24 +125,38 @@ class DraftLength:
     def acceptance(self) -> float:
         return self._succ / self._seen if self._seen else 0.0
 
+    def _settled(self) -> bool:
+        """Enough timings to trust the costs: several draft tokens, and two batch sizes seen more than once."""
+        return self._t_draft.n >= self.SETTLED and sum(e.n >= 3 for e in self._verify.values()) >= 2
+
+    def _line(self) -> tuple[float, float, float]:
+        """Verification time against batch size: a least-squares line through the sizes seen, each weighted by
+        how often (up to 10). Returns (mean size, mean seconds, seconds per extra token)."""
+        pts = [(n, e.value, max(1, min(e.n, 10))) for n, e in self._verify.items()]
+        w = sum(k for *_, k in pts)
+        mn = sum(n * k for n, _, k in pts) / w
+        mt = sum(t * k for _, t, k in pts) / w
+        var = sum(k * (n - mn) ** 2 for n, _, k in pts) / w
+        if var > 1e-9:
+            return mn, mt, max(sum(k * (n - mn) * (t - mt) for n, t, k in pts) / w / var, 0.0)
+        return mn, mt, 0.1 * mt / max(mn, 1.0)  # one batch size seen so far: assume +10% per extra token
+
     def _slope(self) -> float:
         """Seconds each extra token adds to a verification batch."""
-        s, sn, snn, st, snt = self._fit
-        var = snn / s - (sn / s) ** 2
-        if var > 1e-9:
-            return max((snt / s - (sn / s) * (st / s)) / var, 0.0)
-        return 0.1 * (st / s) / max(sn / s, 1.0)  # one batch size seen so far: assume +10% per extra token
+        return self._line()[2]
 
     def _verify_time(self, n: int) -> float:
-        s, sn, _, st, _ = self._fit
-        return max(1e-6, st / s + self._slope() * (n - sn / s))
+        if n in self._verify and self._verify[n].n >= 3:
+            return self._verify[n].value  # this size measured: no line needed
+        mn, mt, slope = self._line()
+        return max(1e-6, mt + slope * (n - mn))
 
     def _min_acceptance(self) -> float:
         """A drafted token pays when, reached and accepted, it saves a plain decoding step (the target's cost for
         one token) at the price of drafting it and of one more position in the verification batch."""
-        if self._t_draft is None or self._rounds < 2:
+        if not self._t_draft.known or self._rounds < 2:
             return 0.5
-        return min(max((self._t_draft + self._slope()) / self._verify_time(1), 0.05), 0.98)
+        return min(max((self._t_draft.value + self._slope()) / self._verify_time(1), 0.05), 0.98)
 
     def _measured_loss(self) -> bool:
         """Have the rounds that drafted made tokens more slowly than plain decoding does?"""
@@ -144,7 +168,7 @@ class DraftLength:
         best_k, best_rate = 0, 1.0 / self._verify_time(1)
         for k in range(max(1, self.p.draft_min), self.p.draft_max + 1):
             tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
-            rate = tokens / (k * self._t_draft + self._verify_time(k + 1))
+            rate = tokens / (k * self._t_draft.value + self._verify_time(k + 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -165,21 +189,48 @@ class DraftLength:
             self._examined += examined
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
         # a round's first tell that marginal cost; the first also catches up on the tokens made since the last
-        # draft (and a new batch shape costs llama.cpp extra the first time), so it alone only gives a first guess.
-        per_token = None
+        # draft, so it only stands in (once some rounds passed with nothing better) until a real timing comes.
         if n_evals > 1:
-            per_token = (draft_s - first_s) / (n_evals - 1)
-        elif n_evals == 1:
-            per_token = draft_s if self._t_draft is None else None
-        elif n_drafted:
-            per_token = draft_s / n_drafted
-        if per_token is not None:
-            self._t_draft = per_token if self._t_draft is None else d * self._t_draft + (1 - d) * per_token
+            self._t_draft.add((draft_s - first_s) / (n_evals - 1))
+        elif n_evals == 1 and not self._t_draft.known and self._rounds >= 3:
+            self._t_draft.add(draft_s, provisional=True)
+        elif n_drafted and not n_evals:
+            self._t_draft.add(draft_s / n_drafted)
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
-        n = n_drafted + 1
-        f = self._fit
-        self._fit = [d * f[0] + 1, d * f[1] + n, d * f[2] + n * n, d * f[3] + verify_s, d * f[4] + n * verify_s]
+        self._verify.setdefault(n_drafted + 1, _Estimate(d)).add(verify_s)
+
+
+class _Estimate:
+    """A running estimate of a time. llama.cpp's first call in a new shape pays extra (buffers touched for the
+    first time), so the first sample only stands in until the second replaces it; then the median of the first
+    few (a busy host's one slow call does not set the cost for dozens of rounds), and a decayed average once there
+    are more (the machine's speed drifts)."""
+
+    FEW = 5
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.n = 0  # samples that count
+        self.value = 0.0
+        self._provisional = False
+        self._first: list[float] = []
+
+    @property
+    def known(self) -> bool:
+        return self.n > 0 or self._provisional
+
+    def add(self, t: float, provisional: bool = False) -> None:
+        if provisional or (self.n == 0 and not self._provisional):
+            self.value, self._provisional = t, True  # stands in until a real sample replaces it
+            return
+        self._provisional = False
+        self.n += 1
+        if self.n <= self.FEW:
+            self._first.append(t)
+            self.value = statistics.median(self._first)
+        else:
+            self.value += (1.0 - self.decay) * (t - self.value)
