@@ -61,6 +61,7 @@ class DraftLength:
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
+    EXPLORE, EXPLORE_EVERY = 6, 3  # per signal bucket: tokens drafted against the estimate, one refusal in 3
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,)):
         self.p = params
@@ -68,6 +69,8 @@ class DraftLength:
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
+        self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
+        self._explored = [0] * len(self._buckets)  # ...and drafted anyway, to learn
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
         self._t_draft = _Estimate(self.DECAY)  # seconds to draft one more token
@@ -115,11 +118,24 @@ class DraftLength:
 
     def keep_going(self, signal: float) -> bool:
         """Draft the next token, whose confidence signal is ``signal``?"""
-        acc, seen = self._buckets[bisect_right(self._edges, signal)]
+        i = bisect_right(self._edges, signal)
+        acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
-        if reach < self._min_acceptance():
+        if reach < self._min_acceptance() and not self._explore(i):
             return False
         self._reach = reach
+        return True
+
+    def _explore(self, bucket: int) -> bool:
+        """Draft a token the estimates say to stop at, now and then, while its signal bucket has few outcomes:
+        tokens never drafted are never judged, so a prior set too low (the starter's near-ties are mostly
+        accepted) would otherwise never be corrected. Each bucket is explored at most EXPLORE times."""
+        if self._explored[bucket] >= self.EXPLORE:
+            return False
+        self._refused[bucket] += 1
+        if self._refused[bucket] % self.EXPLORE_EVERY:
+            return False
+        self._explored[bucket] += 1
         return True
 
     def acceptance(self) -> float:
