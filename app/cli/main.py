@@ -35,7 +35,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("speculation (llama.cpp's flags; defaults from the pair)")
     d.add_argument("--draft-max", type=int, help="most tokens drafted per round")
     d.add_argument("--draft-min", type=int, help="drafts shorter than this are not verified")
-    d.add_argument("--draft-p-min", type=float, help="stop drafting when the draft's top probability is lower")
+    d.add_argument("--draft-p-min", type=float,
+                   help="stop drafting when the draft's top probability (among its 10 best, as llama.cpp) is lower")
     d.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
 

@@ -61,16 +61,16 @@ class DraftLength:
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
-    EXPLORE, EXPLORE_EVERY = 6, 3  # per signal bucket: tokens drafted against the estimate, one refusal in 3
+    EXPLORE, EXPLORE_EVERY = 6, 3  # see _explore
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,)):
         self.p = params
         self._edges = signal_edges
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
+        self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
-        self._explored = [0] * len(self._buckets)  # ...and drafted anyway, to learn
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
         self._t_draft = _Estimate(self.DECAY)  # seconds to draft one more token
@@ -127,16 +127,15 @@ class DraftLength:
         return True
 
     def _explore(self, bucket: int) -> bool:
-        """Draft a token the estimates say to stop at, now and then, while its signal bucket has few outcomes:
-        tokens never drafted are never judged, so a prior set too low (the starter's near-ties are mostly
-        accepted) would otherwise never be corrected. Each bucket is explored at most EXPLORE times."""
-        if self._explored[bucket] >= self.EXPLORE:
+        """Draft a token the estimates say to stop at, one time in EXPLORE_EVERY, while its signal bucket has
+        fewer than EXPLORE outcomes or its outcomes alone say such tokens pay: tokens never drafted are never
+        judged, so a prior set too low (the starter's near-ties are mostly accepted) would otherwise never be
+        corrected. A bucket the target does reject costs a few tries."""
+        accepted, judged = self._outcomes[bucket]
+        if judged >= self.EXPLORE and accepted < judged * self._min_acceptance():
             return False
         self._refused[bucket] += 1
-        if self._refused[bucket] % self.EXPLORE_EVERY:
-            return False
-        self._explored[bucket] += 1
-        return True
+        return self._refused[bucket] % self.EXPLORE_EVERY == 0
 
     def acceptance(self) -> float:
         return self._succ / self._seen if self._seen else 0.0
@@ -195,9 +194,10 @@ class DraftLength:
         d = self.DECAY
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
-                bucket = self._buckets[bisect_right(self._edges, signal)]
-                bucket[0] += i < n_accepted
-                bucket[1] += 1
+                b = bisect_right(self._edges, signal)
+                for counts in (self._buckets[b], self._outcomes[b]):
+                    counts[0] += i < n_accepted
+                    counts[1] += 1
         if n_drafted:
             examined = n_accepted + (1 if n_accepted < n_drafted else 0)
             self._succ = d * self._succ + n_accepted
