@@ -50,13 +50,26 @@ def write_model(
     split_max_tensors: int = 0,
     chat_template: str = CHATML,
     sliding_window: int = 0,
+    permute_seed: int | None = None,
+    extra_pieces: tuple[str, ...] = (),
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
     a perturbed copy of a target (partial acceptance, exercising both accept and reject paths).
     ``split_max_tensors``: write a split GGUF (``name-0000k-of-0000N.gguf`` beside ``path``) as llama.cpp's
-    gguf-split does; returns the first shard."""
+    gguf-split does; returns the first shard.
+    ``permute_seed``: the word tokens (and their weight rows and scores) at other ids, so the model computes the
+    same text function in another vocabulary (a cross-vocabulary draft). ``extra_pieces``: pieces appended to the
+    vocabulary with the best scores (different merges), their weights fresh."""
     toks = vocab(extra_words, rename)
-    n_vocab = len(toks)
+    n_base = len(toks)
+    scores = [0.0] * 3 + [0.0] * 256 + [0.0, 0.0] + [-float(i) for i in range(n_base - 261)]
+    order = np.arange(n_base)
+    if permute_seed is not None:
+        order[261:] = 261 + np.random.default_rng(permute_seed).permutation(n_base - 261)
+        toks = [toks[i] for i in order]
+        scores = [scores[i] for i in order]
+    toks += [(piece, TokenType.NORMAL) for piece in extra_pieces]
+    scores += [1.0] * len(extra_pieces)
     gemma = sliding_window > 0
     w = GGUFWriter(str(path), "gemma3" if gemma else "llama", split_max_tensors=split_max_tensors)
     if gemma:
@@ -75,7 +88,7 @@ def write_model(
     w.add_tokenizer_model(vocab_model)
     w.add_tokenizer_pre("default")
     w.add_token_list([t for t, _ in toks])
-    w.add_token_scores([0.0] * 3 + [0.0] * 256 + [0.0, 0.0] + [-float(i) for i in range(n_vocab - 261)])
+    w.add_token_scores(scores)
     w.add_token_types([int(k) for _, k in toks])
     if vocab_model == "gpt2":
         w.add_token_merges(["▁ t", "h e"])
@@ -94,7 +107,11 @@ def write_model(
             a += noise_rng.standard_normal(shape).astype(np.float32) * noise * (shape[-1] ** -0.5)
         return a
 
-    w.add_tensor("token_embd.weight", t(n_vocab, n_embd, scale=1.0))
+    def rows(a: np.ndarray) -> np.ndarray:  # the base vocabulary's rows in this vocabulary's order, then extras
+        extra = np.random.default_rng(seed + 20_000).standard_normal((len(extra_pieces), a.shape[1]))
+        return np.concatenate([a[order], (extra * a.std()).astype(np.float32)])
+
+    w.add_tensor("token_embd.weight", rows(t(n_base, n_embd, scale=1.0)))
     for i in range(n_layer):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
@@ -111,9 +128,9 @@ def write_model(
         w.add_tensor(p + "ffn_up.weight", t(n_ff, n_embd))
         w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    out = t(n_vocab, n_embd, scale=logit_scale * n_embd ** -0.5)
+    out = t(n_base, n_embd, scale=logit_scale * n_embd ** -0.5)
     out[[2, 260]] = 0.0  # "</s>", "<|im_end|>" score 0, far below the top: outputs run long unless a test sets EOS
-    w.add_tensor("output.weight", out)
+    w.add_tensor("output.weight", rows(out))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -190,6 +190,7 @@ class Model:
         self.kv_bytes_per_token = info.kv_bytes_per_token  # F16 K and V of the attention layers
         self.recurrent_bytes = info.recurrent_bytes  # one copy of the recurrent state (a snapshot, a checkpoint)
         self._piece_cache: dict[int, bytes] = {}
+        self._text_cache: dict[int, bytes] = {}
 
     # --- metadata -------------------------------------------------------------------------------------------
     def chat_template(self) -> str | None:
@@ -201,8 +202,8 @@ class Model:
         return ll.llama_vocab_get_text(self.vocab, token) or b""
 
     # --- tokens ---------------------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
         n_max = len(data) + 8
         buf = (ll.llama_token * n_max)()
         n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
@@ -217,6 +218,14 @@ class Model:
         cached = self._piece_cache.get(token)
         if cached is None:
             cached = self._piece_cache[token] = self._to_piece(token, special=False)
+        return cached
+
+    def piece_text(self, token: int) -> bytes:
+        """The bytes a token stands for in text, special tokens written out (``<|im_start|>``): what another
+        tokenizer must see to read the same conversation."""
+        cached = self._text_cache.get(token)
+        if cached is None:
+            cached = self._text_cache[token] = self._to_piece(token, special=True)
         return cached
 
     def piece_special(self, token: int) -> str:

@@ -1,0 +1,105 @@
+"""Drafting across vocabularies: a draft model whose tokenizer differs from the target's drafts through text.
+
+The draft continues the conversation in its own tokens: it sees the committed text (the target's tokens rendered
+with their special tokens, so chat markers the draft also knows become its own) tokenized in its vocabulary. Its
+proposal goes back as text, re-tokenized in the target's vocabulary together with a short look-behind of committed
+text, so a word split across the boundary is handled: only tokens past the look-behind's own tokenization are
+proposed, and none when the proposal would change a committed token (as transformers'
+``AssistedCandidateGeneratorDifferentTokenizers`` does). The target verifies as with any drafter.
+
+The proposal is deterministic (``probs`` None, a one-hot q), so sampled output keeps the target's exact
+distribution; greedy output is identical to plain decoding. After verification the draft's cache follows the text
+the target committed: the next round re-tokenizes it and keeps the longest common prefix (``reuse_prefix``).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .drafters import Draft, KeepGoing, ModelDrafter
+from .llama import Context, Model
+from .sampling import SamplingParams, draft_pick
+
+
+class TextDrafter:
+    name = "model"
+    SIGNAL_EDGES = ModelDrafter.SIGNAL_EDGES
+    SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
+    LOOK_BEHIND = 4  # committed target tokens re-tokenized with each proposal
+
+    def __init__(self, ctx: Context, target: Model, p_min: float = 0.0):
+        self.ctx = ctx
+        self.draft = ctx.model
+        self.target = target
+        self.p_min = p_min
+        self._ids: list[int] = []  # target tokens whose text is in _text (a leading BOS left out)
+        self._ends: list[int] = []  # where each of them ends in _text
+        self._text = b""
+
+    # --- the committed text, kept in step with the target's history --------------------------------------------
+    def _piece(self, token: int) -> bytes:
+        return self.target.piece_text(token)
+
+    def _sync(self, history: list[int]) -> None:
+        if self.target.add_bos and history and history[0] == self.target.bos:
+            history = history[1:]  # the draft's tokenizer adds its own
+        n = 0
+        for a, b in zip(self._ids, history):
+            if a != b:
+                break
+            n += 1
+        del self._ids[n:], self._ends[n:]
+        self._text = self._text[: self._ends[-1] if self._ends else 0]
+        for tok in history[n:]:
+            self._text += self._piece(tok)
+            self._ids.append(tok)
+            self._ends.append(len(self._text))
+
+    def _draft_ids(self) -> list[int]:
+        return self.draft.tokenize(self._text, add_special=True, parse_special=True)
+
+    # --- the Drafter protocol -------------------------------------------------------------------------------
+    def begin(self, prompt_ids: list[int]) -> None:
+        self._ids, self._ends, self._text = [], [], b""
+        self._sync(prompt_ids)
+        ids = self._draft_ids()
+        n = self.ctx.reuse_prefix(ids[:-1])
+        self.ctx.decode(ids[n:-1], n_logits=0)
+        self.ctx.checkpoint()
+
+    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+                keep_going: KeepGoing | None = None) -> Draft:
+        ctx = self.ctx
+        self._sync(history)
+        ids = self._draft_ids()
+        n = ctx.reuse_prefix(ids)
+        if n == len(ids):  # everything cached, but fresh logits are needed for the last token
+            ctx.truncate(n - 1)
+            n -= 1
+        t0 = time.perf_counter()
+        ctx.decode(ids[n:], n_logits=1)
+        draft = Draft(n_evals=1, first_s=time.perf_counter() - t0)
+        tokens: list[int] = []
+        for i in range(n_max):
+            tok, confident, gap = draft_pick(ctx.logits(-1), self.p_min)
+            if not confident or self.draft.is_eog(tok) or (keep_going is not None and not keep_going(gap)):
+                break
+            tokens.append(tok)
+            if i + 1 < n_max:
+                ctx.decode([tok], n_logits=1, n_speculative=1)
+                draft.n_evals += 1
+        draft.tokens = self._retokenize(b"".join(self.draft.piece(t) for t in tokens))[:n_max]
+        return draft
+
+    def _retokenize(self, text: bytes) -> list[int]:
+        """The target's tokens for ``text`` following the committed text."""
+        if not text:
+            return []
+        start = self._ends[-self.LOOK_BEHIND - 1] if len(self._ends) > self.LOOK_BEHIND else 0
+        behind = self._text[start:]
+        before = self.target.tokenize(behind, add_special=False, parse_special=True)
+        after = self.target.tokenize(behind + text, add_special=False, parse_special=True)
+        if after[: len(before)] != before:
+            return []  # the proposal would merge into committed tokens: nothing to propose this round
+        return after[len(before) :]
