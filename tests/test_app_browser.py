@@ -411,7 +411,8 @@ def test_models_view_checks_your_own_pair(page, tmp_path):
     p.locator("#own-check").click()
     p.locator("#pair-report-body").wait_for(timeout=30_000)
     text = p.locator("#pair-report").inner_text()
-    assert "NOT compatible: token 300 means" in text and "recommended offload: -ngl 0 -ngld 0" in text
+    assert "different vocabularies: drafted as text" in text and "token 300 means" in text
+    assert "recommended offload: -ngl 0 -ngld 0" in text
     page.shot("models-check")
     p.locator("#own-draft textarea").fill(str(tmp_path / "missing.gguf"))
     p.locator("#own-check").click()

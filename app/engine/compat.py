@@ -1,7 +1,7 @@
-"""Can this draft model draft for this target? llama.cpp's rule (common/speculative.cpp), in plain words."""
+"""Can this draft model share the target's token ids? llama.cpp's rule (common/speculative.cpp), in plain words.
+A pair that cannot drafts as text (``text_drafter``)."""
 from __future__ import annotations
 
-from .errors import EngineError
 from .llama import Model
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -37,13 +37,3 @@ def compatibility_problems(target: Model, draft: Model) -> list[str]:
                 )
                 break
     return problems
-
-
-def check_pair(target: Model, draft: Model) -> None:
-    problems = compatibility_problems(target, draft)
-    if problems:
-        raise EngineError(
-            f"{draft.path.name} cannot draft for {target.path.name}: " + "; ".join(problems) + ". "
-            "A draft model must share the target's tokenizer, usually a smaller model of the same family "
-            "(e.g. Qwen2.5-0.5B for Qwen2.5-7B). Use --drafter ngram to speculate without a draft model."
-        )

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from .chat import render_chat
-from .compat import check_pair
+from .compat import compatibility_problems
 from .costs import Costs, measure
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -14,6 +14,7 @@ from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
+from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
 from .turns import Turns
 from .loop import GenerationParams, speculative_generate
@@ -55,11 +56,12 @@ class Engine:
                     raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
             if s.n_checkpoints < 0:
                 raise EngineError(f"Invalid --ctx-checkpoints {s.n_checkpoints}: use 0 (none) or more.")
-        if draft is not None:
-            # Judge the pair from vocabularies alone before spending time and memory on weights.
+        # Why the draft cannot share the target's token ids (llama.cpp's pair rule); then it drafts as text.
+        self.cross_vocab: list[str] = []
+        if draft is not None:  # judged from vocabularies alone, before spending time and memory on weights
             t_vocab, d_vocab = Model(target.path, vocab_only=True), Model(draft.path, vocab_only=True)
             try:
-                check_pair(t_vocab, d_vocab)
+                self.cross_vocab = compatibility_problems(t_vocab, d_vocab)
             finally:
                 t_vocab.close()
                 d_vocab.close()
@@ -123,6 +125,8 @@ class Engine:
             raise EngineError(f"Unknown drafter {kind!r}: choose one of {', '.join(DRAFTERS)}.")
         if kind == "model" and self.draft is None:
             raise EngineError("The model drafter needs a draft model (--draft PATH); or use --drafter ngram.")
+        if kind == "model" and self.cross_vocab:
+            return TextDrafter(self.draft.ctx, self.target.model, params.draft.draft_p_min)
         if kind == "model":
             return ModelDrafter(self.draft.ctx, params.draft.draft_p_min)
         if kind == "ngram":

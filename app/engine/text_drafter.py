@@ -23,7 +23,7 @@ from .sampling import SamplingParams, draft_pick
 
 
 class TextDrafter:
-    name = "model"
+    name = "model (as text)"
     SIGNAL_EDGES = ModelDrafter.SIGNAL_EDGES
     SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
     LOOK_BEHIND = 4  # committed target tokens re-tokenized with each proposal

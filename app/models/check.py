@@ -19,7 +19,7 @@ from ..engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offloa
 class PairReport:
     target: GgufInfo
     draft: GgufInfo | None
-    problems: list[str]  # why the draft cannot draft for the target (empty: compatible)
+    problems: list[str]  # why the draft cannot share the target's token ids (empty: compatible; else it drafts as text)
     n_ctx: int
     fit: Fit  # at the chosen -ngl / -ngld
     recommended: tuple[int, int]  # (-ngl, -ngld) for this machine
@@ -91,7 +91,8 @@ def describe(r: PairReport) -> list[str]:
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
     if r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
-                     "NOT compatible: " + "; ".join(r.problems))
+                     "different vocabularies: drafted as text (slower per token, usually lower acceptance): "
+                     + "; ".join(r.problems))
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
     ngl, ngld = r.recommended

@@ -227,7 +227,7 @@ class ModelsView:
             report = check_files((target or "").strip(), (draft or "").strip() or None, int(ctx or 0))
         except (EngineError, ValueError, TypeError, OSError) as exc:
             return render.notice(str(exc))
-        return render.pair_report(describe(report), report.compatible and report.fit.ok)
+        return render.pair_report(describe(report), report.fit.ok)
 
     def use_in_chat(self, target: str, draft: str) -> tuple:
         """Outputs: chat pair picker, target path, draft path, report."""
