@@ -111,7 +111,9 @@ def test_a_client_that_hangs_up_before_a_whole_answer_stops_its_generation(guard
         except httpx.TimeoutException:
             results.append("gave up")
 
-    # Several clients give up on whole (unstreamed) answers; each generation ends when its client goes
+    # Several clients give up on whole (unstreamed) answers; each generation ends when its client goes. (On a busy
+    # machine a client may give up while the one before is still winding down: its request leaves the queue
+    # without ever running, which is as good.)
     for _ in range(3):
         t = threading.Thread(target=ask)
         t.start()
@@ -121,7 +123,9 @@ def test_a_client_that_hangs_up_before_a_whole_answer_stops_its_generation(guard
         time.sleep(0.05)
     assert results == ["gave up"] * 3 and api.waiting == 0
     done = [s for s in api.served if s.endpoint == "chat"]
-    assert len(done) == 3 and all(s.finish == "cancelled" for s in done)  # none ran on to the end of its context
+    assert 1 <= len(done) <= 3 and all(s.finish == "cancelled" for s in done)  # none ran on to its context's end
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": PROMPT, "max_tokens": 8}, timeout=120)
+    assert r.status_code == 200 and r.json()["timings"]["predicted_n"] > 0  # and the engine is free again
 
 
 def test_turns_on_the_engine_are_first_come_first_served_and_a_cancelled_waiter_leaves_the_line():
