@@ -75,22 +75,13 @@ class ModelDrafter:
         self.p_min = p_min
 
     def begin(self, prompt_ids: list[int]) -> None:
-        # Prefill all but the last prompt token; the first propose() evaluates it with logits. (A recurrent draft
-        # keeps its state here, for Regenerate and for a next turn that changes the answer.)
-        n = self.ctx.reuse_prefix(prompt_ids[:-1])
-        self.ctx.decode(prompt_ids[n:-1], n_logits=0)
-        self.ctx.checkpoint()
+        prefill_draft(self.ctx, prompt_ids)
 
     def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
         ctx = self.ctx
-        n = ctx.reuse_prefix(history)
-        if n == len(history):  # everything cached, but we need fresh logits for the last token
-            ctx.truncate(n - 1)
-            n -= 1
-        t0 = time.perf_counter()
-        ctx.decode(history[n:], n_logits=1)
+        first_s = catch_up(ctx, history)
         draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None, n_evals=1,
-                      first_s=time.perf_counter() - t0)
+                      first_s=first_s)
         for i in range(n_max):
             logits = ctx.logits(-1)
             if sp.greedy:
@@ -112,6 +103,26 @@ class ModelDrafter:
                 ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
                 draft.n_evals += 1
         return draft
+
+
+def prefill_draft(ctx: Context, ids: list[int]) -> None:
+    """Prefill all but the last token (the first propose() evaluates it with logits) and checkpoint there (a
+    recurrent draft keeps its state here, for Regenerate and for a next turn that changes the answer)."""
+    n = ctx.reuse_prefix(ids[:-1])
+    ctx.decode(ids[n:-1], n_logits=0)
+    ctx.checkpoint()
+
+
+def catch_up(ctx: Context, ids: list[int]) -> float:
+    """Bring a draft context to ``ids`` (keeping the cached prefix) with fresh logits for the last token; returns
+    the seconds this first call took."""
+    n = ctx.reuse_prefix(ids)
+    if n == len(ids):  # everything cached, but fresh logits are needed for the last token
+        ctx.truncate(n - 1)
+        n -= 1
+    t0 = time.perf_counter()
+    ctx.decode(ids[n:], n_logits=1)
+    return time.perf_counter() - t0
 
 
 class NgramDrafter:

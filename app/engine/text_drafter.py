@@ -13,11 +13,9 @@ the target committed: the next round re-tokenizes it and keeps the longest commo
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from .drafters import Draft, KeepGoing, ModelDrafter
+from .drafters import Draft, KeepGoing, ModelDrafter, catch_up, prefill_draft
 from .llama import Context, Model
 from .sampling import SamplingParams, draft_pick
 
@@ -63,23 +61,13 @@ class TextDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         self._ids, self._ends, self._text = [], [], b""
         self._sync(prompt_ids)
-        ids = self._draft_ids()
-        n = self.ctx.reuse_prefix(ids[:-1])
-        self.ctx.decode(ids[n:-1], n_logits=0)
-        self.ctx.checkpoint()
+        prefill_draft(self.ctx, self._draft_ids())
 
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
                 keep_going: KeepGoing | None = None) -> Draft:
         ctx = self.ctx
         self._sync(history)
-        ids = self._draft_ids()
-        n = ctx.reuse_prefix(ids)
-        if n == len(ids):  # everything cached, but fresh logits are needed for the last token
-            ctx.truncate(n - 1)
-            n -= 1
-        t0 = time.perf_counter()
-        ctx.decode(ids[n:], n_logits=1)
-        draft = Draft(n_evals=1, first_s=time.perf_counter() - t0)
+        draft = Draft(n_evals=1, first_s=catch_up(ctx, self._draft_ids()))
         tokens: list[int] = []
         for i in range(n_max):
             tok, confident, gap = draft_pick(ctx.logits(-1), self.p_min)
