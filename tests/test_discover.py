@@ -4,23 +4,26 @@ the real huggingface_hub client and the real `specchat search / files / check / 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from fake_hub import FakeHub
 from test_hub import cached, no_traffic_beyond_loopback, specchat
 from tiny_gguf import write_model
 
+from app.engine.compat import AS_TEXT
 from app.models import discover
 
 TARGET_REPO, DRAFT_REPO = "tests/Tiny-7B-Instruct-GGUF", "tests/Tiny-0.5B-Instruct-GGUF"
 WRONG_REPO, OTHER_REPO = "tests/Tiny-1B-Instruct-GGUF", "tests/Other-0.5B-GGUF"
+LONE_REPO, MID_REPO, HUGE_REPO = "tests/Lone-7B-Instruct-GGUF", "tests/Mid-2B-GGUF", "tests/Huge-3B-GGUF"
 
 
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory):
     """Repo id -> {file name: bytes}. The 0.5B draft shares the target's tokenizer; the 1B one has the family's name
-    but one token spelled differently (llama.cpp's rule refuses it); Other is another family altogether."""
+    but one token spelled differently (llama.cpp's rule refuses it); Other is another family altogether. Lone is a
+    target whose family has no draft on the Hub, with its tokens at other ids than everyone else's; Mid and Huge
+    are drafts of other families at about 1:6 and 1:2 of its size."""
     d = tmp_path_factory.mktemp("discover")
     big = dict(n_embd=128, n_layer=4, n_ff=256)
     small = dict(n_embd=32, n_layer=1, n_ff=64)
@@ -35,6 +38,9 @@ def repos(tmp_path_factory):
         WRONG_REPO: {"Tiny-1B-Instruct-Q8_0.gguf":
                      write_model(d / "w.gguf", seed=4, rename={300: "▁zebra"}, **small).read_bytes()},
         OTHER_REPO: {"Other-0.5B-Q8_0.gguf": write_model(d / "o.gguf", seed=5, **small).read_bytes()},
+        LONE_REPO: {"Lone-7B-Instruct-Q8_0.gguf": write_model(d / "l.gguf", seed=6, permute_seed=7, **big).read_bytes()},
+        MID_REPO: {"Mid-2B-Q8_0.gguf": write_model(d / "m.gguf", seed=8, n_embd=64, n_layer=2, n_ff=128).read_bytes()},
+        HUGE_REPO: {"Huge-3B-Q8_0.gguf": write_model(d / "h.gguf", seed=9, n_embd=128, n_layer=2, n_ff=256).read_bytes()},
         "_split_first": first.name,
     }
 
@@ -42,7 +48,8 @@ def repos(tmp_path_factory):
 @pytest.fixture
 def fake(repos):
     h = FakeHub()
-    downloads = {TARGET_REPO: 900, DRAFT_REPO: 500, WRONG_REPO: 700, OTHER_REPO: 50}
+    downloads = {TARGET_REPO: 900, DRAFT_REPO: 500, WRONG_REPO: 700, OTHER_REPO: 50, LONE_REPO: 40, MID_REPO: 30,
+                 HUGE_REPO: 20}
     for repo, files in repos.items():
         if repo.startswith("tests/"):
             h.add(repo, files, downloads=downloads[repo], likes=3,
@@ -98,14 +105,15 @@ def test_pairing_advice_reads_only_the_headers_before_any_download(fake, repos, 
     by_name = discover.advise(target, candidates[0][1], read_headers=False, endpoint=fake.url)
     assert by_name.ok and not by_name.checked  # the name alone cannot tell the 1B draft's tokenizer differs
 
-    wrong = discover.advise(target, candidates[0][1], endpoint=fake.url)
-    assert wrong.checked and not wrong.ok
-    assert "NOT compatible" in wrong.lines[-1] and "'▁zebra' to the draft" in wrong.lines[-1]
+    wrong = discover.advise(target, candidates[0][1], endpoint=fake.url)  # not refused: it drafts as text
+    assert wrong.checked and wrong.ok and wrong.as_text and wrong.mark == "TXT"
+    assert wrong.lines[-1].startswith(AS_TEXT) and "'▁zebra' to the draft" in wrong.lines[-1]
     good = discover.advise(target, candidates[1][1], endpoint=fake.url)
-    assert good.ok and good.checked and good.lines[-1].startswith("compatible: the tokenizers match")
+    assert good.ok and good.checked and good.mark == "OK" and good.lines[-1].startswith("compatible: the tokenizers")
+    assert good.lines[1].startswith("size: 1:22 of the target's size")
     other = discover.advise(target, discover.choose(OTHER_REPO, "draft", endpoint=fake.url), read_headers=False,
                             endpoint=fake.url)
-    assert other.ok is False and "tiny and other (different)" in other.lines[0]
+    assert other.ok and other.as_text and not other.checked and "tiny and other (different)" in other.lines[0]
 
     for repo, name in [(TARGET_REPO, "Tiny-7B-Instruct-Q8_0.gguf"), (DRAFT_REPO, "Tiny-0.5B-Instruct-Q8_0.gguf")]:
         sha = fake.sha(repo, name)
@@ -136,11 +144,13 @@ def test_a_pair_assembled_from_search_results_downloads_and_speculates_exactly(e
 
     r = specchat(env, "check", "-hf", f"{TARGET_REPO}:Q8_0")  # drafts suggested from the Hub, headers checked
     assert r.returncode == 0, r.stderr
-    assert f"OK  {DRAFT_REPO}:Q8_0" in r.stdout and f"NO  {WRONG_REPO}:Q8_0" in r.stdout
+    assert f"OK  {DRAFT_REPO}:Q8_0" in r.stdout and f"TXT {WRONG_REPO}:Q8_0" in r.stdout
+    assert r.stdout.index(DRAFT_REPO) < r.stdout.index(WRONG_REPO)  # the target's own tokens first
+    assert "from the catalog" not in r.stdout  # it has a draft of its own vocabulary: nothing else offered
 
-    r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", WRONG_REPO)
-    assert r.returncode == 1 and "cannot draft for" in r.stderr and "Traceback" not in r.stderr
-    assert not (Path(env["HF_HUB_CACHE"]) / "models--tests--Tiny-1B-Instruct-GGUF" / "snapshots").exists()
+    r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", WRONG_REPO)  # a draft of another vocabulary:
+    assert r.returncode == 0 and AS_TEXT in r.stderr, r.stderr  # said before it comes down, not refused
+    assert r.stdout.split()[1] == str(cached(env, WRONG_REPO, "Tiny-1B-Instruct-Q8_0.gguf"))
 
     r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", DRAFT_REPO)
     assert r.returncode == 0, r.stderr
@@ -153,4 +163,46 @@ def test_a_pair_assembled_from_search_results_downloads_and_speculates_exactly(e
     runs = [json.loads(specchat(env, "generate", "-m", target, *extra, "--prompt", "the cat", "-n", "24",
                                 "--temp", "0", "--json").stdout) for extra in (["-md", draft], ["--drafter", "none"])]
     assert runs[0]["n_drafted"] > 0 and runs[0]["token_ids"] == runs[1]["token_ids"]
+    no_traffic_beyond_loopback(env)
+
+
+@pytest.fixture
+def catalog(tmp_path, repos):
+    """A catalog whose drafts are on the stand-in Hub: Other and Tiny-0.5B at about 1:22 of Lone, Mid at 1:6,
+    Huge at 1:2 (over a third: never offered); sizes in GB as the real catalog gives them."""
+    size = {r: len(next(b for n, b in repos[r].items())) / 1e9 for r in (DRAFT_REPO, OTHER_REPO, MID_REPO, HUGE_REPO)}
+    pairs = "".join(f"""
+[pairs.p{i}]
+target = {{ repo = "{TARGET_REPO}", file = "Tiny-7B-Instruct-Q8_0.gguf", size_gb = 0.003 }}
+draft = {{ repo = "{r}", file = "{next(iter(repos[r]))}", size_gb = {size[r]:.9f} }}
+""" for i, r in enumerate((HUGE_REPO, MID_REPO, OTHER_REPO, DRAFT_REPO)))
+    path = tmp_path / "models.toml"
+    path.write_text(pairs)
+    return path
+
+
+def test_a_target_without_a_draft_of_its_vocabulary_is_offered_other_families_ranked_by_size_ratio(
+        fake, repos, catalog, env, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_MODELS", str(catalog))
+    lone = discover.choose(LONE_REPO, endpoint=fake.url)
+    assert discover.drafts_for(lone, endpoint=fake.url) == []  # nothing of its family on the Hub
+    judged = discover.judged_drafts(lone, endpoint=fake.url)
+    # nearest to 1:20 first (Other and Tiny-0.5B at 1:22, in catalog order), then Mid at 1:6; Huge left out
+    assert [c.repo for _, c, _ in judged] == [OTHER_REPO, DRAFT_REPO, MID_REPO]
+    assert all(hit is None and a.checked and a.mark == "TXT" for hit, _, a in judged)
+    assert "token " in judged[0][2].lines[-1] and "size: 1:22" in judged[0][2].lines[-2]
+
+    e = {**env, "SPECCHAT_MODELS": str(catalog)}
+    r = specchat(e, "check", "-hf", LONE_REPO)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split()[:2] for line in r.stdout.splitlines() if "from the catalog" in line]
+    assert rows == [["TXT", f"{OTHER_REPO}:Q8_0"], ["TXT", f"{DRAFT_REPO}:Q8_0"], ["TXT", f"{MID_REPO}:Q8_0"]]
+
+    r = specchat(e, "pull", "-hf", LONE_REPO, "-hfd", OTHER_REPO)
+    assert r.returncode == 0 and AS_TEXT in r.stderr, r.stderr
+    target, draft = r.stdout.split()
+    runs = [json.loads(specchat(e, "generate", "-m", target, *extra, "--prompt", "the cat", "-n", "24",
+                                "--temp", "0", "--json").stdout) for extra in (["-md", draft], ["--drafter", "none"])]
+    assert runs[0]["drafter"] == "model (as text)" and runs[0]["n_drafted"] > 0
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]
     no_traffic_beyond_loopback(env)

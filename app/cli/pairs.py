@@ -34,7 +34,7 @@ def cmd_pull(args) -> int:
     if args.hf or args.hfd:
         if args.pair or args.repo or args.file:
             raise EngineError("Give a pair name, --repo and --file, or -hf / -hfd: one of them.")
-        files = [(c.repo, c.file) for c in _hub_pair(args.hf, args.hfd, refuse_mismatch=True)[0]]
+        files = [(c.repo, c.file) for c in _hub_pair(args.hf, args.hfd, out=sys.stderr)[0]]
     elif args.repo or args.file:
         if args.pair or not (args.repo and args.file):
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
@@ -81,9 +81,10 @@ def cmd_remove(args) -> int:
     return 0
 
 
-def _hub_pair(hf: str | None, hfd: str | None, refuse_mismatch: bool = False) -> tuple[list, object]:
+def _hub_pair(hf: str | None, hfd: str | None, out=sys.stdout) -> tuple[list, object]:
     """The chosen Hub files (target, then draft) and, with both, the pairing advice from the files' headers
-    (printed first; None with one file)."""
+    (printed first, to ``out``; None with one file). A draft of another vocabulary is not refused: it drafts as
+    text, and the advice says so."""
     from ..models import discover
 
     if not hf:
@@ -96,10 +97,7 @@ def _hub_pair(hf: str | None, hfd: str | None, refuse_mismatch: bool = False) ->
     _print_choice(target, "target")
     _print_choice(draft, "draft")
     for line in advice.lines:
-        print(f"  {line}", file=sys.stderr if refuse_mismatch else sys.stdout)
-    if refuse_mismatch and not advice.ok:
-        raise EngineError(f"{draft.file} cannot draft for {target.file}: not downloaded. Pick a draft of the "
-                          f"target's family (`specchat check -hf {hf}` lists some).")
+        print(f"  {line}", file=out)
     return [target, draft], advice
 
 
@@ -159,8 +157,9 @@ def cmd_check(args) -> int:
 
 
 def _check_on_hub(hf: str | None, hfd: str | None) -> int:
-    """Pairing advice before downloading: the given draft, or drafts of the target's family found on the Hub,
-    each judged by llama.cpp's rule on the files' headers."""
+    """Pairing advice before downloading: the given draft, or drafts of the target's family found on the Hub (and,
+    where none shares its tokens, the catalog's drafts of other families, drafted as text), each judged by
+    llama.cpp's rule on the files' headers."""
     from ..models import discover
 
     if not hf:
@@ -171,13 +170,12 @@ def _check_on_hub(hf: str | None, hfd: str | None) -> int:
     _print_choice(target, "target")
     judged = discover.judged_drafts(target)
     if not judged:
-        print("No draft of this model's family found on the Hub; --drafter ngram speculates without one.")
+        print("No draft found on the Hub for this model; --drafter ngram speculates without one.")
         return 1
-    print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded):")
-    good = 0
+    print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded; "
+          "OK: same tokens, TXT: drafted as text):")
     for hit, choice, advice in judged:
-        good += bool(advice.ok)
-        mark = "OK " if advice.ok else "NO "
-        print(f"  {mark} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "
-              f"{hit.downloads:,} downloads — {advice.lines[-1]}")
-    return 0 if good else 1
+        source = f"{hit.downloads:,} downloads" if hit else "from the catalog"
+        print(f"  {advice.mark:3} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "
+              f"{source} — {advice.lines[-1]}")
+    return 0 if any(a.ok for _, _, a in judged) else 1

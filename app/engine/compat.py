@@ -6,6 +6,7 @@ from .llama import Model
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
+AS_TEXT = "different vocabularies: drafted as text (slower per token, usually lower acceptance)"
 _VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram", 5: "RWKV", 6: "PLaMo-2"}
 
 

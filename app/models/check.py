@@ -6,9 +6,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import size_ratio
 from .catalog import load_catalog, local_path, status
 from ..engine import EngineError
-from ..engine.compat import compatibility_problems
+from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.engine import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, read_info
 from ..engine.llama import ModelSettings, gpus
@@ -53,25 +54,34 @@ def _load(info: GgufInfo, n_ctx: int, gpu_layers: int, target: bool) -> Load:
 
 def suggest_drafts(target: GgufInfo) -> list[str]:
     """Catalog drafts for this target: those on disk are checked with the rule; the others are named when the
-    catalog pairs them with this very file or when their name is of the target's model family."""
-    out, seen = [], set()
+    catalog pairs them with this very file or when their name is of the target's model family. Where no draft on
+    disk shares the target's tokens, those of other vocabularies follow, drafted as text, ranked by size ratio."""
+    out, seen, as_text = [], set(), []
     family = _family(target.name) or _family(target.path.name)
     for pair in load_catalog().values():
         src = pair.draft
         key = src.describe()
         if key in seen:
             continue
+        seen.add(key)
         if status(src).state in ("builtin", "downloaded"):
             try:
                 info = read_info(local_path(src, pair.name))
             except EngineError:
                 continue
-            if info.path != target.path and not compatibility_problems(target, info):
-                seen.add(key)
+            if info.path == target.path:
+                continue
+            if compatibility_problems(target, info):
+                as_text.append((key, info))
+            else:
                 out.append(f"{key} (on disk; tokenizer checked: compatible)")
         elif target.path.name in pair.target.files() or (family and _family(src.file or "") == family):
-            seen.add(key)
             out.append(f"{key} (from pair {pair.name}; `specchat pull {pair.name}`, checked after download)")
+        else:
+            seen.discard(key)  # another pair may name it for this target
+    if not any("compatible" in s for s in out):
+        out += [f"{key} (on disk; drafted as text, {size_ratio.describe(info.size_bytes, target.size_bytes)})"
+                for key, info in size_ratio.rank(as_text, target.size_bytes, lambda x: x[1].size_bytes)]
     return out
 
 
@@ -91,8 +101,7 @@ def describe(r: PairReport) -> list[str]:
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
     if r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
-                     "different vocabularies: drafted as text (slower per token, usually lower acceptance): "
-                     + "; ".join(r.problems))
+                     f"{AS_TEXT}: " + "; ".join(r.problems))
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
     ngl, ngld = r.recommended

@@ -4,7 +4,9 @@ draft suits a target before the draft is downloaded.
 Search and file listing go through huggingface_hub's ``HfApi`` (so ``HF_ENDPOINT``, ``HF_TOKEN`` and its errors work
 as everywhere else). The advice comes in two strengths: by name (same model family, from the repo and file names
 and the Hub's GGUF metadata), and by header: the first megabytes of both files, read with HTTP Range requests,
-judged by llama.cpp's own pair rule, exactly as the files will be judged once on disk.
+judged by llama.cpp's own pair rule, exactly as the files will be judged once on disk. A draft that fails the rule
+still drafts, as text (``engine.text_drafter``); for a target with no draft of its own vocabulary, the catalog's
+small drafts of other families are offered, ranked by size ratio (``size_ratio``).
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from dataclasses import dataclass, field
 from huggingface_hub import HfApi
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from ..engine.compat import compatibility_problems
+from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.errors import EngineError
 from ..engine.gguf_file import GgufInfo, header_info
-from . import hub
+from . import hub, size_ratio
+from .catalog import load_catalog
 
 HEADER_FIRST_READ = 1 << 20  # most GGUF headers fit; a 150k-token vocabulary needs a few MB
 HEADER_MAX_READ = 64 << 20
@@ -54,10 +57,16 @@ class GgufChoice:
 @dataclass
 class Advice:
     """Whether a draft suits a target. ``checked``: judged by llama.cpp's rule on the files' headers (else by
-    name only); ``ok`` None when nothing can be said."""
+    name only); ``ok`` None when nothing can be said; ``as_text``: the vocabularies differ, so it drafts as text."""
     ok: bool | None
     checked: bool
     lines: list[str] = field(default_factory=list)
+    as_text: bool = False
+
+    @property
+    def mark(self) -> str:
+        """OK: drafts in the target's own tokens; TXT: drafts as text; NO / ?: cannot, or not known."""
+        return "?" if self.ok is None else "NO" if not self.ok else "TXT" if self.as_text else "OK"
 
 
 def api(endpoint: str | None = None) -> HfApi:
@@ -157,9 +166,9 @@ def remote_info(choice: GgufChoice, endpoint: str | None = None) -> GgufInfo:
 
 def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | None = None,
            endpoint: str | None = None, read_headers: bool = True, target_info: GgufInfo | None = None) -> Advice:
-    """Can ``draft`` draft for ``target``? By name first; with ``read_headers`` confirmed by llama.cpp's rule on
-    the two files' headers, fetched from the Hub before anything is downloaded (``target_info``: the target's,
-    when already read for other candidates)."""
+    """Can ``draft`` draft for ``target``, in the target's tokens or as text? By name first; with ``read_headers``
+    confirmed by llama.cpp's rule on the two files' headers, fetched from the Hub before anything is downloaded
+    (``target_info``: the target's, when already read for other candidates)."""
     hits = hits or {}
     lines = []
     tf, df = family(target.repo) or family(target.file), family(draft.repo) or family(draft.file)
@@ -170,20 +179,23 @@ def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | Non
     if ta and da and ta != da:
         lines.append(f"architectures differ ({ta} vs {da}); a draft of another architecture can still share the "
                      "tokenizer, the header check decides")
-    if draft.size >= target.size:
-        lines.append("the draft is not smaller than the target: drafting will not pay")
+    lines.append(f"size: {size_ratio.describe(draft.size, target.size)}"
+                 + ("; the draft is not smaller than the target: drafting will not pay" if draft.size >= target.size
+                    else "; over a third of the target: drafting rarely pays" if draft.size * 3 > target.size
+                    else ""))
     if not read_headers:
-        ok = kin != "different" if tf and df else None
-        return Advice(ok, False, lines + ["not yet checked against the tokenizer: "
-                                          "download and the pair check confirms"])
+        known = bool(tf and df)
+        return Advice(True if known else None, False,
+                      lines + ["not yet checked against the tokenizer: download and the pair check confirms"],
+                      as_text=known and kin == "different")
     t_info, d_info = target_info or remote_info(target, endpoint), remote_info(draft, endpoint)
     problems = compatibility_problems(t_info, d_info)
     if problems:
-        lines.append("NOT compatible (llama.cpp's rule on the files' headers): " + "; ".join(problems))
+        lines.append(f"{AS_TEXT}: " + "; ".join(problems) + " (llama.cpp's rule, on the files' headers)")
     else:
         lines.append(f"compatible: the tokenizers match by llama.cpp's rule ({t_info.n_vocab:,} and "
                      f"{d_info.n_vocab:,} tokens, read from the files' headers)")
-    return Advice(not problems, True, lines)
+    return Advice(True, True, lines, as_text=bool(problems))
 
 
 def drafts_for(target: GgufChoice, limit: int = 5, endpoint: str | None = None) -> list[tuple[RepoHit, GgufChoice]]:
@@ -197,7 +209,7 @@ def drafts_for(target: GgufChoice, limit: int = 5, endpoint: str | None = None) 
     for hit in search(fam, limit=20, endpoint=endpoint):
         if hit.repo == target.repo or not hit.family.startswith(fam):
             continue
-        files = [c for c in list_gguf(hit.repo, endpoint) if c.size < target.size / 3]
+        files = [c for c in list_gguf(hit.repo, endpoint) if c.size * 3 <= target.size]
         if not files:
             continue
         out.append((hit, pick_draft_file(files)))
@@ -206,11 +218,42 @@ def drafts_for(target: GgufChoice, limit: int = 5, endpoint: str | None = None) 
     return out
 
 
-def judged_drafts(target: GgufChoice, endpoint: str | None = None) -> list[tuple[RepoHit, GgufChoice, Advice]]:
-    """``drafts_for`` with each candidate's pairing advice; the target's header is read once for all of them."""
-    candidates = drafts_for(target, endpoint=endpoint)
-    info = remote_info(target, endpoint) if candidates else None
-    return [(hit, c, advise(target, c, {hit.repo: hit}, endpoint, target_info=info)) for hit, c in candidates]
+def other_family_drafts(target: GgufChoice, skip: set[str], limit: int = 3,
+                        endpoint: str | None = None) -> list[GgufChoice]:
+    """Drafts of other families for a target that has none of its own vocabulary: the catalog's small Hub drafts
+    (chat models known to draft well), nearest to a 1:20 size ratio first. Sizes come from the catalog to pick
+    the candidates, then from the Hub; a candidate the Hub no longer has is left out."""
+    sources = {(s.repo, s.file): s for p in load_catalog().values() for s in [p.draft]
+               if s.repo and s.repo not in skip and s.repo != target.repo}
+    out = []
+    for src in size_ratio.rank(sources.values(), target.size, lambda s: int(s.size_gb * 1e9)):
+        try:
+            found = [c for c in list_gguf(src.repo, endpoint) if c.file == src.file]
+        except EngineError:
+            continue
+        out += found[:1]
+        if len(out) == limit:
+            break
+    return size_ratio.rank(out, target.size, lambda c: c.size)
+
+
+def judged_drafts(target: GgufChoice, endpoint: str | None = None
+                  ) -> list[tuple[RepoHit | None, GgufChoice, Advice]]:
+    """Drafts for ``target``, each with its advice from the files' headers (the target's read once): its family's
+    first, those that share its tokens ahead; where none does, the catalog's drafts of other families after them,
+    drafted as text, ranked by size ratio (no ``RepoHit``: they come from the catalog, not a search)."""
+    info: list[GgufInfo] = []
+
+    def judge(hit: RepoHit | None, c: GgufChoice):
+        info[:] = info or [remote_info(target, endpoint)]
+        return hit, c, advise(target, c, {hit.repo: hit} if hit else {}, endpoint, target_info=info[0])
+
+    judged = [judge(hit, c) for hit, c in drafts_for(target, endpoint=endpoint)]
+    judged.sort(key=lambda j: j[2].as_text)  # stable: most downloaded first within each kind
+    if not any(a.ok and not a.as_text for _, _, a in judged):
+        skip = {c.repo for _, c, _ in judged}
+        judged += [judge(None, c) for c in other_family_drafts(target, skip, endpoint=endpoint)]
+    return judged
 
 
 def pick_draft_file(files: list[GgufChoice]) -> GgufChoice:

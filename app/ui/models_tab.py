@@ -127,17 +127,19 @@ class ModelsView:
         return gr.Dropdown(choices=choices, value=first), repo, first or "", note
 
     def suggest_drafts(self, repo: str, file: str) -> tuple:
-        """Outputs: drafts, advice, hub target, role. Candidates by name, each judged by llama.cpp's rule on the
-        two files' headers (a few MB each), before anything is downloaded."""
+        """Outputs: drafts, advice, hub target, role. Candidates by name (and, where none shares the target's tokens,
+        the catalog's drafts of other families), each judged by llama.cpp's rule on the two files' headers (a few
+        MB each), before anything is downloaded."""
         repo, file = (repo or "").strip(), (file or "").strip()
         try:
             target = discover.choose(f"{repo}:{file}")
             found = discover.judged_drafts(target)
         except EngineError as exc:
             return gr.skip(), render.notice(str(exc)), gr.skip(), gr.skip()
-        rows = [(a.ok, c.repo, c.quantization or c.file, c.size, hit.downloads, a.lines[-1]) for hit, c, a in found]
-        good = [(f"{c.repo} — {c.quantization or c.file}, {render.size(c.size)}", f"{c.repo}:{c.file}")
-                for _, c, a in found if a.ok]
+        rows = [(a.mark, c.repo, c.quantization or c.file, c.size, hit.downloads if hit else None, a.lines[-1])
+                for hit, c, a in found]
+        good = [(f"{c.repo} — {c.quantization or c.file}, {render.size(c.size)}"
+                 + (" (drafts as text)" if a.as_text else ""), f"{c.repo}:{c.file}") for _, c, a in found if a.ok]
         return (gr.Dropdown(choices=good, value=None), render.hub_drafts(f"{repo}/{file}", rows),
                 (target.repo, target.file), "target")
 
@@ -154,17 +156,17 @@ class ModelsView:
         if not repo or not file.endswith(".gguf"):
             yield render.notice("Give a repo id (owner/name) and a .gguf file name."), *[gr.skip()] * 5
             return
+        note = ""
         if role == "draft" and hub_target:  # pairing advice before the draft comes down
             try:
                 advice = discover.advise(discover.choose(":".join(hub_target)), discover.choose(f"{repo}:{file}"))
             except EngineError as exc:
                 yield render.notice(str(exc)), *[gr.skip()] * 5
                 return
-            if not advice.ok:
-                yield render.notice(f"Not downloaded: {file} cannot draft for {hub_target[1]}. "
-                                    + " ".join(advice.lines)), *[gr.skip()] * 5
-                return
-        for html, paths in self._pull(lambda p, c: hub.pull_files([(repo, file)], on_progress=p, cancel=c), request):
+            if advice.as_text:
+                note = f" It drafts for {hub_target[1]} as text: {advice.lines[-1]}"
+        for html, paths in self._pull(lambda p, c: hub.pull_files([(repo, file)], on_progress=p, cancel=c), request,
+                                      note):
             if paths is None:
                 yield html, *[gr.skip()] * 5
             else:
@@ -173,9 +175,10 @@ class ModelsView:
                        path if role == "target" else gr.skip(), path if role == "draft" else gr.skip(),
                        (repo, file) if role == "target" else gr.skip())
 
-    def _pull(self, work, request) -> Iterator[tuple[str, list | None]]:
+    def _pull(self, work, request, note: str = "") -> Iterator[tuple[str, list | None]]:
         """Run a download on a worker thread, yielding (progress HTML, None) while it runs and (HTML, paths) at
-        the end; an error or Stop ends with a message (the partial file is kept for a resume)."""
+        the end, ``note`` after the last words; an error or Stop ends with a message (the partial file is kept for
+        a resume)."""
         cancel = self.cancels[self._tab_key(request)] = threading.Event()
         seen: dict[int, hub.Progress] = {}
         result: dict = {}
@@ -200,7 +203,7 @@ class ModelsView:
             yield render.download_progress(files, state, words), None
             return
         paths = result["paths"]
-        yield render.download_progress(files, "done", f"Downloaded and verified {len(paths)} file(s)."), paths
+        yield render.download_progress(files, "done", f"Downloaded and verified {len(paths)} file(s).{note}"), paths
 
     def stop_download(self, request: gr.Request) -> None:
         ev = self.cancels.get(self._tab_key(request))

@@ -373,13 +373,16 @@ def size(n: int) -> str:
 
 
 def hub_drafts(target: str, rows: list[tuple]) -> str:
-    """Drafts found on the Hub for ``target``: (ok, repo, quantization, bytes, downloads, advice) per candidate."""
+    """Drafts found for ``target``: (mark, repo, quantization, bytes, downloads or None, advice) per candidate;
+    mark as ``discover.Advice.mark`` (OK: the target's tokens, TXT: drafted as text)."""
     e = html.escape
     if not rows:
-        return notice(f"No draft of {target}'s family found on the Hub; the n-gram drafter needs none.", "info")
-    body = "".join(f'<tr data-ok="{str(ok).lower()}"><td>{"✓" if ok else "✗"}</td><td>{e(repo)}</td>'
-                   f'<td>{e(quant)}</td><td>{size(n)}</td><td>{downloads:,}</td><td>{e(line)}</td></tr>'
-                   for ok, repo, quant, n, downloads, line in rows)
+        return notice(f"No draft found for {target} on the Hub; the n-gram drafter needs none.", "info")
+    symbol = {"OK": "✓", "TXT": "≈ as text", "NO": "✗", "?": "?"}
+    body = "".join(f'<tr data-mark="{e(mark)}"><td>{symbol[mark]}</td><td>{e(repo)}</td>'
+                   f'<td>{e(quant)}</td><td>{size(n)}</td><td>{"catalog" if downloads is None else f"{downloads:,}"}'
+                   f'</td><td>{e(line)}</td></tr>'
+                   for mark, repo, quant, n, downloads, line in rows)
     return (f'<table class="spec-hub-drafts"><caption>Drafts for {e(target)}</caption><thead><tr><th></th>'
             '<th>Repo</th><th>Quant</th><th>Size</th><th>Downloads</th><th>Tokenizer</th></tr></thead><tbody>'
             + body + "</tbody></table>")
