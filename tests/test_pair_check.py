@@ -95,6 +95,20 @@ def test_draft_suggestions(models, specchat_home):
     assert any("qwen2.5-0.5b-instruct-q8_0.gguf" in s and "specchat pull" in s for s in named)
 
 
+def test_a_target_without_a_draft_of_its_vocabulary_is_offered_the_drafts_on_disk_as_text(models, specchat_home,
+                                                                                           tmp_path):
+    """The starter's draft (SmolLM2, on disk as a builtin) for a target of another vocabulary: offered as text where
+    its size suits (a target padded, sparsely, to 2 GB: 1:20), left out where it is over a third of the target."""
+    big = write_model(tmp_path / "Lone-7B-Instruct-Q8_0.gguf", seed=1, permute_seed=3)
+    with open(big, "r+b") as f:
+        f.truncate(2_000_000_000)  # a hole: no disk used, but the size a real 7B file would have
+    offered = suggest_drafts(read_info(big))
+    assert len(offered) == 1 and offered[0].startswith("smollm2-135m-instruct-q4_1 (on disk; drafted as text, 1:")
+    assert suggest_drafts(read_info(models["other_text"])) == []  # a tiny target: the starter's draft is too big
+    out = "\n".join(check_files(big, None).suggestions)
+    assert "drafted as text" in out
+
+
 def test_check_report_and_cli(models, specchat_home, capsys):
     r = check_files(models["target"], models["other_text"])
     assert not r.compatible and r.fit.ok and r.recommended == (0, 0)
