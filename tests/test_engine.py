@@ -1,10 +1,12 @@
 """The speculative loop on tiny GGUF models: exactness, rollback, cancellation, prefix reuse, limits, errors."""
 import threading
 
+import numpy as np
 import pytest
 
 from app.engine import Done, DraftParams, EngineError, GenerationParams, Round, SamplingParams, TextDelta
 from app.engine import batch_invariant
+from app.engine.gguf_file import read_info
 
 PROMPTS = [[1, 300, 301, 302, 303], [1, 270, 280, 290, 270, 280], [1] + list(range(3, 60)), [1, 290]]
 
@@ -30,6 +32,37 @@ def test_build_is_batch_invariant():
         "llama-cpp-python was built with llamafile kernels; reinstall with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF "
         "(see README) so greedy speculative output is bit-identical to plain decoding"
     )
+
+
+def test_a_k_quant_model_gives_each_token_the_same_logits_alone_or_in_a_batch(tmp_path):
+    """Q4_K_M files (what people run) take other CPU kernels than F32: weights repacked for batches and ggml's tiled
+    K-quant matmul for 8+ tokens round differently from one token's dot products. The engine turns both off, so a
+    verification batch of any size computes exactly what plain decoding does."""
+    from tiny_gguf import write_model
+    from app.engine.llama import Context, Model, quantize
+
+    f32 = write_model(tmp_path / "kq-f32.gguf", seed=5, n_embd=256, n_ff=512, n_layer=2)
+    quantize(f32, tmp_path / "kq.gguf", "Q4_K_M", threads=2)
+    model = Model(tmp_path / "kq.gguf")
+    tokens = [1] + [270 + 7 * i % 50 for i in range(15)]
+    rows = {}
+    try:
+        for name, chunks in (("one by one", [1] * 16), ("a batch of 12", [4, 12]), ("a batch of 9", [7, 9])):
+            ctx = Context(model, n_ctx=64, n_threads=2)
+            try:
+                at, out = 0, []
+                for n in chunks:
+                    ctx.decode(tokens[at:at + n], n_logits=n)
+                    out += [ctx.logits(i).copy() for i in range(n)]
+                    at += n
+                rows[name] = np.array(out)
+            finally:
+                ctx.close()
+    finally:
+        model.close()
+    assert "Q4_K" in read_info(tmp_path / "kq.gguf").quantization
+    for name in ("a batch of 12", "a batch of 9"):
+        assert np.array_equal(rows[name], rows["one by one"]), f"{name}: logits differ from one token at a time"
 
 
 @pytest.mark.parametrize("ids", PROMPTS)

@@ -201,8 +201,9 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     dp = draft_params(args, resolved.draft_params)
     engine = load_engine(spec, resolved, with_draft=drafter == "model")
     if drafter != "none" and not batch_invariant():
-        print("specchat: note: this llama.cpp build uses llamafile's batched kernels, so greedy output can differ "
-              "from plain decoding at rare near-ties; reinstall as the README shows for exact output.", file=sys.stderr)
+        print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
+              "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "
+              "leave GGML_CPU_TILED_MM unset for exact output.", file=sys.stderr)
     return engine, drafter, dp
 
 

@@ -36,6 +36,14 @@ def _log_callback(level: int, text: bytes, _user_data) -> None:
             _log_tail.append(line)
 
 
+# ggml's CPU backend serves K-quant and IQ matmuls (Q4_K_M files and the like) of 8+ tokens with tiled kernels that
+# round differently from the one-token dot products, so a verification batch could flip a near-tie that plain
+# decoding resolves the other way. ggml reads this once, at the first matmul; a user who sets it keeps the choice
+# (and ``batch_invariant`` says so).
+TILED_MM = "GGML_CPU_TILED_MM"
+os.environ.setdefault(TILED_MM, "0")
+
+
 def init_backend() -> None:
     """Initialise llama.cpp once per process and route its logging into ``_log_tail`` (quiet by default)."""
     global _initialised
@@ -118,13 +126,14 @@ def system_info() -> str:
 
 
 def batch_invariant() -> bool:
-    """Whether a token's logits come out bit-identical whether it is decoded alone or in a verification batch.
+    """Whether a token's logits come out bit-identical whether it is decoded alone or in a verification batch (on
+    the CPU; GPU backends pick kernels by batch size too, which this cannot see).
 
-    llamafile's tinyBLAS kernels (on by default in llama.cpp builds) serve batches of 2+ tokens while single
-    tokens take ggml's dot products; the sums round differently, so a near-tie can flip greedy output. SpecChat's
-    install builds llama.cpp with GGML_LLAMAFILE=OFF, which makes speculative greedy output identical to plain.
-    """
-    return "LLAMAFILE = 1" not in system_info()
+    Three CPU paths serve a batch with kernels that round differently from the one-token dot products, so a
+    near-tie can flip greedy output: llamafile's tinyBLAS (SpecChat's install builds llama.cpp with
+    GGML_LLAMAFILE=OFF), weights repacked for batched kernels (``Model`` loads with ``use_extra_bufts`` off) and
+    ggml's tiled K-quant matmul (``TILED_MM``, off unless the user turned it on)."""
+    return "LLAMAFILE = 1" not in system_info() and os.environ.get(TILED_MM, "0").strip() in ("0", "")
 
 
 def default_threads() -> int:
@@ -164,6 +173,7 @@ class Model:
         params = ll.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers) if n_gpu_layers >= 0 else 1_000_000
         params.vocab_only = bool(vocab_only)
+        params.use_extra_bufts = False  # repacked weights: one token and a batch take kernels that round apart
         _log_tail.clear()
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
