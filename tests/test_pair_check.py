@@ -116,6 +116,10 @@ def test_check_report_and_cli(models, specchat_home, capsys):
     out = capsys.readouterr().out
     assert "different vocabularies: drafted as text (slower per token, usually lower acceptance): token 300 means" \
         in out and "--drafter ngram" in out
+    assert main(["check", "--target", str(models["target"]), "--draft", str(models["other_text"]), "--measure", "24"]) == 0
+    measured = capsys.readouterr().out.splitlines()[-1]  # the pair loaded and timed, off and on
+    assert measured.startswith("measured (drafted as text): acceptance ") and "tok/s with the draft vs" in measured
+    assert measured.endswith("output identical with speculation off"), measured
     assert main(["check", "--pair", "starter"]) == 0
     out = capsys.readouterr().out
     assert "compatible: the draft shares the target's tokenizer" in out and "recommended offload: -ngl 0" in out

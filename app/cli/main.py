@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
     ck.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, help="draft layers on the GPU")
+    ck.add_argument("--measure", nargs="?", type=int, const=64, default=0, metavar="N",
+                    help="also load the pair and measure it: acceptance and speed with the draft vs without, greedy, "
+                         "N new tokens on each of three built-in prompts (default 64)")
     _hub_refs(ck, "judge before downloading (from the files' headers)")
     return parser
 

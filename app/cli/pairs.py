@@ -153,7 +153,41 @@ def cmd_check(args) -> int:
         raise EngineError("Give --pair NAME, or --target PATH with an optional --draft PATH.")
     report = check_files(target, draft, args.ctx, args.ngl, args.ngld)
     print("\n".join(describe(report)))
+    if args.measure and report.fit.ok:
+        if not draft:
+            raise EngineError("--measure needs a draft: give --draft PATH (or a pair).")
+        print(_measure(target, draft, args), flush=True)
     return 0 if report.fit.ok else 1  # a draft of another vocabulary drafts as text
+
+
+MEASURE_PROMPTS = [
+    {"prompt": "Explain in a short paragraph why the sky is blue.", "category": "explain", "chat": True},
+    {"prompt": "Write a Python function that returns the n-th Fibonacci number.", "category": "code", "chat": True},
+    {"prompt": "List the planets of the solar system in order, one per line.", "category": "list", "chat": True},
+]
+
+
+def _measure(target, draft, args) -> str:
+    """Load the pair and time it as ``specchat bench`` does (greedy, speculation off and on interleaved): the
+    measured answer to whether this draft pays, in whichever mode the pair drafts (its tokens or text)."""
+    from ..engine import DraftParams
+    from ..models.loader import LoadSpec, load_engine
+    from .bench import run_bench
+
+    if args.measure < 1:
+        raise EngineError("--measure N: N new tokens per prompt, at least 1.")
+    engine = load_engine(LoadSpec(target=str(target), draft=str(draft), ctx=args.ctx, ngl=args.ngl or 0,
+                                  ngld=args.ngld or 0))
+    try:
+        print(f"measuring: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, greedy, "
+              "speculation off and on…", file=sys.stderr, flush=True)
+        o = run_bench(engine, "model", DraftParams(), MEASURE_PROMPTS, args.measure)["overall"]
+        mode = "drafted as text" if engine.cross_vocab else "drafted in the target's tokens"
+    finally:
+        engine.close()
+    return (f"measured ({mode}): acceptance {o['acceptance']:.0%}, {o['mean_accepted_per_round']:.2f} accepted per "
+            f"round; {o['tps_on']:.1f} tok/s with the draft vs {o['tps_off']:.1f} without (x{o['speedup']:.2f}); "
+            f"output {'identical' if o['all_identical'] else 'DIFFERENT'} with speculation off")
 
 
 def _check_on_hub(hf: str | None, hfd: str | None) -> int:
