@@ -85,6 +85,15 @@ class Page:
         else:
             self.page.keyboard.type(text)
         self.page.keyboard.press("Enter")
+        # The send lands in one update: the box empties and the live panel leaves the last answer's state (a
+        # restored "done" or "cancelled" would otherwise satisfy a wait_state at once). A refused send keeps
+        # the text in the box: its test reads the notice instead.
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.wait_for_function("document.querySelector('#msg textarea').value === ''", timeout=30_000)
+        except PlaywrightTimeout:
+            pass
 
     def wait_state(self, states: tuple[str, ...], timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout

@@ -208,14 +208,14 @@ class SpecChatUI:
     # --- chat -----------------------------------------------------------------------------------------------
     def submit(self, text: str, history: list, conv, show_draft: bool, request: gr.Request):
         """Store the message before anything else happens. Outputs: textbox, history, conv, chatbot, notice,
-        conversation list, title."""
+        conversation list, title, live panel (waiting for the engine, not the last answer's state)."""
         text = (text or "").strip()
         if not text:
-            return (gr.skip(),) * 7
+            return (gr.skip(),) * 8
         if self._tab(request) in self.busy:
             return (gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                     render.notice("An answer is still being written: wait for it or press Stop.", "warning"),
-                    gr.skip(), gr.skip())
+                    gr.skip(), gr.skip(), gr.skip())
         if conv is None or not self.store.exists(conv):
             conv, history = self.store.create(), []
         mid = self.store.add(conv, "user", text)
@@ -223,7 +223,8 @@ class SpecChatUI:
         self.busy.add(self._tab(request))
         history = history + [{"id": mid, "role": "user", "content": text}]
         return ("", history, conv, render.chat_messages(history, show_draft), "",
-                gr.Radio(choices=self._choices(), value=conv), self.store.title(conv))
+                gr.Radio(choices=self._choices(), value=conv), self.store.title(conv),
+                render.live_panel(None, [], "queued"))
 
     def respond(self, request: gr.Request, history: list, conv, *values):
         """Stream the answer to the last user message, saving it as it goes. Outputs: history, chatbot, live
@@ -530,7 +531,7 @@ class SpecChatUI:
             demo.load(self.page_load, None,
                       [*view[:-1], header, hw, pair, target, draft, ctx, ngl, ngld, *server_fields, *values, m.table])
             respond_out = [history, chatbot, live, notice, msg]
-            submit_out = [msg, history, conv, chatbot, notice, conv_list, title]
+            submit_out = [msg, history, conv, chatbot, notice, conv_list, title, live]
             # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
             for trigger, api in ((send.click, "public"), (msg.submit, "undocumented")):
                 trigger(self.submit, [msg, history, conv, show_draft], submit_out, queue=False,
