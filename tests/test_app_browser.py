@@ -70,6 +70,9 @@ class Page:
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.goto(url, wait_until="domcontentloaded")
         self.page.locator("#msg textarea").wait_for(state="visible", timeout=60_000)
+        # The load event restores the latest conversation; a click before it lands (New chat, under load) would be
+        # overwritten by it.
+        self.page.locator('.spec-header[data-ready="true"]').wait_for(timeout=120_000)
 
     def live(self) -> dict:
         el = self.page.locator("#live-stats .spec-live")

@@ -413,7 +413,7 @@ class SpecChatUI:
             conv = gr.State(None)  # the conversation shown in this tab (None: a new chat, saved on its first message)
             deleted = gr.State(None)  # the conversation Undo brings back
             rows = gr.State([])
-            header = gr.HTML(render.header(None, self.logo))
+            header = gr.HTML(render.header(None, self.logo, ready=False))
             with gr.Tabs():
                 with gr.Tab("Chat", id="chat"):
                     with gr.Row(equal_height=False):

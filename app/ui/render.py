@@ -327,9 +327,10 @@ def notice(text: str | None, kind: str = "error") -> str:
     return f'<div class="spec-notice {kind}">{html.escape(text)}</div>' if text else ""
 
 
-def header(pair: str | None, logo_svg: str = "") -> str:
+def header(pair: str | None, logo_svg: str = "", ready: bool = True) -> str:
+    """``ready`` False: the page as first served, before its load event filled in the session (data-ready)."""
     badge = html.escape(pair) if pair else "no pair loaded"
-    return (f'<div class="spec-header"><span class="logo">{logo_svg}</span>'
+    return (f'<div class="spec-header" data-ready="{str(ready).lower()}"><span class="logo">{logo_svg}</span>'
             f'<span class="name">SpecChat</span><span class="tag">same output, faster</span>'
             f'<span class="pair" title="loaded pair">{badge}</span></div>')
 
