@@ -57,29 +57,33 @@ def suggest_drafts(target: GgufInfo) -> list[str]:
     catalog pairs them with this very file or when their name is of the target's model family. Where no draft on
     disk shares the target's tokens, those of other vocabularies follow, drafted as text, ranked by size ratio."""
     out, seen, as_text = [], set(), []
+    shares_tokens = False  # a draft on disk passed the rule: no need to offer others as text
     family = _family(target.name) or _family(target.path.name)
     for pair in load_catalog().values():
         src = pair.draft
         key = src.describe()
         if key in seen:
             continue
+        on_disk = status(src).state in ("builtin", "downloaded")
+        named = target.path.name in pair.target.files() or (family and _family(src.file or "") == family)
+        if not (on_disk or named):
+            continue
         seen.add(key)
-        if status(src).state in ("builtin", "downloaded"):
-            try:
-                info = read_info(local_path(src, pair.name))
-            except EngineError:
-                continue
-            if info.path == target.path:
-                continue
-            if compatibility_problems(target, info):
-                as_text.append((key, info))
-            else:
-                out.append(f"{key} (on disk; tokenizer checked: compatible)")
-        elif target.path.name in pair.target.files() or (family and _family(src.file or "") == family):
+        if not on_disk:
             out.append(f"{key} (from pair {pair.name}; `specchat pull {pair.name}`, checked after download)")
+            continue
+        try:
+            info = read_info(local_path(src, pair.name))
+        except EngineError:
+            continue
+        if info.path == target.path:
+            continue
+        if compatibility_problems(target, info):
+            as_text.append((key, info))
         else:
-            seen.discard(key)  # another pair may name it for this target
-    if not any("compatible" in s for s in out):
+            shares_tokens = True
+            out.append(f"{key} (on disk; tokenizer checked: compatible)")
+    if not shares_tokens:
         out += [f"{key} (on disk; drafted as text, {size_ratio.describe(info.size_bytes, target.size_bytes)})"
                 for key, info in size_ratio.rank(as_text, target.size_bytes, lambda x: x[1].size_bytes)]
     return out

@@ -242,11 +242,12 @@ def judged_drafts(target: GgufChoice, endpoint: str | None = None
     """Drafts for ``target``, each with its advice from the files' headers (the target's read once): its family's
     first, those that share its tokens ahead; where none does, the catalog's drafts of other families after them,
     drafted as text, ranked by size ratio (no ``RepoHit``: they come from the catalog, not a search)."""
-    info: list[GgufInfo] = []
+    info: GgufInfo | None = None  # the target's header, read at the first candidate
 
     def judge(hit: RepoHit | None, c: GgufChoice):
-        info[:] = info or [remote_info(target, endpoint)]
-        return hit, c, advise(target, c, {hit.repo: hit} if hit else {}, endpoint, target_info=info[0])
+        nonlocal info
+        info = info or remote_info(target, endpoint)
+        return hit, c, advise(target, c, {hit.repo: hit} if hit else {}, endpoint, target_info=info)
 
     judged = [judge(hit, c) for hit, c in drafts_for(target, endpoint=endpoint)]
     judged.sort(key=lambda j: j[2].as_text)  # stable: most downloaded first within each kind
