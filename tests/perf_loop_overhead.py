@@ -1,11 +1,12 @@
 """Benchmark (not a test): what the speculative loop itself costs per generated token, outside llama.cpp.
 
-A timer wraps every ``llama_decode``; the loop's own cost is the time from the first token to the last spent
-outside it, per token after the first. On a GPU a target token costs a few milliseconds, so this is what decides
+A timer wraps every ``llama_decode`` and the wait for it to finish; the loop's own cost is the time from the first
+token to the last spent outside them, per token after the first (printed with the whole time per token). On a GPU a target token costs a few milliseconds, so this is what decides
 whether speculation pays there. Tiny models with 2026-sized vocabularies (written here: 151,936 tokens like
 Qwen's, 262,144 like Gemma's) keep the compute small so the loop's cost shows; the starter pair (49,152) too.
 
     python tests/perf_loop_overhead.py [--tokens 128] [--vocab 151936 262144] [--no-starter]
+                                       [--pair TARGET.gguf DRAFT.gguf] [--modes 0 1 ...]
 """
 import argparse
 import statistics
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_cpp.llama_cpp as ll  # noqa: E402
+import numpy as np  # noqa: E402
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
 from tiny_gguf import write_model  # noqa: E402
@@ -27,25 +29,32 @@ MODES = [("greedy, draft model", "model", 0.0), ("sampled T=0.8, draft model", "
 
 
 class DecodeTimer:
-    """Replaces llama_decode (as the engine calls it) with a timed call."""
+    """Times llama.cpp's work as the engine calls it: llama_decode, and llama_synchronize, which waits for what
+    llama_decode left running (a GPU's queue, the copy of the outputs to the host)."""
+
+    NAMES = ("llama_decode", "llama_synchronize")
 
     def __init__(self):
         self.seconds = 0.0
-        self._real = ll.llama_decode
+        self._real = {name: getattr(ll, name) for name in self.NAMES}
 
     def __enter__(self):
-        def timed(ctx, batch):
-            t0 = time.perf_counter()
-            try:
-                return self._real(ctx, batch)
-            finally:
-                self.seconds += time.perf_counter() - t0
+        def timed(real):
+            def call(*args):
+                t0 = time.perf_counter()
+                try:
+                    return real(*args)
+                finally:
+                    self.seconds += time.perf_counter() - t0
+            return call
 
-        ll.llama_decode = timed
+        for name, real in self._real.items():
+            setattr(ll, name, timed(real))
         return self
 
     def __exit__(self, *exc):
-        ll.llama_decode = self._real
+        for name, real in self._real.items():
+            setattr(ll, name, real)
 
 
 def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float, tokens: int) -> float:
@@ -60,11 +69,30 @@ def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float
                 t_first, decode_at_first = time.perf_counter(), timer.seconds
             if isinstance(ev, Done):
                 done, t_end = ev, time.perf_counter()
-    n = done.stats.n_tokens - 1
-    return 1e6 * ((t_end - t_first) - (timer.seconds - decode_at_first)) / max(n, 1)
+    n = max(done.stats.n_tokens - 1, 1)
+    return 1e6 * ((t_end - t_first) - (timer.seconds - decode_at_first)) / n, 1e6 * (t_end - t_first) / n
 
 
-def pairs(vocabs: list[int], starter: bool, tmp: Path):
+def row_scan_us(engine: Engine, ids: list[int], reps: int = 21) -> float:
+    """This host's floor: one np.argmax over a row of logits llama.cpp has just written (every generated token
+    needs at least one such pass over the target's row and, with a draft model, one over the draft's)."""
+    ctx = engine.target.ctx
+    engine.reset()
+    ctx.decode(ids[:-1], n_logits=0)
+    times = []
+    for _ in range(reps):
+        ctx.truncate(len(ids) - 1)
+        ctx.decode(ids[-1:], n_logits=1)
+        t0 = time.perf_counter()
+        np.argmax(ctx.logits(-1))
+        times.append(time.perf_counter() - t0)
+    engine.reset()
+    return 1e6 * statistics.median(times)
+
+
+def pairs(vocabs: list[int], starter: bool, tmp: Path, real: list[list[str]]):
+    for target, draft in real:
+        yield f"{Path(target).stem} + {Path(draft).stem}", Path(target), Path(draft)
     for v in vocabs:
         extra = v - 288  # tiny_gguf's fixed tokens: 3 specials, 256 bytes, 2 chat markers, 27 words
         t = write_model(tmp / f"t{v}.gguf", seed=1, extra_words=extra, n_embd=64, n_layer=2)
@@ -82,19 +110,25 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, nargs="*", default=[151_936, 262_144])
     ap.add_argument("--no-starter", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pair", nargs=2, action="append", default=[], metavar=("TARGET", "DRAFT"),
+                    help="a real pair of GGUF files (repeatable)")
+    ap.add_argument("--modes", type=int, nargs="*", help="which columns (0-based), default all")
     args = ap.parse_args()
+    modes = [MODES[i] for i in args.modes] if args.modes else MODES
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"µs per token outside llama_decode (median of {args.repeats}), {args.tokens} tokens")
-        print(f"{'pair':38}" + "".join(f"{m[0]:>28}" for m in MODES))
-        for name, target, draft in pairs(args.vocab, not args.no_starter, Path(tmp)):
+        print(f"µs per token outside llama_decode (of all µs per token), median of {args.repeats}, {args.tokens} tokens")
+        print(f"{'pair':38}" + "".join(f"{m[0]:>28}" for m in modes) + f"{'one row scan':>14}")
+        for name, target, draft in pairs(args.vocab, not args.no_starter, Path(tmp), args.pair):
             engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
             ids = engine.chat_tokens([{"role": "user", "content": "Write a short story about a cat and a dog."}])
             cells = []
-            for _, drafter, temperature in MODES:
+            for _, drafter, temperature in modes:
                 runs = [overhead_us(engine, ids, drafter, temperature, args.tokens) for _ in range(args.repeats)]
-                cells.append(statistics.median(runs))
+                loop, total = (statistics.median(r) for r in zip(*runs))
+                cells.append(f"{loop:,.0f} (of {total:,.0f})")
+            scan = row_scan_us(engine, ids)
             engine.close()
-            print(f"{name:38}" + "".join(f"{c:28.0f}" for c in cells))
+            print(f"{name:38}" + "".join(f"{c:>28}" for c in cells) + f"{scan:>14,.0f}")
 
 
 if __name__ == "__main__":

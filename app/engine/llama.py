@@ -574,6 +574,10 @@ class Context:
                 raise _failure(f"llama_decode failed (code {rc})", "The context may be full or memory short.")
             done += n
             self._rollback = min(self.n_rs_seq, n - 1)
+        # llama_decode may return before the backend is done (a GPU's queue, the outputs' copy to the host); the
+        # first read of an output would then wait. Waiting here keeps a decode's whole cost inside this call, where
+        # the draft-length controller's timers (and the loop-cost benchmark) put it.
+        ll.llama_synchronize(self.ptr)
         self._n_out = min(n_logits, n)
         self._last_chunk = n
 
