@@ -255,16 +255,21 @@ def test_two_tabs_are_queued_not_interleaved(browser, app_url):
         prompt = "List five facts about the moon."
         a.send(prompt)
         b.send(prompt)
-        both_running = False
+        overlaps = []  # token counts seen while both panels said "running"
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            sa, sb = a.live()["state"], b.live()["state"]
-            both_running |= sa == "running" and sb == "running"
-            if sa == "done" and sb == "done":
+            la, lb = a.live(), b.live()
+            if la["state"] == lb["state"] == "running":
+                overlaps.append((la["tokens"], lb["tokens"]))
+            if la["state"] == lb["state"] == "done":
                 break
             time.sleep(0.05)
+        final = a.live()["tokens"], b.live()["tokens"]
         assert (a.live()["state"], b.live()["state"]) == ("done", "done")
-        assert not both_running
+        # A panel can still say "running" for a moment after its answer ended (its last update on the way, on a
+        # loaded machine) while the other tab's answer starts; but then that answer is complete. Two answers
+        # written at once would both be seen unfinished.
+        assert all(ta == final[0] or tb == final[1] for ta, tb in overlaps), (overlaps, final)
         # One context each in turn: the same greedy answer in both tabs.
         answer = lambda p: [ln for ln in p.page.locator("#chat").inner_text().splitlines() if "tok/s" not in ln]  # noqa
         assert answer(a) == answer(b) and len(answer(a)) > 1
