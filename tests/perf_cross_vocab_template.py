@@ -75,7 +75,8 @@ def main() -> None:
         if outputs[0] != outputs[1]:
             sys.exit(f"Outputs differ for {prompt!r}: a bug.")
     for name, (drafted, accepted, rounds) in totals.items():
-        print(f"{name:15} acceptance {accepted / max(drafted, 1):.1%}, {accepted / max(rounds, 1):.2f} accepted per round")
+        print(f"{name:15} acceptance {accepted / max(drafted, 1):.1%}, "
+              f"{accepted / max(rounds, 1):.2f} accepted per round")
 
 
 if __name__ == "__main__":

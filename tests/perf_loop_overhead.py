@@ -1,9 +1,10 @@
 """Benchmark (not a test): what the speculative loop itself costs per generated token, outside llama.cpp.
 
 A timer wraps every ``llama_decode`` and the wait for it to finish; the loop's own cost is the time from the first
-token to the last spent outside them, per token after the first (printed with the whole time per token). On a GPU a target token costs a few milliseconds, so this is what decides
-whether speculation pays there. Tiny models with 2026-sized vocabularies (written here: 151,936 tokens like
-Qwen's, 262,144 like Gemma's) keep the compute small so the loop's cost shows; the starter pair (49,152) too.
+token to the last spent outside them, per token after the first (printed with the whole time per token). On a GPU
+a target token costs a few milliseconds, so this is what decides whether speculation pays there. Tiny models with
+2026-sized vocabularies (written here: 151,936 tokens like Qwen's, 262,144 like Gemma's) keep the compute small so
+the loop's cost shows; the starter pair (49,152) too; real pairs with --pair.
 
     python tests/perf_loop_overhead.py [--tokens 128] [--vocab 151936 262144] [--no-starter]
                                        [--pair TARGET.gguf DRAFT.gguf] [--modes 0 1 ...]
@@ -57,7 +58,9 @@ class DecodeTimer:
             setattr(ll, name, real)
 
 
-def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float, tokens: int) -> float:
+def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float,
+                tokens: int) -> tuple[float, float]:
+    """µs per token outside llama.cpp, and µs per token in all."""
     params = GenerationParams(max_tokens=tokens, sampling=SamplingParams(temperature=temperature, seed=1),
                               draft=DraftParams(draft_max=8, draft_p_min=0.5 if temperature == 0 else 0.0))
     engine.reset()
@@ -116,7 +119,8 @@ def main() -> None:
     args = ap.parse_args()
     modes = [MODES[i] for i in args.modes] if args.modes else MODES
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"µs per token outside llama_decode (of all µs per token), median of {args.repeats}, {args.tokens} tokens")
+        print(f"µs per token outside llama_decode (of all µs per token), median of {args.repeats}, "
+              f"{args.tokens} tokens")
         print(f"{'pair':38}" + "".join(f"{m[0]:>28}" for m in modes) + f"{'one row scan':>14}")
         for name, target, draft in pairs(args.vocab, not args.no_starter, Path(tmp), args.pair):
             engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))

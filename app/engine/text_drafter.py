@@ -1,8 +1,8 @@
 """Drafting across vocabularies: a draft model whose tokenizer differs from the target's drafts through text.
 
 The draft continues the conversation in its own tokens: it sees the committed text (the target's tokens rendered
-with their special tokens, so chat markers the draft also knows become its own; this measured better than the
-conversation in the draft's own chat template, see tests/perf_cross_vocab_template.py) tokenized in its vocabulary. Its
+with their special tokens, so chat markers the draft also knows become its own) tokenized in its vocabulary; this
+measured better than the conversation in the draft's own chat template (tests/perf_cross_vocab_template.py). Its
 proposal goes back as text, re-tokenized in the target's vocabulary together with a short look-behind of committed
 text, so a word split across the boundary is handled: only tokens past the look-behind's own tokenization are
 proposed, and none when the proposal would change a committed token (as transformers'
