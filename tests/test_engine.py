@@ -169,6 +169,17 @@ def test_prefix_is_reused_across_turns(tiny_engine):
     assert cold.token_ids == second.token_ids
 
 
+def test_common_prefix_is_the_first_difference():
+    from app.engine.llama import common_prefix
+
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        a = rng.integers(0, 3, int(rng.integers(0, 14))).tolist()
+        b = a[: int(rng.integers(0, len(a) + 1))] + rng.integers(0, 3, int(rng.integers(0, 6))).tolist()
+        first_difference = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(b, a) == first_difference
+
+
 def test_stops_on_eos(models):
     from app.engine import Engine, ModelSettings
     from tiny_gguf import write_model

@@ -436,12 +436,7 @@ class Context:
 
     def reuse_prefix(self, history: list[int]) -> int:
         """Keep the longest cached prefix of ``history`` and return its length (the next position to fill)."""
-        cached = self.tokens
-        n = min(len(cached), len(history))
-        i = 0
-        while i < n and cached[i] == history[i]:
-            i += 1
-        self.truncate(i)
+        self.truncate(common_prefix(self.tokens, history))
         return len(self.tokens)
 
     def checkpoint(self) -> None:
@@ -617,6 +612,22 @@ class Context:
 
 class Cancelled(Exception):
     """A decode was interrupted by the cancel event; the cache was rolled back."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix. Called every round with the whole conversation, so the lists are
+    compared in C (list slices) rather than token by token in Python: the usual answer is all of the shorter one."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def quantize(src: Path, dst: Path, ftype: str = "F32", threads: int = 0) -> None:

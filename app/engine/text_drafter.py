@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .drafters import Draft, KeepGoing, ModelDrafter, catch_up, prefill_draft
-from .llama import Context, Model
+from .llama import Context, Model, common_prefix
 from .sampling import SamplingParams, draft_pick
 
 
@@ -43,11 +43,7 @@ class TextDrafter:
     def _sync(self, history: list[int]) -> None:
         if self.target.add_bos and history and history[0] == self.target.bos:
             history = history[1:]  # the draft's tokenizer adds its own
-        n = 0
-        for a, b in zip(self._ids, history):
-            if a != b:
-                break
-            n += 1
+        n = common_prefix(self._ids, history)
         del self._ids[n:], self._ends[n:]
         self._text = self._text[: self._ends[-1] if self._ends else 0]
         for tok in history[n:]:
