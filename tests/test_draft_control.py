@@ -40,11 +40,15 @@ def test_turns_off_when_drafting_costs_more_than_it_saves_and_rarely_probes_then
     assert not any(asked[110:])
 
 
-def test_probes_often_when_it_was_off_for_poor_acceptance():
+def test_probes_back_off_while_acceptance_stays_poor():
+    """Off for poor acceptance: a probe after PROBE_EVERY rounds, and each probe that finds nothing better doubles
+    the wait (a draft model's probe first catches up on every token made while off: on the starter pair on a slow
+    spell, probes every 24 rounds cost more than a tenth of the speed)."""
     c = DraftLength(ADAPTIVE)
-    asked = feed(c, 200, lambda k: 0, t_draft=0.002)
-    off = asked[asked.index(0, 2):]  # after the measuring rounds
-    assert 5 <= sum(1 for k in off if k) <= 10  # a probe every 24 rounds
+    asked = feed(c, 400, lambda k: 0, t_draft=0.002)
+    probes = [i for i in range(asked.index(0, 2), len(asked)) if asked[i]]  # after the measuring rounds
+    gaps = [b - a for a, b in zip(probes, probes[1:]) if b - a > DraftLength.PROBE_EVERY_UNSETTLED]  # (settled)
+    assert gaps[:3] == [2 * DraftLength.PROBE_EVERY, 4 * DraftLength.PROBE_EVERY, DraftLength.PROBE_EVERY_WHEN_COSTLY]
 
 
 def test_measured_loss_turns_speculation_off_even_where_the_model_says_it_pays():
@@ -145,14 +149,17 @@ def run_with_signals(c: DraftLength, rounds: int, near_tie_accepted: bool) -> tu
     pos = 0
     for r in range(rounds):
         k = c.next()
-        tokens, signals = 0, []
-        for _ in range(k):
+        tokens, signals, evals = 0, [], 1 if k else 0  # a draft model is called when the round may draft
+        for j in range(k):
             signal = 0.1 if pos % 4 == 3 else 3.0
-            if not c.keep_going(signal):
+            if not c.take(signal):
                 break
             signals.append(signal)
             tokens += 1
             pos += 1
+            if j + 1 == k or not c.look_further():
+                break
+            evals += 1
         accepted = 0
         for signal in signals:
             if signal < 0.25 and not near_tie_accepted:
@@ -160,7 +167,6 @@ def run_with_signals(c: DraftLength, rounds: int, near_tie_accepted: bool) -> tu
             accepted += 1
         drafted_ties[r >= rounds // 2] += sum(1 for s in signals if s < 0.25)
         pos += 1 if accepted == tokens else 0
-        evals = max(tokens, 1) if k else 0  # a draft model is called when the round may draft
         c.update(tokens, accepted, 0.0035 * evals, verify(tokens + 1), signals=signals, n_evals=evals,
                  first_s=0.0035 if evals else 0.0)
     return drafted_ties[0], drafted_ties[1]
@@ -177,4 +183,7 @@ def test_near_ties_the_target_accepts_are_learned_and_drafted():
 def test_near_ties_the_target_rejects_are_tried_only_a_few_times():
     c = DraftLength(DraftParams(draft_max=8, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR)
     first, second = run_with_signals(c, 200, near_tie_accepted=False)
-    assert first + second <= DraftLength.EXPLORE + 4
+    # A near-tie is drafted already when it is judged, so proposing it costs one more verified position (0.2 of a
+    # target step here): the prior (0.5, weight 8) falls under that bar after 13 rejections, and then none is
+    # proposed any more.
+    assert first <= 14 and second == 0

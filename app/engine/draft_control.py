@@ -10,9 +10,10 @@ Adaptive mode decides token by token, from measurements of this generation:
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out.
 - Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts).
-- It drafts the next token only while P(this token is reached and accepted) x (the target's time for one token)
-  exceeds what the token costs to draft and to verify (all measured), so rounds end just before likely
-  rejections.
+- It proposes a drafted token while P(this token is reached and accepted) x (the target's time for one token)
+  exceeds what one more position costs the verification batch, and drafts another while that product for the
+  next token, its signal unseen yet, exceeds a draft step plus that position (all measured): rounds end at an
+  unsure token, or just before a likely rejection.
 - The draft length cap maximises expected tokens per second under the geometric model
       tokens(k) = (1 - a^(k+1)) / (1 - a),    time(k) = k * t_draft + t_verify(k + 1)
   and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
@@ -68,15 +69,19 @@ class DraftLength:
         self._edges = signal_edges
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
+        self._prior = statistics.fmean(prior)  # the acceptance of a token not drafted yet, before any is judged
         self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
         self._t_draft = _Estimate(self.DECAY)  # seconds to draft one more token
+        self._t_catch_up = _Estimate(self.DECAY)  # seconds per token a draft model's first call spends catching up
         self._verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
         self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
         self._off_rounds = 0
+        self._failed_probes = 0  # probes in a row after which speculation stayed off
+        self._measuring = False  # this round drafts what next() said, to measure
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
@@ -85,19 +90,22 @@ class DraftLength:
     def next(self) -> int:
         """The most tokens to draft this round."""
         self._reach = 1.0
+        was_probe, self._measuring = self._measuring, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
         if self._examined and not self._plain_rounds:
             return 0  # one plain step: what drafting must beat, and a second batch size for the verify fit
         measure = min(max(self.MEASURE_DRAFT, self.p.draft_min), self.p.draft_max)
         if not self._t_draft.known or self._rounds < 2:
-            return measure  # measure before judging
+            return self._measure(measure)  # measure before judging
         if self._examined < 4 and self._best_k(0.999) > 0:
-            return measure  # drafting could pay: learn the acceptance before drafting at length
+            return self._measure(measure)  # drafting could pay: learn the acceptance before drafting at length
         k = self._best_k() if not self._measured_loss() else 0  # (a pair that cannot pay even when every token
         # is accepted goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
+            if was_probe and self._spec[0] > 0 and self._settled():
+                self._failed_probes += 1  # (a draft model's: each probe first catches up on the rounds off)
             # Off while the costs rest on a few timings (a new shape's first call, a busy moment): probe soon, to
             # settle them. Off because a draft model costs more than it can save even when every token is
             # accepted, by settled costs: probes would only learn that again. Off for any other reason (poor
@@ -105,26 +113,43 @@ class DraftLength:
             # speculation for the whole answer.
             if not self._settled():
                 every = self.PROBE_EVERY_UNSETTLED
-            elif self._spec[0] > 0 and self._best_k(0.999) == 0:
+            elif self._spec[0] > 0 and self._best_saving() <= self._t_catch_up.value:
                 every = self.PROBE_EVERY_WHEN_COSTLY
-            else:
-                every = self.PROBE_EVERY
+            else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
+                every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
             if self._off_rounds >= every:
                 self._off_rounds = 0
-                return min(2, self.p.draft_max)
+                return self._measure(min(2, self.p.draft_max))
         else:
             self._off_rounds = 0
+            self._failed_probes = 0
         return k
 
-    def keep_going(self, signal: float) -> bool:
-        """Draft the next token, whose confidence signal is ``signal``?"""
+    def _measure(self, k: int) -> int:
+        """A round that drafts ``k`` tokens whatever their signals: it is there to time the draft and to see
+        acceptance (a round whose first token is turned down times nothing, and the costs never settle)."""
+        self._measuring = True
+        return k
+
+    # The drafter has paid for a token by the time it asks to take it: taking it costs only its place in the
+    # verification batch. Looking further costs a draft step, which pays only if the next token, unseen, is likely
+    # to be reached and accepted. (Charging each token the draft step that shows it the way out ended rounds at a
+    # token whose step was already paid: on a pair whose draft costs half its target, round after round drafted
+    # nothing at that price.)
+    def take(self, signal: float) -> bool:
+        """Propose this drafted token, whose confidence signal is ``signal``?"""
         i = bisect_right(self._edges, signal)
         acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
-        if reach < self._min_acceptance() and not self._explore(i):
+        if not self._measuring and reach < self._min_acceptance(draft_step=False) and not self._explore(i):
             return False
         self._reach = reach
         return True
+
+    def look_further(self) -> bool:
+        """Draft one more token after those taken?"""
+        next_acceptance = self.acceptance() if self._seen else self._prior
+        return self._measuring or self._reach * next_acceptance >= self._min_acceptance(draft_step=True)
 
     def _explore(self, bucket: int) -> bool:
         """Draft a token the estimates say to stop at, one time in EXPLORE_EVERY, while its signal bucket has
@@ -132,7 +157,7 @@ class DraftLength:
         judged, so a prior set too low (the starter's near-ties are mostly accepted) would otherwise never be
         corrected. A bucket the target does reject costs a few tries."""
         accepted, judged = self._outcomes[bucket]
-        if judged >= self.EXPLORE and accepted < judged * self._min_acceptance():
+        if judged >= self.EXPLORE and accepted < judged * self._min_acceptance(draft_step=False):
             return False
         self._refused[bucket] += 1
         return self._refused[bucket] % self.EXPLORE_EVERY == 0
@@ -166,12 +191,13 @@ class DraftLength:
         mn, mt, slope = self._line()
         return max(1e-6, mt + slope * (n - mn))
 
-    def _min_acceptance(self) -> float:
-        """A drafted token pays when, reached and accepted, it saves a plain decoding step (the target's cost for
-        one token) at the price of drafting it and of one more position in the verification batch."""
+    def _min_acceptance(self, draft_step: bool) -> float:
+        """A draft token pays when, reached and accepted, it saves a plain decoding step (the target's cost for one
+        token) at the price of one more position in the verification batch, and of a draft step if ``draft_step``."""
         if not self._t_draft.known or self._rounds < 2:
             return 0.5
-        return min(max((self._t_draft.value + self._slope()) / self._verify_time(1), 0.05), 0.98)
+        cost = self._slope() + (self._t_draft.value if draft_step else 0.0)
+        return min(max(cost / self._verify_time(1), 0.05), 0.98)
 
     def _measured_loss(self) -> bool:
         """Have the rounds that drafted made tokens more slowly than plain decoding does?"""
@@ -179,6 +205,10 @@ class DraftLength:
         return rounds >= 6 and tokens / seconds < 1.0 / self._verify_time(1)
 
     def _best_k(self, acceptance: float | None = None) -> int:
+        return self._best(acceptance)[0]
+
+    def _best(self, acceptance: float | None = None) -> tuple[int, float]:
+        """The draft length that makes tokens fastest at this acceptance (0: plain decoding), and that rate."""
         a = min(self.acceptance() if acceptance is None else acceptance, 0.999)
         best_k, best_rate = 0, 1.0 / self._verify_time(1)
         for k in range(max(1, self.p.draft_min), self.p.draft_max + 1):
@@ -186,11 +216,17 @@ class DraftLength:
             rate = tokens / (k * self._t_draft.value + self._verify_time(k + 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        return best_k
+        return best_k, best_rate
+
+    def _best_saving(self) -> float:
+        """Seconds per token drafting saves at best (every draft token accepted), by the measured costs. A draft
+        model that was off pays about its catch-up cost for every token made meanwhile when it drafts again: where
+        that is more than drafting can save, turning it back on does not pay even if it stays on as long."""
+        return self._verify_time(1) - 1.0 / self._best(0.999)[1]
 
     # --- feedback -------------------------------------------------------------------------------------------
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
-               signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0) -> None:
+               signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0) -> None:
         d = self.DECAY
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
@@ -212,6 +248,8 @@ class DraftLength:
             self._t_draft.add(draft_s, provisional=True)
         elif n_drafted and not n_evals:
             self._t_draft.add(draft_s / n_drafted)
+        if n_evals and n_first:
+            self._t_catch_up.add(first_s / n_first)
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]

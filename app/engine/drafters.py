@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -24,9 +24,17 @@ class Draft:
     signals: list[float] | None = None  # per token: the drafter's confidence signal, when asked for
     n_evals: int = 0  # draft-model decode calls spent (the marginal cost of a token is one call)
     first_s: float = 0.0  # seconds of the first call, which also catches up on the tokens made since the last draft
+    n_first: int = 0  # tokens the first call evaluated
 
 
-KeepGoing = Callable[[float], bool]  # given the confidence signal of the next token: draft it?
+class Gate(Protocol):
+    """The adaptive controller's say in a draft, token by token (``DraftLength``)."""
+
+    def take(self, signal: float) -> bool:
+        """Propose this token (already drafted: its cost is paid), whose confidence signal is ``signal``?"""
+
+    def look_further(self) -> bool:
+        """Pay for one more draft step, to see the token after the last one taken?"""
 
 
 class Drafter(Protocol):
@@ -39,10 +47,11 @@ class Drafter(Protocol):
 
     def propose(
         self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
-        keep_going: KeepGoing | None = None,
+        gate: Gate | None = None,
     ) -> Draft:
-        """Up to ``n_max`` tokens that may follow ``history``. If ``keep_going`` is given, ask it before each
-        token, passing that token's confidence signal, and report the signals in ``Draft.signals``."""
+        """Up to ``n_max`` tokens that may follow ``history``. If ``gate`` is given, ask it to take each token
+        (passing its confidence signal) and, where drafting costs a step, whether to look further; report the
+        signals in ``Draft.signals``."""
 
 
 class NoDrafter:
@@ -55,7 +64,7 @@ class NoDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         pass
 
-    def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
+    def propose(self, history, n_max, sp, rng, gate=None) -> Draft:
         return Draft()
 
 
@@ -77,19 +86,20 @@ class ModelDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         prefill_draft(self.ctx, prompt_ids)
 
-    def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
+    def propose(self, history, n_max, sp, rng, gate=None) -> Draft:
         ctx = self.ctx
-        first_s = catch_up(ctx, history)
-        draft = Draft(probs=None if sp.greedy else [], signals=[] if keep_going and sp.greedy else None, n_evals=1,
-                      first_s=first_s)
+        first_s, n_first = catch_up(ctx, history)
+        gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
+        draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
+                      n_first=n_first)
         for i in range(n_max):
             logits = ctx.logits(-1)
             if sp.greedy:
                 tok, confident, gap = draft_pick(logits, self.p_min)
                 if not confident:
                     break
-                if draft.signals is not None:
-                    if not keep_going(gap):
+                if gate:
+                    if not gate.take(gap):
                         break
                     draft.signals.append(gap)
             else:
@@ -99,9 +109,10 @@ class ModelDrafter:
                 tok = sample(q, rng)
                 draft.probs.append(q)
             draft.tokens.append(tok)
-            if i + 1 < n_max:
-                ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
-                draft.n_evals += 1
+            if i + 1 == n_max or (gate and not gate.look_further()):
+                break
+            ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
+            draft.n_evals += 1
         return draft
 
 
@@ -113,16 +124,16 @@ def prefill_draft(ctx: Context, ids: list[int]) -> None:
     ctx.checkpoint()
 
 
-def catch_up(ctx: Context, ids: list[int]) -> float:
+def catch_up(ctx: Context, ids: list[int]) -> tuple[float, int]:
     """Bring a draft context to ``ids`` (keeping the cached prefix) with fresh logits for the last token; returns
-    the seconds this first call took."""
+    the seconds this first call took and the tokens it evaluated."""
     n = ctx.reuse_prefix(ids)
     if n == len(ids):  # everything cached, but fresh logits are needed for the last token
         ctx.truncate(n - 1)
         n -= 1
     t0 = time.perf_counter()
     ctx.decode(ids[n:], n_logits=1)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, len(ids) - n
 
 
 class NgramDrafter:
@@ -152,7 +163,7 @@ class NgramDrafter:
                     self._index[tuple(history[j + 1 - n : j + 1])] = j + 1
         self._indexed = max(self._indexed, len(history) - 1)
 
-    def propose(self, history, n_max, sp, rng, keep_going=None) -> Draft:
+    def propose(self, history, n_max, sp, rng, gate=None) -> Draft:
         self._extend_index(history)
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(history) < n:
@@ -160,11 +171,11 @@ class NgramDrafter:
             start = self._index.get(tuple(history[-n:]))
             if start is not None:
                 tokens = history[start : start + n_max]
-                if keep_going is None:
+                if gate is None:
                     return Draft(tokens=list(tokens))
                 draft = Draft(signals=[])
-                for tok in tokens:
-                    if not keep_going(n):
+                for tok in tokens:  # (looking further costs nothing here)
+                    if not gate.take(n):
                         break
                     draft.tokens.append(tok)
                     draft.signals.append(n)

@@ -47,7 +47,7 @@ def speculative_generate(
     control = DraftLength(
         params.draft, getattr(drafter, "SIGNAL_EDGES", ()), getattr(drafter, "SIGNAL_PRIOR", (0.9,))
     )
-    keep_going = control.keep_going if params.draft.adaptive else None
+    gate = control if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
     stream = TextStream(params.stop)
     out_ids: list[int] = []
@@ -122,7 +122,7 @@ def speculative_generate(
             replaying = target.n_pending > 0
             n_max = 0 if replaying else min(control.next(), room, params.max_tokens - len(out_ids))
             t0 = time.perf_counter()
-            draft = drafter.propose(history, n_max, sp, rng, keep_going) if n_max > 0 else Draft()
+            draft = drafter.propose(history, n_max, sp, rng, gate) if n_max > 0 else Draft()
             k = _usable(draft, n_max, params.draft.draft_min, model)
             t1 = time.perf_counter()
 
@@ -156,7 +156,7 @@ def speculative_generate(
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             if not replaying:  # a replay round's cost is not a plain step's
-                control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s)
+                control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s, draft.n_first)
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"

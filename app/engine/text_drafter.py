@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .drafters import Draft, KeepGoing, ModelDrafter, catch_up, prefill_draft
+from .drafters import Draft, Gate, ModelDrafter, catch_up, prefill_draft
 from .llama import Context, Model, common_prefix
 from .sampling import SamplingParams, draft_pick
 
@@ -61,19 +61,21 @@ class TextDrafter:
         prefill_draft(self.ctx, self._draft_ids())
 
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
-                keep_going: KeepGoing | None = None) -> Draft:
+                gate: Gate | None = None) -> Draft:
         ctx = self.ctx
         self._sync(history)
-        draft = Draft(n_evals=1, first_s=catch_up(ctx, self._draft_ids()))
+        first_s, n_first = catch_up(ctx, self._draft_ids())
+        draft = Draft(n_evals=1, first_s=first_s, n_first=n_first)
         tokens: list[int] = []
         for i in range(n_max):
             tok, confident, gap = draft_pick(ctx.logits(-1), self.p_min)
-            if not confident or self.draft.is_eog(tok) or (keep_going is not None and not keep_going(gap)):
+            if not confident or self.draft.is_eog(tok) or (gate is not None and not gate.take(gap)):
                 break
             tokens.append(tok)
-            if i + 1 < n_max:
-                ctx.decode([tok], n_logits=1, n_speculative=1)
-                draft.n_evals += 1
+            if i + 1 == n_max or (gate is not None and not gate.look_further()):
+                break
+            ctx.decode([tok], n_logits=1, n_speculative=1)
+            draft.n_evals += 1
         draft.tokens = self._retokenize(b"".join(self.draft.piece(t) for t in tokens))[:n_max]
         return draft
 
