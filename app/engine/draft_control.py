@@ -17,7 +17,9 @@ Adaptive mode decides token by token, from measurements of this generation:
 - The draft length cap maximises expected tokens per second under the geometric model
       tokens(k) = (1 - a^(k+1)) / (1 - a),    time(k) = k * t_draft + t_verify(k + 1)
   and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
-  then turns it back on when the text becomes predictable.
+  then turns it back on when the text becomes predictable. A draft model falls behind while off and catches up
+  on every token made meanwhile when it drafts again, so each probe that changes nothing doubles the wait, and
+  where catching up costs more per token than drafting can save, probes are rare.
 - The model can be wrong where the round has costs it does not see (a draft model call whose first token is
   judged not worth drafting, the draft catching up after rounds off), so the measured rate of the rounds that
   called the draft model is checked against plain decoding's, and speculation goes off when it is lower.
