@@ -46,7 +46,9 @@ _COMMON = dict(_BASE, n_head=4, n_head_kv=2, n_ff=128)  # attention (GQA) and Sw
 DEFAULTS: dict[str, dict] = {
     "lfm2": dict(_COMMON, pattern="RARA", l_cache=3),
     # DeltaNet: n_group key heads and n_ssm_head value heads of d_state each; attention heads of head_dim
-    "qwen35": dict(_COMMON, pattern="RARA", head_dim=16, n_rot=16, d_conv=4, d_state=16, n_group=2, n_ssm_head=4),
+    # mtp=1: one next-token-prediction (MTP, "nextn") layer after the trunk, as Qwen3.5's GGUFs carry
+    "qwen35": dict(_COMMON, pattern="RARA", head_dim=16, n_rot=16, d_conv=4, d_state=16, n_group=2, n_ssm_head=4,
+                   mtp=0),
     # Mamba2 mixers: d_inner = 2 * n_embd split into n_ssm_head heads; B and C shared by n_group groups
     "nemotron_h": dict(_COMMON, pattern="RARF", d_conv=4, d_state=16, n_group=1, n_ssm_head=8, d_inner=128),
     "granitehybrid": dict(_COMMON, pattern="RARA", d_conv=4, d_state=16, n_group=1, n_ssm_head=8, d_inner=128),
@@ -74,6 +76,7 @@ DEFAULTS: dict[str, dict] = {
                         qk_nope=16, v_head_dim=16, n_expert=0, n_expert_used=2, n_ff_exp=64, n_expert_shared=1),
 }
 
+MTP_QUIET = 0.1  # scale of the MTP layer's own contributions (see _qwen35)
 _EOG_ROWS = [2, 260]  # "</s>", "<|im_end|>": see tiny_gguf (answers run long unless a test sets EOS itself)
 
 
@@ -135,7 +138,7 @@ def write_recurrent(
     _add_vocab(w, toks)
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
-    w.add_block_count(len(pattern))
+    w.add_block_count(len(pattern) + s.get("mtp", 0))  # (llama.cpp counts MTP layers as blocks after the trunk)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)  # all F32
 
@@ -172,21 +175,24 @@ def _add_vocab(w: GGUFWriter, toks) -> None:
     w.add_chat_template(CHATML)
 
 
-def _ffn(w: GGUFWriter, r: _Weights, p: str, n_embd: int, n_ff: int, norm: bool = True) -> None:
-    """SwiGLU feed-forward; ``norm``: its own ffn_norm (Qwen3.5 norms with post_attention_norm instead)."""
+def _ffn(w: GGUFWriter, r: _Weights, p: str, n_embd: int, n_ff: int, norm: bool = True, quiet: float = 1.0) -> None:
+    """SwiGLU feed-forward; ``norm``: its own ffn_norm (Qwen3.5 norms with post_attention_norm instead); ``quiet``
+    scales what it adds to the residual stream."""
     if norm:
         w.add_tensor(p + "ffn_norm.weight", r.ones(n_embd))
     w.add_tensor(p + "ffn_gate.weight", r.rand(n_ff, n_embd))
     w.add_tensor(p + "ffn_up.weight", r.rand(n_ff, n_embd))
-    w.add_tensor(p + "ffn_down.weight", r.rand(n_embd, n_ff))
+    w.add_tensor(p + "ffn_down.weight", quiet * r.rand(n_embd, n_ff))
 
 
-def _attn(w: GGUFWriter, r: _Weights, p: str, n_embd: int, n_q: int, n_kv: int, n_out: int | None = None) -> None:
-    """Separate q/k/v/output projections: ``n_q``, ``n_kv`` output widths; ``n_out`` the output's input width."""
+def _attn(w: GGUFWriter, r: _Weights, p: str, n_embd: int, n_q: int, n_kv: int, n_out: int | None = None,
+          quiet: float = 1.0) -> None:
+    """Separate q/k/v/output projections: ``n_q``, ``n_kv`` output widths; ``n_out`` the output's input width;
+    ``quiet`` scales what the layer adds to the residual stream."""
     w.add_tensor(p + "attn_q.weight", r.rand(n_q, n_embd))
     w.add_tensor(p + "attn_k.weight", r.rand(n_kv, n_embd))
     w.add_tensor(p + "attn_v.weight", r.rand(n_kv, n_embd))
-    w.add_tensor(p + "attn_output.weight", r.rand(n_embd, n_out or n_q))
+    w.add_tensor(p + "attn_output.weight", quiet * r.rand(n_embd, n_out or n_q))
 
 
 def _head_kv_per_layer(s: dict) -> list[int]:
@@ -243,13 +249,16 @@ def _qwen35(w: GGUFWriter, r: _Weights, s: dict) -> None:
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(n_v_heads)
     w.add_ssm_group_count(n_k_heads)
+    # With an MTP layer the trunk's layers add little to the token embedding too, so that the MTP layer's guess
+    # (mostly that embedding, see below) agrees with the target often but not always.
+    quiet = MTP_QUIET if s["mtp"] else 1.0
     for i, kind in enumerate(pattern):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", r.ones(n_embd))
         w.add_tensor(p + "post_attention_norm.weight", r.ones(n_embd))  # the FFN's input norm
         if kind == "A":
             # q projects to query + output gate (2 x head_dim per head)
-            _attn(w, r, p, n_embd, 2 * head_dim * n_head, head_dim * n_kv, n_out=head_dim * n_head)
+            _attn(w, r, p, n_embd, 2 * head_dim * n_head, head_dim * n_kv, n_out=head_dim * n_head, quiet=quiet)
             w.add_tensor(p + "attn_q_norm.weight", r.ones(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", r.ones(head_dim))
         else:
@@ -261,8 +270,27 @@ def _qwen35(w: GGUFWriter, r: _Weights, s: dict) -> None:
             w.add_tensor(p + "ssm_beta.weight", r.rand(n_v_heads, n_embd))
             w.add_tensor(p + "ssm_alpha.weight", r.rand(n_v_heads, n_embd))
             w.add_tensor(p + "ssm_norm.weight", r.ones(d_state))
-            w.add_tensor(p + "ssm_out.weight", r.rand(n_embd, value_dim))
-        _ffn(w, r, p, n_embd, s["n_ff"], norm=False)
+            w.add_tensor(p + "ssm_out.weight", quiet * r.rand(n_embd, value_dim))
+        _ffn(w, r, p, n_embd, s["n_ff"], norm=False, quiet=quiet)
+    if s["mtp"]:
+        # An MTP layer: [enorm(embedding of token t), hnorm(trunk's hidden state at t - 1)] projected back to n_embd
+        # (eh_proj), then one attention layer like the trunk's; it shares token_embd, output_norm and output.
+        if s["mtp"] != 1:
+            raise ValueError("qwen35 carries one MTP layer at most (llama.cpp asserts it)")
+        w.add_nextn_predict_layers(1)
+        p = f"blk.{len(pattern)}."
+        w.add_tensor(p + "attn_norm.weight", r.ones(n_embd))
+        w.add_tensor(p + "post_attention_norm.weight", r.ones(n_embd))
+        _attn(w, r, p, n_embd, 2 * head_dim * n_head, head_dim * n_kv, n_out=head_dim * n_head, quiet=MTP_QUIET)
+        w.add_tensor(p + "attn_q_norm.weight", r.ones(head_dim))
+        w.add_tensor(p + "attn_k_norm.weight", r.ones(head_dim))
+        _ffn(w, r, p, n_embd, s["n_ff"], norm=False, quiet=MTP_QUIET)
+        # Random weights would propose noise (nothing accepted): this layer mostly passes on the token embedding,
+        # a guess at the target's next token from the current one that the target sometimes agrees with.
+        eh = np.concatenate([np.eye(n_embd, dtype=np.float32), np.zeros((n_embd, n_embd), np.float32)], axis=1)
+        w.add_tensor(p + "nextn.eh_proj.weight", eh + MTP_QUIET * r.rand(n_embd, 2 * n_embd))
+        w.add_tensor(p + "nextn.enorm.weight", r.ones(n_embd))
+        w.add_tensor(p + "nextn.hnorm.weight", r.ones(n_embd))
 
 
 # --- Mamba2 mixers: mamba2, granitehybrid, nemotron_h (src/models/mamba-base.cpp) -----------------------------

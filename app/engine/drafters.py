@@ -93,27 +93,34 @@ class ModelDrafter:
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
                       n_first=n_first)
         for i in range(n_max):
-            logits = ctx.logits(-1)
-            if sp.greedy:
-                tok, confident, gap = draft_pick(logits, self.p_min)
-                if not confident:
-                    break
-                if gate:
-                    if not gate.take(gap):
-                        break
-                    draft.signals.append(gap)
-            else:
-                q = distribution(logits, sp)
-                if self.p_min > 0.0 and q.max() < self.p_min:
-                    break
-                tok = sample(q, rng)
-                draft.probs.append(q)
-            draft.tokens.append(tok)
-            if i + 1 == n_max or (gate and not gate.look_further()):
+            tok = next_draft_token(draft, ctx.logits(-1), sp, rng, self.p_min, gate)
+            if tok is None or i + 1 == n_max or (gate and not gate.look_further()):
                 break
             ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
             draft.n_evals += 1
         return draft
+
+
+def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: np.random.Generator, p_min: float,
+                     gate: Gate | None) -> int | None:
+    """A draft model's step: its greedy pick (judged by --draft-p-min and the gate, with the logit gap recorded as
+    the signal) or a sample from its distribution (recorded as q); appended to ``draft``. None: stop here."""
+    if sp.greedy:
+        tok, confident, gap = draft_pick(logits, p_min)
+        if not confident:
+            return None
+        if gate:
+            if not gate.take(gap):
+                return None
+            draft.signals.append(gap)
+    else:
+        q = distribution(logits, sp)
+        if p_min > 0.0 and q.max() < p_min:
+            return None
+        tok = sample(q, rng)
+        draft.probs.append(q)
+    draft.tokens.append(tok)
+    return tok
 
 
 def prefill_draft(ctx: Context, ids: list[int]) -> None:

@@ -14,12 +14,13 @@ from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
+from .mtp import MtpDrafter
 from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
 from .turns import Turns
 from .loop import GenerationParams, speculative_generate
 
-DRAFTERS = ("model", "ngram", "none")
+DRAFTERS = ("model", "mtp", "ngram", "none")
 DEFAULT_CTX = 4096
 
 
@@ -92,6 +93,7 @@ class Engine:
         # Contexts without --threads follow the cores other programs leave free (they never run at once).
         self._auto = [x.ctx for x, s in zip(loaded, settings) if not s.n_threads]
         self._threads = ThreadChooser(default_threads())
+        self._mtp: MtpDrafter | None = None  # made on first use of --drafter mtp
 
     @property
     def model(self) -> Model:
@@ -129,6 +131,13 @@ class Engine:
             return TextDrafter(self.draft.ctx, self.target.model, params.draft.draft_p_min)
         if kind == "model":
             return ModelDrafter(self.draft.ctx, params.draft.draft_p_min)
+        if kind == "mtp":
+            if self._mtp is None:  # (its context and cache live as long as the target's)
+                self._mtp = MtpDrafter(self.target.ctx)
+                if self.target.ctx in self._auto:
+                    self._auto.append(self._mtp)
+            self._mtp.p_min = params.draft.draft_p_min
+            return self._mtp
         if kind == "ngram":
             return NgramDrafter()
         return NoDrafter()
@@ -208,6 +217,8 @@ class Engine:
         for loaded in (self.target, self.draft):
             if loaded:
                 loaded.ctx.truncate(0)
+        if self._mtp:
+            self._mtp.clear()
 
     def state_costs(self) -> dict[str, dict]:
         """Per recurrent model ("target", "draft"): what keeping its state exact has cost so far (``StateCosts``)."""
@@ -222,6 +233,9 @@ class Engine:
     def close(self) -> None:
         """Frees the models; waits for a generation in progress (another thread's) to finish first."""
         with self._lock:
+            if self._mtp:
+                self._mtp.close()
+                self._mtp = None
             for loaded in (self.draft, self.target):
                 if loaded:
                     loaded.ctx.close()

@@ -174,6 +174,7 @@ class Model:
         params.n_gpu_layers = int(n_gpu_layers) if n_gpu_layers >= 0 else 1_000_000
         params.vocab_only = bool(vocab_only)
         params.use_extra_bufts = False  # repacked weights: one token and a batch take kernels that round apart
+        params.load_mtp = True  # a model's own next-token-prediction layers, where it has them (--drafter mtp)
         _log_tail.clear()
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
@@ -195,6 +196,8 @@ class Model:
         self.recurrent = bool(ll.llama_model_is_recurrent(ptr) or ll.llama_model_is_hybrid(ptr))
         self.size_bytes = int(ll.llama_model_size(ptr))
         self.n_layer = 0 if vocab_only else int(ll.llama_model_n_layer(ptr))
+        self.n_nextn = 0 if vocab_only else int(ll.llama_model_n_layer_nextn(ptr))  # MTP layers
+        self.n_embd = 0 if vocab_only else int(ll.llama_model_n_embd(ptr))
         info = read_info(self.path)  # its header was read (and is cached) by the check above
         self.arch = info.architecture
         self.kv_bytes_per_token = info.kv_bytes_per_token  # F16 K and V of the attention layers
@@ -361,6 +364,16 @@ class Context:
         self._turns: list[_Saved] = []  # checkpoint()s, by position
         self._round: _Saved | None = None  # saved before the latest speculative batch
         self._spec_open = False  # the last decode was speculative and nothing was truncated since
+        self.hidden: dict[int, np.ndarray] | None = None  # position -> the hidden state MTP layers read (keep_hidden)
+
+    def keep_hidden(self) -> None:
+        """From now on keep, by position, the hidden state every decoded token leaves for a model's MTP layers
+        (an MTP drafter reads and prunes them). Their inputs only: the target's own outputs stay the same."""
+        if self.hidden is None:
+            from llama_cpp.llama_cpp_ext import llama_set_embeddings_nextn  # (C++ names, found on import)
+
+            llama_set_embeddings_nextn(self.ptr, True, False)
+            self.hidden = {}
 
     @property
     def n_held(self) -> int:
@@ -567,6 +580,8 @@ class Context:
                 if rc == 2:
                     raise Cancelled()
                 raise _failure(f"llama_decode failed (code {rc})", "The context may be full or memory short.")
+            if self.hidden is not None:
+                self._keep_hidden_rows(start + done, n)
             done += n
             self._rollback = min(self.n_rs_seq, n - 1)
         # llama_decode may return before the backend is done (a GPU's queue, the outputs' copy to the host); the
@@ -575,6 +590,16 @@ class Context:
         ll.llama_synchronize(self.ptr)
         self._n_out = min(n_logits, n)
         self._last_chunk = n
+
+    def _keep_hidden_rows(self, start: int, n: int) -> None:
+        from llama_cpp.llama_cpp_ext import llama_get_embeddings_nextn
+
+        addr = ctypes.cast(llama_get_embeddings_nextn(self.ptr), ctypes.c_void_p).value
+        if not addr:
+            raise EngineError("llama.cpp kept no hidden states for the MTP layers after a decode.")
+        rows = np.asarray(_FloatRow(addr, n * self.model.n_embd)).reshape(n, self.model.n_embd).copy()
+        for j in range(n):
+            self.hidden[start + j] = rows[j]
 
     def _undo_failed(self, start: int) -> None:
         """Processed micro-batches stay in memory: forget them so cache and bookkeeping agree."""
