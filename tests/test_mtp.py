@@ -77,3 +77,17 @@ def test_a_model_without_mtp_layers_is_refused_clearly(models):
         assert run(e, [1, 300, 301], "none", max_tokens=4).token_ids  # and the engine still serves
     finally:
         e.close()
+
+
+def test_hidden_states_stay_bounded_while_another_drafter_runs(engine, monkeypatch):
+    """The target keeps hidden states for the MTP layer from the first MTP draft on; with speculation off they are
+    not consumed, so the oldest go (and MTP drafting afterwards is still exact)."""
+    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat"}])
+    ctx = engine.target.ctx
+    monkeypatch.setattr(type(ctx), "HIDDEN_BYTES", 4 * engine.model.n_embd * ctx.n_batch)
+    engine.reset()
+    run(engine, ids, "mtp", max_tokens=8)
+    plain = run(engine, ids, "none", max_tokens=600)
+    assert len(ctx.hidden) <= ctx.n_batch < len(ids) + 600
+    engine.reset()
+    assert run(engine, ids, "mtp", max_tokens=600, draft_max=4, draft_p_min=0.0).token_ids == plain.token_ids

@@ -366,6 +366,8 @@ class Context:
         self._spec_open = False  # the last decode was speculative and nothing was truncated since
         self.hidden: dict[int, np.ndarray] | None = None  # position -> the hidden state MTP layers read (keep_hidden)
 
+    HIDDEN_BYTES = 64 << 20  # hidden states kept for an MTP drafter, at most
+
     def keep_hidden(self) -> None:
         """From now on keep, by position, the hidden state every decoded token leaves for a model's MTP layers
         (an MTP drafter reads and prunes them). Their inputs only: the target's own outputs stay the same."""
@@ -598,8 +600,15 @@ class Context:
         if not addr:
             raise EngineError("llama.cpp kept no hidden states for the MTP layers after a decode.")
         rows = np.asarray(_FloatRow(addr, n * self.model.n_embd)).reshape(n, self.model.n_embd).copy()
+        hidden = self.hidden
         for j in range(n):
-            self.hidden[start + j] = rows[j]
+            hidden.pop(start + j, None)  # (a position decoded again goes to the end of the order)
+            hidden[start + j] = rows[j]
+        # An MTP drafter consumes them every round; without one drafting (speculation off, another drafter) the
+        # oldest go, and a later MTP catch-up leaves those positions out.
+        cap = max(self.HIDDEN_BYTES // (4 * self.model.n_embd), self.n_batch)
+        while len(hidden) > cap:
+            del hidden[next(iter(hidden))]
 
     def _undo_failed(self, start: int) -> None:
         """Processed micro-batches stay in memory: forget them so cache and bookkeeping agree."""
