@@ -1,6 +1,8 @@
 """Drafting with a model's own MTP layer (--drafter mtp) on a tiny Qwen3.5 (hybrid: gated DeltaNet + attention)
 that carries one, written by tiny_recurrent: exact greedy output, the target's distribution when sampling, prefix
 reuse across turns, and clear errors."""
+import json
+
 import pytest
 
 from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, SamplingParams
@@ -91,3 +93,15 @@ def test_hidden_states_stay_bounded_while_another_drafter_runs(engine, monkeypat
     assert len(ctx.hidden) <= ctx.n_batch < len(ids) + 600
     engine.reset()
     assert run(engine, ids, "mtp", max_tokens=600, draft_max=4, draft_p_min=0.0).token_ids == plain.token_ids
+
+
+def test_the_cli_drafts_with_mtp_by_default_for_a_model_that_has_it(mtp_path):
+    """No draft model given and the target carries an MTP layer: the CLI drafts with it, output as plain."""
+    from test_cli import cli
+
+    args = ("generate", "--target", mtp_path, "--temperature", "0", "-n", "48", "--json", "--prompt", "the cat sat")
+    default, plain = cli(*args), cli(*args, "--drafter", "none")
+    assert default.returncode == 0 and plain.returncode == 0, default.stderr + plain.stderr
+    default, plain = json.loads(default.stdout), json.loads(plain.stdout)
+    assert default["drafter"] == "mtp" and default["n_drafted"] > 0
+    assert default["token_ids"] == plain["token_ids"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams
 from ..engine import SamplingParams, TextDelta, batch_invariant
+from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 
 
@@ -199,7 +200,9 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     """Resolve --pair / --target / --draft, load the engine, pick the drafter and the draft settings."""
     spec = load_spec(args)
     resolved = resolve(spec)
-    drafter = args.drafter or ("model" if resolved.draft else "ngram")
+    # default: the pair's draft model, else the target's own MTP layers, else prompt lookup
+    drafter = args.drafter or ("model" if resolved.draft else "mtp" if read_info(resolved.target).nextn_layers
+                               else "ngram")
     if drafter == "model" and not resolved.draft:
         raise EngineError("--drafter model needs a draft model: add --draft PATH, or use --drafter ngram.")
     dp = draft_params(args, resolved.draft_params)

@@ -189,6 +189,7 @@ class GgufInfo:
     n_shards: int
     context_length: int
     n_layer: int
+    nextn_layers: int  # next-token-prediction (MTP) layers, counted in n_layer too
     kv_bytes_per_token: int  # F16 K and V cache
     recurrent_bytes: int  # one sequence's recurrent state (0: attention only)
     vocab_type: int
@@ -256,6 +257,7 @@ def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
         n_shards=int(kv.get("split.count", 1)),
         context_length=int(num("context_length")),
         n_layer=n_layer,
+        nextn_layers=int(num("nextn_predict_layers")),
         kv_bytes_per_token=sum(h * (k_len + v_len) * 2 for h in per_layer),
         recurrent_bytes=_recurrent_bytes(arch, num, n_embd, per_layer),
         vocab_type=vocab_type,
