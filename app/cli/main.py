@@ -25,7 +25,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--target", "-m", type=Path, help="target GGUF file")
     src.add_argument("--draft", "-md", type=Path, help="draft GGUF file (of another tokenizer: drafts as text)")
     src.add_argument("--drafter", choices=DRAFTERS,
-                     help="model (default with a draft), mtp (the target's own MTP layers), ngram (prompt lookup), none")
+                     help="model (default with a draft), mtp (the target's own MTP layers; default without one where "
+                          "the target has them), ngram (prompt lookup), none")
     src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
     src.add_argument("--threads-draft", "-td", type=int, default=0, help="CPU threads for the draft (default: -t)")
