@@ -247,6 +247,21 @@ def test_bad_input_shows_an_error_and_the_app_keeps_working(page):
     assert "goodbye" in page.page.locator("#chat").inner_text().lower()
 
 
+def test_the_mtp_drafter_on_a_model_without_mtp_layers_says_so_and_keeps_the_message(page):
+    """The starter has no MTP layers: choosing that drafter and pressing Enter shows why, keeps the message, and
+    the draft model answers once chosen again."""
+    page.page.locator("#new-chat").click()
+    page.page.get_by_label("Toggle Sidebar").click()
+    page.page.locator("#drafter label", has_text="MTP layers").click()
+    page.send("Name a colour.")
+    page.page.locator("#notice .error").wait_for(timeout=60_000)
+    assert "no MTP" in page.notice()
+    assert page.page.locator("#msg textarea").input_value() == "Name a colour."
+    page.page.locator("#drafter label", has_text="Draft model").click()
+    page.send("Name a colour.")
+    assert page.wait_state(("done", "error", "cancelled"))["state"] == "done"
+
+
 def test_two_tabs_are_queued_not_interleaved(browser, app_url):
     a, b = Page(browser, app_url[0]), Page(browser, app_url[0])
     try:
