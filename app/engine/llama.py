@@ -370,7 +370,8 @@ class Context:
 
     def keep_hidden(self) -> None:
         """From now on keep, by position, the hidden state every decoded token leaves for a model's MTP layers
-        (an MTP drafter reads and prunes them). Their inputs only: the target's own outputs stay the same."""
+        (an MTP drafter reads and prunes them). Qwen3.5's graph computes the same logits either way (tested);
+        llama.cpp's GLM-4.5 and DeepSeek graphs change their last layer with it (not yet checked)."""
         if self.hidden is None:
             from llama_cpp.llama_cpp_ext import llama_set_embeddings_nextn  # (C++ names, found on import)
 
@@ -622,14 +623,8 @@ class Context:
 
         ``i`` counts from the first token that asked for logits in the final chunk; -1 is the last token.
         """
-        if i < 0:
-            idx = self._last_chunk + i
-        else:
-            idx = self._last_chunk - self._n_out + i
-        addr = ctypes.cast(ll.llama_get_logits_ith(self.ptr, idx), ctypes.c_void_p).value
-        if not addr:
-            raise EngineError(f"llama.cpp returned no logits for output {i}")
-        return np.asarray(_FloatRow(addr, self._n_vocab))
+        idx = self._last_chunk + i if i < 0 else self._last_chunk - self._n_out + i
+        return logits_row(self.ptr, idx, self._n_vocab)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -646,6 +641,14 @@ class Context:
 
 class Cancelled(Exception):
     """A decode was interrupted by the cancel event; the cache was rolled back."""
+
+
+def logits_row(ctx_ptr, idx: int, n_vocab: int) -> np.ndarray:
+    """A context's logits for batch row ``idx`` of its last decode: a view, valid until the next decode."""
+    addr = ctypes.cast(ll.llama_get_logits_ith(ctx_ptr, idx), ctypes.c_void_p).value
+    if not addr:
+        raise EngineError(f"llama.cpp returned no logits for batch row {idx}")
+    return np.asarray(_FloatRow(addr, n_vocab))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -156,7 +156,8 @@ def speculative_generate(
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             if not replaying:  # a replay round's cost is not a plain step's
-                control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s, draft.n_first)
+                control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s,
+                               draft.n_first)
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"

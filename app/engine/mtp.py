@@ -22,7 +22,7 @@ import numpy as np
 
 from .drafters import Draft, Gate, ModelDrafter, next_draft_token
 from .errors import EngineError
-from .llama import Context, _failure, _FloatRow, common_prefix
+from .llama import Context, _failure, _FloatRow, common_prefix, logits_row
 from .sampling import SamplingParams
 
 
@@ -129,8 +129,7 @@ class MtpDrafter:
         self._last = len(rows) - 1
 
     def _logits(self) -> np.ndarray:
-        addr = ctypes.cast(ll.llama_get_logits_ith(self.ptr, self._last), ctypes.c_void_p).value
-        return np.asarray(_FloatRow(addr, self.model.n_vocab))
+        return logits_row(self.ptr, self._last, self.model.n_vocab)
 
     def _own_hidden(self) -> np.ndarray:
         from llama_cpp.llama_cpp_ext import llama_get_embeddings_nextn_ith
