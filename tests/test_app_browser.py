@@ -209,7 +209,8 @@ def test_compare_reports_speedup_and_identical(page):
     assert float(summary.get_attribute("data-speedup")) > 0
     assert "outputs identical" in summary.inner_text()
     off, on = (page.page.locator(f"#cmp-{side}").inner_text().split("\n", 1) for side in ("off", "on"))
-    assert re.match(r"Speculation off — \d+\.\d tok/s", off[0]) and re.match(r"Speculation on \(model\) — \d+\.\d", on[0])
+    assert re.match(r"Speculation off — \d+\.\d tok/s", off[0])
+    assert re.match(r"Speculation on \(draft model\) — \d+\.\d", on[0])
     assert off[1].strip() == on[1].strip() and len(off[1]) > 40  # the same text, rendered as markdown
     assert page.page.locator("#cmp-off mark").count() == 0
     assert "1" in page.page.locator("#cmp-table").inner_text()  # the run is in the session's table

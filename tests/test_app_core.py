@@ -172,10 +172,10 @@ def test_runtime_failed_load_keeps_the_previous_pair(runtime, models, tmp_path):
     bad.write_bytes(b"not a gguf at all" * 10)
     with pytest.raises(EngineError, match="still loaded"):
         runtime.load(LoadSpec(target=str(bad)))
-    assert runtime.info()["target"] == "target.gguf" and runtime.has_draft
+    assert runtime.info()["target"] == "target.gguf" and runtime.drafters[0] == "model"
     with pytest.raises(EngineError, match="still loaded"):  # a good target with a bad draft fails as a whole
         runtime.load(LoadSpec(target=str(models["target"]), draft=str(bad)))
-    assert runtime.info()["target"] == "target.gguf" and runtime.has_draft
+    assert runtime.info()["target"] == "target.gguf" and runtime.drafters[0] == "model"
     assert _last(runtime.answer([{"role": "user", "content": "x"}], Settings(max_tokens=4))).done
 
 
@@ -284,7 +284,7 @@ def test_compare_marks_the_first_differing_token(runtime):
     # The real thing: identical greedy outputs mark nothing.
     done = _last(runtime.compare([{"role": "user", "content": "the dog"}], Settings(max_tokens=24, draft_max=6)))
     assert done.diff_spans is None and "<mark" not in render.compare_pane(done, "on")
-    assert render.compare_pane(done, "on").startswith("**Speculation on (model) — ")
+    assert render.compare_pane(done, "on").startswith("**Speculation on (draft model) — ")
 
 
 def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):

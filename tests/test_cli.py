@@ -47,6 +47,22 @@ def test_generate_json_reports_measured_fields(models):
     assert plain["token_ids"] == d["token_ids"] and plain["n_drafted"] == 0
 
 
+def test_llama_cpp_flag_names_mean_the_same(models):
+    """llama.cpp's current names (--spec-type, --spec-draft-*) work beside the older --draft-max family."""
+    common = ["--target", models["target"], "--prompt", "the cat", "--max-tokens", 30, "--json"]
+    old = json.loads(cli("generate", *common, "--draft", models["draft"], "--drafter", "model", "--draft-max", 3,
+                         "--draft-min", 1, "--draft-p-min", 0, "--no-adaptive").stdout)
+    new = cli("generate", *common, "--spec-draft-model", models["draft"], "--spec-type", "draft-simple",
+              "--spec-draft-n-max", 3, "--spec-draft-n-min", 1, "--spec-draft-p-min", 0, "--no-adaptive")
+    assert new.returncode == 0, new.stderr
+    new = json.loads(new.stdout)
+    assert new["drafter"] == old["drafter"] == "model" and new["n_drafted"] > 0
+    assert new["token_ids"] == old["token_ids"]
+    assert new["n_drafted"] == old["n_drafted"] and new["n_accepted"] == old["n_accepted"]  # same draft lengths
+    lookup = json.loads(cli("generate", *common, "--spec-type", "ngram-mod").stdout)
+    assert lookup["drafter"] == "ngram" and lookup["token_ids"] == old["token_ids"]
+
+
 def test_a_draft_of_another_vocabulary_drafts_as_text_and_check_explains_it(models):
     args = ["--target", models["target"], "--prompt", "the cat", "--max-tokens", 40, "--json"]
     cross = cli("generate", *args, "--draft", models["other_text"], "--draft-p-min", 0)
@@ -87,6 +103,10 @@ def test_prompt_file_and_chat(models, tmp_path):
     (["--target", "{target}", "--prompt-file", "nowhere.txt"], "Cannot read the prompt file"),
     (["--pair", "nosuchpair", "--prompt", "x"], "Unknown pair"),
     (["--target", "{target}", "--prompt", "x", "--temperature", "hot"], "invalid float value"),
+    (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-dflash"], "not available in SpecChat yet"),
+    (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-mtp,ngram-mod"], "one method at a time"),
+    (["--target", "{target}", "--prompt", "x", "--spec-type", "eagle"], "Unknown speculative type 'eagle'"),
+    (["--target", "{target}", "--prompt", "x", "--spec-draft-n-max", "100"], "draft-max"),
 ])
 def test_bad_input_is_one_clear_line(models, args, words):
     args = [a.format(**{k: str(v) for k, v in models.items()}) for a in args]

@@ -105,3 +105,83 @@ def test_the_cli_drafts_with_mtp_by_default_for_a_model_that_has_it(mtp_path):
     default, plain = json.loads(default.stdout), json.loads(plain.stdout)
     assert default["drafter"] == "mtp" and default["n_drafted"] > 0
     assert default["token_ids"] == plain["token_ids"]
+
+
+def test_a_pair_with_mtp_layers_offers_mtp_by_default(engine):
+    """A model with MTP layers and no draft model: MTP first among what it can use; a choice it cannot use falls back
+    to it, a choice it can use is kept."""
+    from app.chat.settings import Settings
+
+    assert engine.drafters == ("mtp", "ngram", "none")
+    assert Settings(drafter="model").for_pair(None, engine.drafters).drafter == "mtp"
+    assert Settings(drafter="ngram").for_pair(None, engine.drafters).drafter == "ngram"
+    assert Settings(drafter="mtp").for_pair(None, ("model", "ngram", "none")).drafter == "model"
+    assert Settings(drafter="mtp").for_pair(None, ("ngram", "none")).drafter == "ngram"
+
+
+def test_the_api_drafts_with_mtp_by_default_and_by_llama_server_names(mtp_path):
+    """/v1 on an MTP model: the model list says how it speculates; a request leaving the drafter out, one naming it
+    llama-server's way ("speculative.type": "draft-mtp") and one with speculation off give the same greedy text,
+    the first two with drafted tokens verified. A type SpecChat lacks is a 400 and the server keeps serving."""
+    import httpx
+    from servers import serve_in_thread
+
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(mtp_path), ctx=1024))
+    try:
+        with serve_in_thread(lambda port: OpenAIServer(rt).app()) as url:
+            listed = httpx.get(f"{url}/models", timeout=30).json()["data"][0]
+            assert listed["speculation"] == "MTP (1 layer of the model's own)"
+            ask = lambda **extra: httpx.post(f"{url}/completions", timeout=120, json={  # noqa: E731
+                "prompt": "the cat sat", "max_tokens": 48, "temperature": 0, **extra}).json()
+            default, named, off = ask(), ask(**{"speculative.type": "draft-mtp"}), ask(**{"speculative.n_max": 0})
+            assert default["choices"][0]["text"] == named["choices"][0]["text"] == off["choices"][0]["text"]
+            assert default["timings"]["draft_n"] > 0 and named["timings"]["draft_n"] > 0
+            assert off["timings"]["draft_n"] == 0
+            bad = httpx.post(f"{url}/completions", timeout=30,
+                             json={"prompt": "x", "speculative": {"type": "draft-eagle"}})
+            assert bad.status_code == 400 and "Unknown speculative type" in bad.json()["error"]["message"]
+            bad = httpx.post(f"{url}/completions", timeout=30, json={"prompt": "x", "drafter": "model"})
+            assert bad.status_code == 400 and "has no draft model: choose MTP" in bad.json()["error"]["message"]
+            assert ask()["choices"][0]["text"] == off["choices"][0]["text"]
+    finally:
+        rt.close()
+
+
+def test_the_pair_check_says_a_model_drafts_for_itself_before_and_after_download(mtp_path, tmp_path):
+    """`specchat check` on the file, and `check -hf` on the Hub's copy (its header read with Range requests, nothing
+    downloaded): "MTP, 1 head", and no draft needed. The Models tab renders the same line above its drafts."""
+    import os
+
+    from fake_hub import FakeHub
+    from test_cli import cli
+    from test_hub import no_traffic_beyond_loopback, specchat
+
+    from app.ui import render
+
+    local = cli("check", "--target", mtp_path)
+    assert local.returncode == 0, local.stderr
+    assert "this model can draft for itself: MTP, 1 head (--drafter mtp" in local.stdout
+    assert "--drafter ngram speculates without one" not in local.stdout
+
+    hub = FakeHub()
+    try:
+        repo = "tests/Qwen3.5-Tiny-GGUF"
+        hub.add(repo, {"Qwen3.5-Tiny-Q8_0.gguf": mtp_path.read_bytes()}, downloads=5)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_NET_LOG=str(tmp_path / "net.log"),
+                   HF_HUB_DISABLE_TELEMETRY="1")
+        (tmp_path / "net.log").write_text("")
+        r = specchat(env, "check", "-hf", repo)
+        assert r.returncode == 0, r.stderr
+        assert "This model can draft for itself: MTP, 1 head" in r.stdout and "No draft found" in r.stdout
+        assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").rglob("*.gguf"))
+        no_traffic_beyond_loopback(env)
+    finally:
+        hub.close()
+    html = render.hub_drafts(f"{repo}/x.gguf", [], "this model can draft for itself: MTP, 1 head")
+    assert "This model can draft for itself: MTP, 1 head." in html and "none is needed" in html

@@ -370,7 +370,7 @@ def test_the_apps_runtime_chats_and_compares_through_a_server_and_keeps_its_key_
     try:
         rt.load(LoadSpec(server=served, method="draft Q4_1"))
         info = rt.info()
-        assert info["server"]["engine"] == "specchat" and info["target"] == "starter" and rt.has_draft
+        assert info["server"]["engine"] == "specchat" and info["target"] == "starter" and "model" in rt.drafters
         assert info["pair"] == f"starter @ {served}" and KEY not in json.dumps(info)
         settings = Settings(max_tokens=40)
         snapshots = list(rt.answer([{"role": "user", "content": "Name three colours."}], settings))

@@ -221,7 +221,7 @@ class Conversations:
             parts.append(f"## {'You' if m['role'] == 'user' else 'Assistant'}\n\n{m['content'].strip()}\n")
             if m.get("stats"):
                 s = Stats.from_dict(m["stats"])
-                parts.append(f"*{s.n_tokens} tokens · {s.tokens_per_second:.1f} tok/s · drafter {s.drafter} · "
+                parts.append(f"*{s.n_tokens} tokens · {s.tokens_per_second:.1f} tok/s · {s.method} · "
                              f"acceptance {s.acceptance_rate:.1%}*\n")
         return "\n".join(parts)
 

@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from ..engine import DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
+from ..engine import DRAFTERS, DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from .keys import key_for, save_key
 from .remote import RemoteServer, ServerSpec
@@ -178,11 +178,6 @@ class Runtime:
             self._close_remote()
 
     @property
-    def has_draft(self) -> bool:
-        """The loaded pair has a draft model, or the server drafts its own way."""
-        return bool(self.engine and self.engine.draft) or self.remote is not None
-
-    @property
     def recommended(self) -> DraftParams | None:
         """The loaded pair's recommended draft settings (a server keeps its own)."""
         return self.resolved.draft_params if self.resolved else None
@@ -192,9 +187,13 @@ class Runtime:
             raise EngineError("No model pair is loaded: choose one under Settings → Models and press Load.")
         return self.engine
 
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters the loaded pair can use, its default first (a server drafts its own way: any means "on")."""
+        return self.engine.drafters if self.engine else DRAFTERS if self.remote else ()
+
     def _drafter(self, kind: str) -> str:
-        if kind == "model" and not self.has_draft:
-            raise EngineError("This pair has no draft model: choose the n-gram drafter or turn speculation off.")
+        self._engine().check_drafter(kind)
         return kind
 
     def info(self) -> dict:
@@ -242,7 +241,7 @@ class Runtime:
         same server asked for speculation off (``speculative.n_max: 0``), then on; the outputs compared as text."""
         params = settings.generation()
         if settings.drafter == "none":
-            raise EngineError("Comparing needs a drafter: choose the draft model or n-gram drafter in Settings.")
+            raise EngineError("Comparing needs a drafter: choose one in Settings (speculation is off).")
         if self.remote is not None:
             yield from self._compare_remote(messages, params, _template_kwargs(settings), cancel or threading.Event(),
                                             interval)

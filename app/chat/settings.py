@@ -54,10 +54,12 @@ class Settings:
         return replace(self, draft_max=dp.draft_max, draft_min=dp.draft_min, draft_p_min=dp.draft_p_min,
                        adaptive=dp.adaptive)
 
-    def for_pair(self, recommended: DraftParams | None, has_draft: bool) -> "Settings":
-        """Settings for a newly loaded pair: its recommended draft settings (if given) and a drafter it can use."""
+    def for_pair(self, recommended: DraftParams | None, drafters: tuple[str, ...]) -> "Settings":
+        """Settings for a newly loaded pair: its recommended draft settings (if given), and the drafter chosen if the
+        pair can use it, else the pair's default (``drafters`` lists those it can use, default first: a model with MTP
+        layers and no draft model drafts with MTP)."""
         s = self.with_draft_params(recommended) if recommended else self
-        return replace(s, drafter="ngram") if s.drafter == "model" and not has_draft else s
+        return s if s.drafter in drafters or not drafters else replace(s, drafter=drafters[0])
 
     def loaded(self, spec: LoadSpec | None) -> "Settings":
         """These settings with ``spec`` as the last thing loaded; a server's fields are also kept apart, so they

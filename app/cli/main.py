@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams
+from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
 from ..engine import SamplingParams, TextDelta, batch_invariant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
@@ -19,26 +19,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def spec_type(value: str) -> str:
+    """--spec-type: one of llama.cpp's speculative types, as the drafter it names."""
+    if "," in value:
+        raise argparse.ArgumentTypeError(f"{value!r}: SpecChat drafts with one method at a time; give one type")
+    try:
+        return drafter_for(value)
+    except EngineError as exc:
+        raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("models")
     src.add_argument("--pair", help="a pair from models.toml (e.g. starter)")
     src.add_argument("--target", "-m", type=Path, help="target GGUF file")
-    src.add_argument("--draft", "-md", type=Path, help="draft GGUF file (of another tokenizer: drafts as text)")
+    src.add_argument("--draft", "-md", "--spec-draft-model", type=Path,
+                     help="draft GGUF file (of another tokenizer: drafts as text)")
     src.add_argument("--drafter", choices=DRAFTERS,
                      help="model (default with a draft), mtp (the target's own MTP layers; default without one where "
                           "the target has them), ngram (prompt lookup), none")
+    src.add_argument("--spec-type", dest="drafter", type=spec_type, metavar="TYPE",
+                     help="--drafter by llama.cpp's names: draft-simple (model), draft-mtp (mtp), ngram-simple and "
+                          "the other ngram-* (ngram), none")
     src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
-    src.add_argument("--threads-draft", "-td", type=int, default=0, help="CPU threads for the draft (default: -t)")
+    src.add_argument("--threads-draft", "-td", "--spec-draft-threads", dest="threads_draft", type=int, default=0,
+                     help="CPU threads for the draft (default: -t)")
     src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
-    src.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, default=0, help="draft layers on the GPU")
+    src.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int, default=0,
+                     help="draft layers on the GPU")
     src.add_argument("-ctxcp", "--ctx-checkpoints", dest="ctx_checkpoints", type=int, default=8,
                      help="recurrent/hybrid models: saved states kept between chat turns, so Regenerate or an edited "
                           "message restarts near the change (default: 8)")
     d = p.add_argument_group("speculation (llama.cpp's flags; defaults from the pair)")
-    d.add_argument("--draft-max", type=int, help="most tokens drafted per round")
-    d.add_argument("--draft-min", type=int, help="drafts shorter than this are not verified")
-    d.add_argument("--draft-p-min", type=float,
+    d.add_argument("--draft-max", "--spec-draft-n-max", dest="draft_max", type=int,
+                   help="most tokens drafted per round")
+    d.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=int,
+                   help="drafts shorter than this are not verified")
+    d.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float,
                    help="stop drafting when the draft's top probability (among its 10 best, as llama.cpp) is lower")
     d.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
@@ -132,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--draft", "-md", type=Path, help="draft GGUF file (omit to get draft suggestions)")
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
-    ck.add_argument("-ngld", "--n-gpu-layers-draft", dest="ngld", type=int, help="draft layers on the GPU")
+    ck.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int,
+                    help="draft layers on the GPU")
     ck.add_argument("--measure", nargs="?", type=int, const=64, default=0, metavar="N",
                     help="also load the pair and measure it: acceptance and speed with the draft vs without, greedy, "
                          "N new tokens on each of three built-in prompts (default 64)")

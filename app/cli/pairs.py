@@ -200,16 +200,22 @@ def _check_on_hub(hf: str | None, hfd: str | None) -> int:
         raise EngineError("Give the target with -hf REPO[:QUANT] (and a draft with -hfd, or none for suggestions).")
     if hfd:
         return 0 if _hub_pair(hf, hfd)[1].ok else 1
+    from ..models.check import own_drafting
+
     target = discover.choose(hf, "target")
     _print_choice(target, "target")
-    judged = discover.judged_drafts(target)
+    info = discover.remote_info(target)
+    if own := own_drafting(info):
+        print(own[0].upper() + own[1:] + ".")
+    judged = discover.judged_drafts(target, info=info)
     if not judged:
-        print("No draft found on the Hub for this model; --drafter ngram speculates without one.")
-        return 1
+        print("No draft found on the Hub for this model"
+              + ("." if own else "; --drafter ngram speculates without one."))
+        return 0 if own else 1
     print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded; "
           "OK: same tokens, TXT: drafted as text):")
     for hit, choice, advice in judged:
         source = f"{hit.downloads:,} downloads" if hit else "from the catalog"
         print(f"  {advice.mark:3} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "
               f"{source} — {advice.lines[-1]}")
-    return 0 if any(a.ok for _, _, a in judged) else 1
+    return 0 if own or any(a.ok for _, _, a in judged) else 1

@@ -83,7 +83,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         settings = settings.with_draft_params(runtime.recommended)
     settings = replace(settings, **overrides).loaded(runtime.spec)  # flags win
     if with_ui:
-        save_settings(settings.for_pair(None, runtime.has_draft))
+        save_settings(settings.for_pair(None, runtime.drafters))
 
     host = "0.0.0.0" if listen else "127.0.0.1"
     port = port or free_port(host)

@@ -11,7 +11,7 @@ from .costs import Costs, measure
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError, ModelsUnloaded
-from .events import Done, Event, Stats
+from .events import Done, Event, Stats, method_name
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
 from .mtp import MtpDrafter
@@ -21,6 +21,21 @@ from .turns import Turns
 from .loop import GenerationParams, speculative_generate
 
 DRAFTERS = ("model", "mtp", "ngram", "none")
+# llama.cpp's speculative types (--spec-type, llama-server's "speculative.type"): the drafter each is here, None where
+# SpecChat has no such method
+SPEC_TYPES = {"draft-simple": "model", "draft-mtp": "mtp", "draft-eagle3": None, "draft-dflash": None,
+              "draft-dspark": None, "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram",
+              "ngram-mod": "ngram", "ngram-cache": "ngram", "none": "none"}
+
+
+def drafter_for(spec_type: str) -> str:
+    """The drafter a llama.cpp speculative type names (every ngram-* is prompt lookup here)."""
+    if not isinstance(spec_type, str) or spec_type not in SPEC_TYPES:
+        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}.")
+    if SPEC_TYPES[spec_type] is None:
+        raise EngineError(f"{spec_type} is not available in SpecChat yet: use draft-simple (a draft model), "
+                          "draft-mtp or ngram-simple.")
+    return SPEC_TYPES[spec_type]
 DEFAULT_CTX = 4096
 
 
@@ -122,11 +137,24 @@ class Engine:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
 
     # --- generation -----------------------------------------------------------------------------------------
-    def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters this pair can use, its default first: the draft model, else the target's own MTP layers, else
+        prompt lookup."""
+        return ("model",) * (self.draft is not None) + ("mtp",) * (self.target.model.n_nextn > 0) + ("ngram", "none")
+
+    def check_drafter(self, kind: str) -> None:
+        """A clear refusal for a drafter this pair cannot use, naming those it can."""
         if kind not in DRAFTERS:
             raise EngineError(f"Unknown drafter {kind!r}: choose one of {', '.join(DRAFTERS)}.")
-        if kind == "model" and self.draft is None:
-            raise EngineError("The model drafter needs a draft model (--draft PATH); or use --drafter ngram.")
+        if kind not in self.drafters:
+            why = ("This pair has no draft model" if kind == "model" else
+                   f"{self.target.model.path.name} has no MTP (next-token-prediction) layers to draft with")
+            usable = [f"{method_name(d)} ({d})" for d in self.drafters if d != "none"]
+            raise EngineError(f"{why}: choose {' or '.join(usable)}, or turn speculation off (none).")
+
+    def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
+        self.check_drafter(kind)
         if kind == "model" and self.cross_vocab:
             return TextDrafter(self.draft.ctx, self.target.model, params.draft.draft_p_min)
         if kind == "model":

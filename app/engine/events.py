@@ -3,6 +3,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# How each drafter is named where people read it: Stats, Compare, the API's model list. Other names (a server's
+# method) are shown as they are.
+METHOD_NAMES = {"model": "draft model", "model (as text)": "draft model (as text)",
+                "mtp": "MTP (the model's own layers)", "ngram": "n-gram lookup", "none": "off"}
+
+
+def method_name(drafter: str) -> str:
+    return METHOD_NAMES.get(drafter, drafter)
+
 
 @dataclass
 class Stats:
@@ -24,6 +33,10 @@ class Stats:
     unreported: tuple[str, ...] = ()
     server_tokens_per_second: float | None = None
     error: str = ""
+
+    @property
+    def method(self) -> str:
+        return method_name(self.drafter)
 
     @property
     def acceptance_rate(self) -> float:

@@ -37,8 +37,7 @@ class MtpDrafter:
 
         model = target.model
         if model.n_nextn < 1:
-            raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with: choose "
-                              "the draft model (model) or prompt lookup (ngram).")
+            raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with.")
         self.target, self.model, self.p_min = target, model, p_min
         params = ll.llama_context_default_params()
         params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP

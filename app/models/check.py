@@ -95,6 +95,13 @@ def _family(name: str) -> str:
     return m.group(1).lower().replace("_", "-") if m else ""
 
 
+def own_drafting(info: GgufInfo) -> str:
+    """What a model drafts with by itself, from its header: its MTP (next-token-prediction) heads ('' if none)."""
+    n = info.nextn_layers
+    return (f"this model can draft for itself: MTP, {n} head{'s' * (n > 1)} (--drafter mtp, its default without a "
+            "draft model)") if n else ""
+
+
 def describe(r: PairReport) -> list[str]:
     """The report as lines for a terminal (the app renders the same report as HTML)."""
     lines = []
@@ -103,6 +110,8 @@ def describe(r: PairReport) -> list[str]:
             lines.append(f"{role}: {info.path.name}  {info.name}  [{info.architecture}, {info.quantization}, "
                          f"{info.size_bytes / GIB:.2f} GiB{f', {info.n_shards} shards' if info.n_shards > 1 else ''}, "
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
+    if own := own_drafting(r.target):
+        lines.append(own)
     if r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
                      f"{AS_TEXT}: " + "; ".join(r.problems))
@@ -113,7 +122,7 @@ def describe(r: PairReport) -> list[str]:
     if r.suggestions:
         lines.append("drafts that suit this target:")
         lines += [f"  {s}" for s in r.suggestions]
-    elif r.draft is None or not r.compatible:
+    elif (r.draft is None or not r.compatible) and not r.target.nextn_layers:
         lines.append("no catalog draft is known to suit this target; --drafter ngram speculates without one")
     return lines
 

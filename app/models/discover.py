@@ -237,12 +237,12 @@ def other_family_drafts(target: GgufChoice, skip: set[str], limit: int = 3,
     return size_ratio.rank(out, target.size, lambda c: c.size)
 
 
-def judged_drafts(target: GgufChoice, endpoint: str | None = None
+def judged_drafts(target: GgufChoice, endpoint: str | None = None, info: GgufInfo | None = None
                   ) -> list[tuple[RepoHit | None, GgufChoice, Advice]]:
-    """Drafts for ``target``, each with its advice from the files' headers (the target's read once): its family's
-    first, those that share its tokens ahead; where none does, the catalog's drafts of other families after them,
-    drafted as text, ranked by size ratio (no ``RepoHit``: they come from the catalog, not a search)."""
-    info: GgufInfo | None = None  # the target's header, read at the first candidate
+    """Drafts for ``target``, each with its advice from the files' headers (the target's read once, unless given as
+    ``info``): its family's first, those that share its tokens ahead; where none does, the catalog's drafts of other
+    families after them, drafted as text, ranked by size ratio (no ``RepoHit``: they come from the catalog, not a
+    search)."""
 
     def judge(hit: RepoHit | None, c: GgufChoice):
         nonlocal info

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
-from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
+from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta, method_name
 from .requests import ApiError, Job, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
@@ -110,9 +110,13 @@ class OpenAIServer:
 
     def _speculation(self) -> str:
         engine, drafter = self.runtime.engine, self.defaults().drafter
-        if drafter == "model" and engine.draft is not None:
+        drafter = drafter if drafter in engine.drafters else engine.drafters[0]
+        if drafter == "model":
             return f"draft model {engine.draft.model.path.name}"
-        return "n-gram lookup" if drafter != "none" else "off"
+        if drafter == "mtp":
+            n = engine.target.model.n_nextn
+            return f"MTP ({n} layer{'s' * (n > 1)} of the model's own)"
+        return method_name(drafter)
 
     async def chat_completions(self, request: Request):
         return await self._answer(request, chat=True)
@@ -145,7 +149,11 @@ class OpenAIServer:
         if engine is None or loaded is None:
             raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
                            "server_error", code="no_model_loaded")
-        job = parse(body, chat, self.defaults(), engine.draft is not None)
+        job = parse(body, chat, self.defaults(), engine.drafters)
+        try:
+            engine.check_drafter(job.drafter)
+        except EngineError as exc:
+            raise ApiError(400, str(exc), param="drafter") from None
         if job.model and job.model not in (loaded, engine.target.model.path.name):
             raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
                                 "app first, or leave 'model' out.", param="model", code="model_not_found")

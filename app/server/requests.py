@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..chat.settings import Settings
-from ..engine import DRAFTERS, EngineError, GenerationParams
+from ..engine import DRAFTERS, EngineError, GenerationParams, drafter_for
 
 
 class ApiError(Exception):
@@ -54,6 +54,17 @@ def _speculative(body: dict, name: str):
     return body
 
 
+def _spec_type(body: dict) -> str | None:
+    """llama-server's "speculative.type" (draft-simple, draft-mtp, ngram-...), as the drafter it names."""
+    name = _speculative(body, "type").get("speculative.type")
+    if name is None:
+        return None
+    try:
+        return drafter_for(name)
+    except EngineError as exc:
+        raise ApiError(400, str(exc), param="speculative.type") from None
+
+
 def _text(content, where: str) -> str:
     """A message's content: a string, or OpenAI's list of parts of which only text is understood here."""
     if isinstance(content, str):
@@ -93,7 +104,7 @@ def _prompt(body: dict) -> str:
     return prompt
 
 
-def parse(body, chat: bool, defaults: Settings, has_draft: bool) -> Job:
+def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Job:
     """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
@@ -116,11 +127,10 @@ def parse(body, chat: bool, defaults: Settings, has_draft: bool) -> Job:
         draft_min=_number(_speculative(body, "n_min"), "speculative.n_min", int, defaults.draft_min),
         draft_p_min=_number(_speculative(body, "p_min"), "speculative.p_min", float, defaults.draft_p_min),
     )
-    drafter = body.get("drafter") or (defaults.drafter if defaults.drafter != "model" or has_draft else "ngram")
+    drafter = body.get("drafter") or _spec_type(body) or (
+        defaults.drafter if defaults.drafter in drafters else drafters[0])
     if drafter not in DRAFTERS:
         raise ApiError(400, f"'drafter' must be one of {', '.join(DRAFTERS)}.", param="drafter")
-    if drafter == "model" and not has_draft:
-        raise ApiError(400, "The loaded pair has no draft model: use drafter 'ngram' or 'none'.", param="drafter")
     if s.draft_max == 0:  # llama-server's way to turn speculation off for one request
         drafter, s = "none", replace(s, draft_min=0)
     try:

@@ -362,7 +362,7 @@ class SpecChatUI:
         except (EngineError, ValueError, TypeError) as exc:
             return render.notice(str(exc)), self._header(), self._hardware(), *keep
         # A new pair brings its recommended draft settings, and the drafter it can use.
-        settings = collect(values).for_pair(self.runtime.recommended, self.runtime.has_draft)
+        settings = collect(values).for_pair(self.runtime.recommended, self.runtime.drafters)
         self._save(settings)
         info = self.runtime.info()
         if server := info["server"]:

@@ -11,7 +11,7 @@ import gradio as gr
 from ..models import discover, downloads, hub
 from ..models.catalog import get_pair, load_catalog
 from ..engine import EngineError
-from ..models.check import check_files, describe
+from ..models.check import check_files, describe, own_drafting
 from . import render
 
 FILES = "(GGUF files below)"
@@ -129,18 +129,19 @@ class ModelsView:
     def suggest_drafts(self, repo: str, file: str) -> tuple:
         """Outputs: drafts, advice, hub target, role. Candidates by name (and, where none shares the target's tokens,
         the catalog's drafts of other families), each judged by llama.cpp's rule on the two files' headers (a few
-        MB each), before anything is downloaded."""
+        MB each), before anything is downloaded; and whether the target drafts for itself (MTP heads)."""
         repo, file = (repo or "").strip(), (file or "").strip()
         try:
             target = discover.choose(f"{repo}:{file}")
-            found = discover.judged_drafts(target)
+            info = discover.remote_info(target)
+            found = discover.judged_drafts(target, info=info)
         except EngineError as exc:
             return gr.skip(), render.notice(str(exc)), gr.skip(), gr.skip()
         rows = [(a.mark, c.repo, c.quantization or c.file, c.size, hit.downloads if hit else None, a.lines[-1])
                 for hit, c, a in found]
         good = [(f"{c.repo} — {c.quantization or c.file}, {render.size(c.size)}"
                  + (" (drafts as text)" if a.as_text else ""), f"{c.repo}:{c.file}") for _, c, a in found if a.ok]
-        return (gr.Dropdown(choices=good, value=None), render.hub_drafts(f"{repo}/{file}", rows),
+        return (gr.Dropdown(choices=good, value=None), render.hub_drafts(f"{repo}/{file}", rows, own_drafting(info)),
                 (target.repo, target.file), "target")
 
     def pick_draft(self, ref: str) -> tuple:

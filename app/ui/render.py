@@ -6,7 +6,7 @@ import html
 import time
 
 from ..chat import thinking
-from ..engine import Stats
+from ..engine import Stats, method_name
 
 
 def _pct(x: float) -> str:
@@ -47,9 +47,9 @@ def stats_details(stats: Stats) -> str:
                   f"{_figure(stats, 'n_accepted', str(stats.n_accepted))}{rounds}")
         server = f" · server says {stats.server_tokens_per_second:.1f} tok/s" if stats.server_tokens_per_second else ""
         error = f" · {stats.error}" if stats.error else ""
-        return (f"{stats.drafter} · {counts} · first token {stats.time_to_first_token_s * 1000:.0f} ms{server} · "
+        return (f"{stats.method} · {counts} · first token {stats.time_to_first_token_s * 1000:.0f} ms{server} · "
                 f"not reported by this server: {', '.join(stats.unreported)}{error}")
-    return (f"drafter {stats.drafter} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in {stats.n_rounds} "
+    return (f"{stats.method} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in {stats.n_rounds} "
             f"rounds · first token {stats.time_to_first_token_s * 1000:.0f} ms · prompt {stats.prompt_tokens} new + "
             f"{stats.prompt_cached} cached tokens · {split}")
 
@@ -146,7 +146,7 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
         f'data-acceptance="{f"{s.acceptance_rate:.4f}" if s.reported("acceptance_rate") else ""}" '
         f'data-tps="{f"{s.tokens_per_second:.2f}" if s.rate_measured else ""}" data-tokens="{s.n_tokens}">'
         f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
-        f'<span class="drafter">{html.escape(s.drafter)}</span></div>'
+        f'<span class="drafter">{html.escape(s.method)}</span></div>'
         f'<div class="spec-metrics">{metrics}</div>{split}{error}'
         f'{line_chart(points)}</div>'
     )
@@ -221,7 +221,7 @@ def compare_summary(cmp) -> str:
         f'<div class="row">off {off.tokens_per_second:.1f} tok/s → on {on.tokens_per_second:.1f} tok/s · '
         f'acceptance {_figure(on, "acceptance_rate", _pct(on.acceptance_rate))} · '
         f'{_figure(on, "mean_accepted_per_round", f"{on.mean_accepted_per_round:.2f}")} accepted/round · '
-        f'drafter {html.escape(cmp.drafter)}</div><div class="check">{check}</div>{note}</div>'
+        f'{html.escape(method_name(cmp.drafter))}</div><div class="check">{check}</div>{note}</div>'
     )
 
 
@@ -229,7 +229,7 @@ def compare_pane(cmp, side: str) -> str:
     """One side of Compare as markdown: its title with tokens/s (live while it runs), then its output; under greedy
     decoding, the first token where the two outputs part is marked on both sides."""
     live = getattr(cmp, side)
-    title = "Speculation off" if side == "off" else f"Speculation on ({html.escape(cmp.drafter)})"
+    title = "Speculation off" if side == "off" else f"Speculation on ({html.escape(method_name(cmp.drafter))})"
     if live.stats.n_tokens:
         title += f" — {_rate(live.stats)} tok/s"
     text = live.text
@@ -252,7 +252,7 @@ def compare_row(cmp, n: int, backend: str) -> dict:
     on = cmp.on.stats
     unit = "character" if cmp.by_text else "token"
     return {
-        "run": n, "backend": backend, "prompt": cmp.prompt[:80], "drafter": cmp.drafter,
+        "run": n, "backend": backend, "prompt": cmp.prompt[:80], "drafter": method_name(cmp.drafter),
         "tokens": on.n_tokens, "tok/s off": round(cmp.off.stats.tokens_per_second, 2),
         "tok/s on": round(on.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
         "acceptance": round(on.acceptance_rate, 4) if on.reported("acceptance_rate") else NOT_REPORTED,
@@ -373,18 +373,21 @@ def size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 100e6 else f"{n / 1e6:.1f} MB"
 
 
-def hub_drafts(target: str, rows: list[tuple]) -> str:
+def hub_drafts(target: str, rows: list[tuple], own: str = "") -> str:
     """Drafts found for ``target``: (mark, repo, quantization, bytes, downloads or None, advice) per candidate;
-    mark as ``discover.Advice.mark`` (OK: the target's tokens, TXT: drafted as text)."""
+    mark as ``discover.Advice.mark`` (OK: the target's tokens, TXT: drafted as text). ``own``: how the target
+    drafts by itself (its MTP heads), said first."""
     e = html.escape
+    own = notice(own[0].upper() + own[1:] + ".", "info") if own else ""
     if not rows:
-        return notice(f"No draft found for {target} on the Hub; the n-gram drafter needs none.", "info")
+        return own + notice(f"No draft found for {target} on the Hub; " + (
+            "none is needed." if own else "the n-gram drafter needs none."), "info")
     symbol = {"OK": "✓", "TXT": "≈ as text", "NO": "✗", "?": "?"}
     body = "".join(f'<tr data-mark="{e(mark)}"><td>{symbol[mark]}</td><td>{e(repo)}</td>'
                    f'<td>{e(quant)}</td><td>{size(n)}</td><td>{"catalog" if downloads is None else f"{downloads:,}"}'
                    f'</td><td>{e(line)}</td></tr>'
                    for mark, repo, quant, n, downloads, line in rows)
-    return (f'<table class="spec-hub-drafts"><caption>Drafts for {e(target)}</caption><thead><tr><th></th>'
+    return own + (f'<table class="spec-hub-drafts"><caption>Drafts for {e(target)}</caption><thead><tr><th></th>'
             '<th>Repo</th><th>Quant</th><th>Size</th><th>Downloads</th><th>Tokenizer</th></tr></thead><tbody>'
             + body + "</tbody></table>")
 
