@@ -263,6 +263,29 @@ def test_the_mtp_drafter_on_a_model_without_mtp_layers_says_so_and_keeps_the_mes
     assert page.wait_state(("done", "error", "cancelled"))["state"] == "done"
 
 
+def test_a_model_with_mtp_layers_drafts_with_them_by_default_and_compare_names_the_method(browser, fresh_home,
+                                                                                           tmp_path):
+    """`specchat --target` a model carrying an MTP layer and no draft: Settings offer MTP, and Compare (by keyboard)
+    gives identical outputs with drafted tokens accepted, naming the method."""
+    from tiny_recurrent import write_recurrent
+
+    target = write_recurrent(tmp_path / "qwen35-mtp.gguf", "qwen35", seed=3, mtp=1)
+    app = App(fresh_home, "--target", str(target))
+    p = Page(browser, app.url)
+    try:
+        p.page.get_by_label("Toggle Sidebar").click()
+        assert p.page.locator("#drafter label", has_text="MTP layers").locator("input").is_checked()
+        summary = p.compare("the cat sat on the mat")
+        text = summary.inner_text()
+        assert "outputs identical" in text and "MTP" in text
+        assert re.search(r"acceptance (\d+)\.\d%", text) and float(re.search(r"acceptance ([\d.]+)%", text)[1]) > 0
+        assert p.page.locator("#cmp-on").inner_text().startswith("Speculation on (MTP) — ")
+        p.shot("compare-mtp")
+    finally:
+        p.close()
+        app.stop()
+
+
 def test_two_tabs_are_queued_not_interleaved(browser, app_url):
     a, b = Page(browser, app_url[0]), Page(browser, app_url[0])
     try:
