@@ -90,8 +90,8 @@ def test_the_api_passes_chat_template_kwargs():
     from app.chat.settings import Settings
     from app.server.requests import ApiError, parse
 
-    job = parse({"messages": MSGS, "chat_template_kwargs": {"enable_thinking": False}}, True, Settings(), True)
+    job = parse({"messages": MSGS, "chat_template_kwargs": {"enable_thinking": False}}, True, Settings(), ("model", "ngram", "none"))
     assert job.template_variables == {"enable_thinking": False}
-    assert parse({"messages": MSGS}, True, Settings(), True).template_variables == {"enable_thinking": True}
+    assert parse({"messages": MSGS}, True, Settings(), ("model", "ngram", "none")).template_variables == {"enable_thinking": True}
     with pytest.raises(ApiError, match="template variables"):
-        parse({"messages": MSGS, "chat_template_kwargs": {"messages": []}}, True, Settings(), True)
+        parse({"messages": MSGS, "chat_template_kwargs": {"messages": []}}, True, Settings(), ("model", "ngram", "none"))
