@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
 from ..engine import SamplingParams, TextDelta, batch_invariant
+from ..engine.assistant import is_assistant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 
@@ -226,7 +227,9 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     if drafter == "model" and not resolved.draft:
         raise EngineError("--drafter model needs a draft model: add --draft PATH, or use --drafter ngram.")
     dp = draft_params(args, resolved.draft_params)
-    engine = load_engine(spec, resolved, with_draft=drafter == "model")
+    # (Gemma 4's assistant is the draft file for either name, as in llama.cpp's --spec-type draft-mtp -md FILE)
+    with_draft = drafter == "model" or (drafter == "mtp" and resolved.draft and is_assistant(resolved.draft))
+    engine = load_engine(spec, resolved, with_draft=bool(with_draft))
     if drafter != "none" and not batch_invariant():
         print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
               "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "

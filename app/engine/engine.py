@@ -14,6 +14,7 @@ from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats, method_name
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
+from .assistant import AssistantDrafter, is_assistant
 from .mtp import MtpDrafter
 from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
@@ -81,6 +82,12 @@ class Engine:
             finally:
                 t_vocab.close()
                 d_vocab.close()
+        # Gemma 4's assistant drafts from the target's cache: no context of its own, and never as text
+        assistant = draft is not None and is_assistant(draft.path)
+        if assistant and self.cross_vocab:
+            raise EngineError(f"{draft.path.name} (Gemma 4's assistant) cannot draft for {target.path.name}: "
+                              + "; ".join(self.cross_vocab) + ".")
+        self._assistant: AssistantDrafter | None = None
         models: list[Model] = []
         contexts: list[Context] = []
         try:
@@ -93,10 +100,15 @@ class Engine:
                         for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))], gpus())
             # The draft needs one output, and no recurrent-state snapshots: it drafts one token per decode, and
             # llama.cpp snapshots only the positions of the last decode (a rejected draft restores a saved state).
-            for m, s, n_out, n_rs in zip(models, settings, (MAX_DRAFT + 1, 1), (target.n_rs_seq, 0)):
+            with_context = models[:1] if assistant else models
+            for m, s, n_out, n_rs in zip(with_context, settings, (MAX_DRAFT + 1, 1), (target.n_rs_seq, 0)):
                 contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out, n_rs,
                                         s.n_checkpoints))
+            if assistant:  # before the target decodes anything: creating it resets the target's cache
+                self._assistant = AssistantDrafter(contexts[0], models[1])
         except Exception:
+            if self._assistant:  # it reads the target's cache: it goes first
+                self._assistant.close()
             for c in contexts:  # contexts before their models
                 c.close()
             for m in models:
@@ -104,9 +116,11 @@ class Engine:
             raise
         loaded = [_Loaded(m, c) for m, c in zip(models, contexts)]
         self.target = loaded[0]
-        self.draft = loaded[1] if draft is not None else None
+        self.draft = loaded[1] if len(loaded) > 1 else None  # a draft model with a context of its own
         # Contexts without --threads follow the cores other programs leave free (they never run at once).
         self._auto = [x.ctx for x, s in zip(loaded, settings) if not s.n_threads]
+        if self._assistant and not target.n_threads:
+            self._auto.append(self._assistant)
         self._threads = ThreadChooser(default_threads())
         self._mtp: MtpDrafter | None = None  # made on first use of --drafter mtp
 
@@ -141,7 +155,14 @@ class Engine:
     def drafters(self) -> tuple[str, ...]:
         """The drafters this pair can use, its default first: the draft model, else the target's own MTP layers, else
         prompt lookup."""
-        return ("model",) * (self.draft is not None) + ("mtp",) * (self.target.model.n_nextn > 0) + ("ngram", "none")
+        own = self._assistant is not None  # (llama.cpp runs it as its draft-mtp type: either name picks it)
+        return (("model",) * (self.draft is not None or own) + ("mtp",) * (self.target.model.n_nextn > 0 or own)
+                + ("ngram", "none"))
+
+    @property
+    def draft_model(self) -> Model | None:
+        """The pair's second model: a draft model, or Gemma 4's assistant."""
+        return self.draft.model if self.draft else self._assistant.model if self._assistant else None
 
     def check_drafter(self, kind: str) -> None:
         """A clear refusal for a drafter this pair cannot use, naming those it can."""
@@ -155,6 +176,9 @@ class Engine:
 
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
         self.check_drafter(kind)
+        if kind in ("model", "mtp") and self._assistant:
+            self._assistant.p_min = params.draft.draft_p_min
+            return self._assistant
         if kind == "model" and self.cross_vocab:
             return TextDrafter(self.draft.ctx, self.target.model, params.draft.draft_p_min)
         if kind == "model":
@@ -256,14 +280,18 @@ class Engine:
     def memory_bytes(self) -> int:
         """Weights plus caches of the loaded models (what the pair costs in RAM or VRAM): KV, and for recurrent
         models the state with its snapshots and the saved states held now."""
-        return sum(x.model.size_bytes + x.ctx.cache_bytes() for x in (self.target, self.draft) if x)
+        return (sum(x.model.size_bytes + x.ctx.cache_bytes() for x in (self.target, self.draft) if x)
+                + (self._assistant.model.size_bytes if self._assistant else 0))
 
     def close(self) -> None:
         """Frees the models; waits for a generation in progress (another thread's) to finish first."""
         with self._lock:
-            if self._mtp:
-                self._mtp.close()
-                self._mtp = None
+            for drafter in (self._mtp, self._assistant):  # they read the target's context: they go first
+                if drafter:
+                    drafter.close()
+            if self._assistant:
+                self._assistant.model.close()
+            self._mtp = self._assistant = None
             for loaded in (self.draft, self.target):
                 if loaded:
                     loaded.ctx.close()

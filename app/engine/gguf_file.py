@@ -34,6 +34,11 @@ def check_gguf_file(path: Path) -> None:
     _cached_header(Path(path))
 
 
+def metadata(path: Path) -> dict:
+    """A GGUF file's key-value metadata (first shard), as read once per process."""
+    return _cached_header(Path(path)).kv
+
+
 def _cached_header(path: Path) -> _Header:
     st = path.stat() if path.is_file() else None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None

@@ -33,12 +33,18 @@ class MtpDrafter:
     N_BATCH = 64  # catch-up rows per decode (a prompt's rows come in such chunks)
 
     def __init__(self, target: Context, p_min: float = 0.0):
-        from llama_cpp.llama_cpp_ext import llama_set_embeddings_nextn
-
         model = target.model
         if model.n_nextn < 1:
             raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with.")
-        self.target, self.model, self.p_min = target, model, p_min
+        self._open(target, model, model.n_embd, p_min)
+        self._held: list[int] = []  # the history whose positions the MTP cache covers (position 0 has no row)
+
+    def _open(self, target: Context, model, n_embd: int, p_min: float) -> None:
+        """A context for ``model``'s MTP layers on the target's (``ctx_other``), and a batch whose rows carry a token
+        and an ``n_embd``-wide hidden state."""
+        from llama_cpp.llama_cpp_ext import llama_set_embeddings_nextn
+
+        self.target, self.model, self.n_embd, self.p_min = target, model, n_embd, p_min
         params = ll.llama_context_default_params()
         params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
         params.n_ctx = target.n_ctx
@@ -46,7 +52,7 @@ class MtpDrafter:
         params.n_seq_max = 1
         params.n_outputs_max = 1  # one draft row per step
         params.n_threads = params.n_threads_batch = target.n_threads
-        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # (as the target's: a shared cache's layout)
         params.no_perf = True
         params.ctx_other = target.ptr
         ptr = ll.llama_init_from_model(model.ptr, params)
@@ -57,12 +63,10 @@ class MtpDrafter:
         self.mem = ll.llama_get_memory(ptr)
         llama_set_embeddings_nextn(ptr, True, True)  # the MTP layer's own hidden state, for the next step
         target.keep_hidden()
-        n_embd = model.n_embd
         self._batch = ll.llama_batch_init(self.N_BATCH, n_embd, 1)  # rows carry a hidden state...
         self._tokens = (ll.llama_token * self.N_BATCH)()  # ...and a token (llama.cpp reads both)
         self._batch.token = ctypes.cast(self._tokens, ctypes.POINTER(ll.llama_token))
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.N_BATCH * n_embd,)).reshape(-1, n_embd)
-        self._held: list[int] = []  # the history whose positions the MTP cache covers (position 0 has no row)
 
     def set_threads(self, n: int) -> None:
         ll.llama_set_n_threads(self.ptr, n, n)
@@ -98,17 +102,23 @@ class MtpDrafter:
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
                       n_first=len(rows))
         try:
-            for i in range(n_max):
-                tok = next_draft_token(draft, self._logits(), sp, rng, self.p_min, gate)
-                if tok is None or i + 1 == n_max or (gate and not gate.look_further()):
-                    break
-                self._decode([(n_past + 1 + i, tok, self._own_hidden())], output_last=True)
-                draft.n_evals += 1
+            self._chain(draft, n_max, sp, rng, gate, lambda i: n_past + 1 + i)
         finally:
             ll.llama_memory_seq_rm(self.mem, 0, n_past, -1)  # drafted rows: the target's states replace them
             for p in [p for p in hidden if p != n_past - 1]:  # the next round needs the pending row's state only
                 del hidden[p]
         return draft
+
+    def _chain(self, draft: Draft, n_max: int, sp: SamplingParams, rng: np.random.Generator, gate: Gate | None,
+               position) -> None:
+        """Draft from the row just decoded, each further token fed back with the layer's own hidden state, at
+        ``position(i)`` for the i-th."""
+        for i in range(n_max):
+            tok = next_draft_token(draft, self._logits(), sp, rng, self.p_min, gate)
+            if tok is None or i + 1 == n_max or (gate and not gate.look_further()):
+                break
+            self._decode([(position(i), tok, self._own_hidden())], output_last=True)
+            draft.n_evals += 1
 
     # --- llama.cpp --------------------------------------------------------------------------------------------
     def _decode(self, rows: list[tuple[int, int, np.ndarray]], output_last: bool) -> None:
@@ -134,7 +144,7 @@ class MtpDrafter:
         from llama_cpp.llama_cpp_ext import llama_get_embeddings_nextn_ith
 
         addr = ctypes.cast(llama_get_embeddings_nextn_ith(self.ptr, self._last), ctypes.c_void_p).value
-        return np.asarray(_FloatRow(addr, self.model.n_embd)).copy()
+        return np.asarray(_FloatRow(addr, self.n_embd)).copy()
 
     def close(self) -> None:
         if self.ptr:

@@ -102,6 +102,18 @@ def own_drafting(info: GgufInfo) -> str:
             "draft model)") if n else ""
 
 
+def assistant_note(r: PairReport) -> str:
+    """A Gemma 4 assistant as the draft: it reads the target's cache, so it pairs with a Gemma 4 target only (the
+    engine checks the sizes when it loads)."""
+    if r.target.architecture != "gemma4":
+        return f"not usable: the draft is Gemma 4's assistant, which drafts only for a Gemma 4 target, not " \
+               f"{r.target.architecture}"
+    if not r.compatible:
+        return "not usable: the draft is Gemma 4's assistant, but " + "; ".join(r.problems)
+    return ("compatible: the draft is Gemma 4's assistant, drafting from the target's own cache (llama.cpp: "
+            "--spec-type draft-mtp -md FILE)")
+
+
 def describe(r: PairReport) -> list[str]:
     """The report as lines for a terminal (the app renders the same report as HTML)."""
     lines = []
@@ -112,7 +124,9 @@ def describe(r: PairReport) -> list[str]:
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
     if own := own_drafting(r.target):
         lines.append(own)
-    if r.draft:
+    if r.draft and r.draft.architecture == "gemma4-assistant":
+        lines.append(assistant_note(r))
+    elif r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
                      f"{AS_TEXT}: " + "; ".join(r.problems))
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
