@@ -52,6 +52,7 @@ def write_model(
     sliding_window: int = 0,
     permute_seed: int | None = None,
     extra_pieces: tuple[str, ...] = (),
+    context: float = 1.0,
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
     a perturbed copy of a target (partial acceptance, exercising both accept and reject paths).
@@ -59,7 +60,8 @@ def write_model(
     gguf-split does; returns the first shard.
     ``permute_seed``: the word tokens (and their weight rows and scores) at other ids, so the model computes the
     same text function in another vocabulary (a cross-vocabulary draft). ``extra_pieces``: pieces appended to the
-    vocabulary with the best scores (different merges), their weights fresh."""
+    vocabulary with the best scores (different merges), their weights fresh. ``context``: scales what attention and
+    the feed-forward add to each position in a llama model (small: nearly a bigram model of its token embeddings)."""
     toks = vocab(extra_words, rename)
     n_base = len(toks)
     scores = [0.0] * 3 + [0.0] * 256 + [0.0, 0.0] + [-float(i) for i in range(n_base - 261)]
@@ -118,7 +120,7 @@ def write_model(
         w.add_tensor(p + "attn_q.weight", t(n_embd, n_embd))
         w.add_tensor(p + "attn_k.weight", t(n_embd, n_embd))
         w.add_tensor(p + "attn_v.weight", t(n_embd, n_embd))
-        w.add_tensor(p + "attn_output.weight", t(n_embd, n_embd))
+        w.add_tensor(p + "attn_output.weight", t(n_embd, n_embd) * context)
         if gemma:  # Gemma's extra norms: on q and k per head, and after attention and after the feed-forward
             for name, size in (("attn_q_norm", n_embd // n_head), ("attn_k_norm", n_embd // n_head),
                                ("post_attention_norm", n_embd), ("post_ffw_norm", n_embd)):
@@ -126,7 +128,7 @@ def write_model(
         w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(p + "ffn_gate.weight", t(n_ff, n_embd))
         w.add_tensor(p + "ffn_up.weight", t(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff))
+        w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff) * context)
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     out = t(n_base, n_embd, scale=logit_scale * n_embd ** -0.5)
     out[[2, 260]] = 0.0  # "</s>", "<|im_end|>" score 0, far below the top: outputs run long unless a test sets EOS

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
+from ..engine.engine import HEADS
 from ..engine import SamplingParams, TextDelta, batch_invariant
-from ..engine.assistant import is_assistant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 
@@ -224,12 +224,13 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     # default: the pair's draft model, else the target's own MTP layers, else prompt lookup
     drafter = args.drafter or ("model" if resolved.draft else "mtp" if read_info(resolved.target).nextn_layers
                                else "ngram")
-    if drafter == "model" and not resolved.draft:
-        raise EngineError("--drafter model needs a draft model: add --draft PATH, or use --drafter ngram.")
+    if drafter in ("model", "eagle3") and not resolved.draft:
+        what = "a draft model: add --draft PATH" if drafter == "model" else "an EAGLE-3 head: add --draft HEAD.gguf"
+        raise EngineError(f"--drafter {drafter} needs {what}, or use --drafter ngram.")
     dp = draft_params(args, resolved.draft_params)
-    # (Gemma 4's assistant is the draft file for either name, as in llama.cpp's --spec-type draft-mtp -md FILE)
-    with_draft = drafter == "model" or (drafter == "mtp" and resolved.draft and is_assistant(resolved.draft))
-    engine = load_engine(spec, resolved, with_draft=bool(with_draft))
+    # (a head is the draft file for "model" and for its own kind, as in llama.cpp's --spec-type draft-mtp -md FILE)
+    head = HEADS.get(read_info(resolved.draft).architecture) if resolved.draft else None
+    engine = load_engine(spec, resolved, with_draft=drafter == "model" or bool(head and drafter == head[1]))
     if drafter != "none" and not batch_invariant():
         print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
               "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "

@@ -72,6 +72,7 @@ class AssistantDrafter(MtpDrafter):
             raise EngineError(f"{assistant.path.name} cannot draft for {target.model.path.name}: "
                               + "; ".join(problems) + ".")
         self._open(target, assistant, target.model.n_embd, p_min)
+        target.keep_hidden()
 
     def clear(self) -> None:
         pass  # its memory is the target's: clearing it would clear the target's cache

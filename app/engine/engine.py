@@ -14,17 +14,19 @@ from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats, method_name
 from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
 from .memory import Load, check_fits
-from .assistant import AssistantDrafter, is_assistant
+from .assistant import AssistantDrafter
+from .eagle3 import Eagle3Drafter
+from .gguf_file import read_info
 from .mtp import MtpDrafter
 from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
 from .turns import Turns
 from .loop import GenerationParams, speculative_generate
 
-DRAFTERS = ("model", "mtp", "ngram", "none")
+DRAFTERS = ("model", "mtp", "eagle3", "ngram", "none")
 # llama.cpp's speculative types (--spec-type, llama-server's "speculative.type"): the drafter each is here, None where
 # SpecChat has no such method
-SPEC_TYPES = {"draft-simple": "model", "draft-mtp": "mtp", "draft-eagle3": None, "draft-dflash": None,
+SPEC_TYPES = {"draft-simple": "model", "draft-mtp": "mtp", "draft-eagle3": "eagle3", "draft-dflash": None,
               "draft-dspark": None, "ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram",
               "ngram-mod": "ngram", "ngram-cache": "ngram", "none": "none"}
 
@@ -35,8 +37,13 @@ def drafter_for(spec_type: str) -> str:
         raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}.")
     if SPEC_TYPES[spec_type] is None:
         raise EngineError(f"{spec_type} is not available in SpecChat yet: use draft-simple (a draft model), "
-                          "draft-mtp or ngram-simple.")
+                          "draft-mtp, draft-eagle3 or ngram-simple.")
     return SPEC_TYPES[spec_type]
+
+
+# Draft files that are not models of their own but heads drafting through the target's context (no context of
+# their own, never as text), by architecture: their class, and the drafter that names them besides "model".
+HEADS = {"gemma4-assistant": (AssistantDrafter, "mtp"), "eagle3": (Eagle3Drafter, "eagle3")}
 DEFAULT_CTX = 4096
 
 
@@ -82,12 +89,12 @@ class Engine:
             finally:
                 t_vocab.close()
                 d_vocab.close()
-        # Gemma 4's assistant drafts from the target's cache: no context of its own, and never as text
-        assistant = draft is not None and is_assistant(draft.path)
-        if assistant and self.cross_vocab:
-            raise EngineError(f"{draft.path.name} (Gemma 4's assistant) cannot draft for {target.path.name}: "
+        head = HEADS.get(read_info(draft.path).architecture) if draft is not None else None
+        if head and self.cross_vocab:
+            raise EngineError(f"{draft.path.name} cannot draft for {target.path.name}: "
                               + "; ".join(self.cross_vocab) + ".")
-        self._assistant: AssistantDrafter | None = None
+        self._head: AssistantDrafter | Eagle3Drafter | None = None
+        self._head_kind = head[1] if head else None
         models: list[Model] = []
         contexts: list[Context] = []
         try:
@@ -100,15 +107,15 @@ class Engine:
                         for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))], gpus())
             # The draft needs one output, and no recurrent-state snapshots: it drafts one token per decode, and
             # llama.cpp snapshots only the positions of the last decode (a rejected draft restores a saved state).
-            with_context = models[:1] if assistant else models
+            with_context = models[:1] if head else models
             for m, s, n_out, n_rs in zip(with_context, settings, (MAX_DRAFT + 1, 1), (target.n_rs_seq, 0)):
                 contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out, n_rs,
                                         s.n_checkpoints))
-            if assistant:  # before the target decodes anything: creating it resets the target's cache
-                self._assistant = AssistantDrafter(contexts[0], models[1])
+            if head:  # before the target decodes anything (Gemma 4's assistant resets the target's cache)
+                self._head = head[0](contexts[0], models[1])
         except Exception:
-            if self._assistant:  # it reads the target's cache: it goes first
-                self._assistant.close()
+            if self._head:  # it reads the target's context: it goes first
+                self._head.close()
             for c in contexts:  # contexts before their models
                 c.close()
             for m in models:
@@ -119,8 +126,8 @@ class Engine:
         self.draft = loaded[1] if len(loaded) > 1 else None  # a draft model with a context of its own
         # Contexts without --threads follow the cores other programs leave free (they never run at once).
         self._auto = [x.ctx for x, s in zip(loaded, settings) if not s.n_threads]
-        if self._assistant and not target.n_threads:
-            self._auto.append(self._assistant)
+        if self._head and not target.n_threads:
+            self._auto.append(self._head)
         self._threads = ThreadChooser(default_threads())
         self._mtp: MtpDrafter | None = None  # made on first use of --drafter mtp
 
@@ -153,32 +160,40 @@ class Engine:
     # --- generation -----------------------------------------------------------------------------------------
     @property
     def drafters(self) -> tuple[str, ...]:
-        """The drafters this pair can use, its default first: the draft model, else the target's own MTP layers, else
-        prompt lookup."""
-        own = self._assistant is not None  # (llama.cpp runs it as its draft-mtp type: either name picks it)
-        return (("model",) * (self.draft is not None or own) + ("mtp",) * (self.target.model.n_nextn > 0 or own)
-                + ("ngram", "none"))
+        """The drafters this pair can use, its default first: the draft model (or head), else the target's own MTP
+        layers, else prompt lookup. A head answers to "model" and to llama.cpp's name for its kind."""
+        kinds = {"model": self.draft is not None or self._head is not None, "mtp": self.target.model.n_nextn > 0,
+                 "eagle3": False, "ngram": True, "none": True}
+        if self._head_kind:
+            kinds[self._head_kind] = True
+        return tuple(k for k, ok in kinds.items() if ok)
+
+    @property
+    def head(self) -> tuple[str, str] | None:
+        """A head given as the draft: (its drafter's name, the drafter kind besides "model" that picks it)."""
+        return (self._head.name, self._head_kind) if self._head else None
 
     @property
     def draft_model(self) -> Model | None:
-        """The pair's second model: a draft model, or Gemma 4's assistant."""
-        return self.draft.model if self.draft else self._assistant.model if self._assistant else None
+        """The pair's second model: a draft model, or a head (Gemma 4's assistant, EAGLE-3)."""
+        return self.draft.model if self.draft else self._head.model if self._head else None
 
     def check_drafter(self, kind: str) -> None:
         """A clear refusal for a drafter this pair cannot use, naming those it can."""
         if kind not in DRAFTERS:
             raise EngineError(f"Unknown drafter {kind!r}: choose one of {', '.join(DRAFTERS)}.")
         if kind not in self.drafters:
-            why = ("This pair has no draft model" if kind == "model" else
-                   f"{self.target.model.path.name} has no MTP (next-token-prediction) layers to draft with")
+            why = {"model": "This pair has no draft model",
+                   "eagle3": "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)",
+                   "mtp": f"{self.target.model.path.name} has no MTP (next-token-prediction) layers to draft with"}[kind]
             usable = [f"{method_name(d)} ({d})" for d in self.drafters if d != "none"]
             raise EngineError(f"{why}: choose {' or '.join(usable)}, or turn speculation off (none).")
 
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
         self.check_drafter(kind)
-        if kind in ("model", "mtp") and self._assistant:
-            self._assistant.p_min = params.draft.draft_p_min
-            return self._assistant
+        if self._head and kind in ("model", self._head_kind):
+            self._head.p_min = params.draft.draft_p_min
+            return self._head
         if kind == "model" and self.cross_vocab:
             return TextDrafter(self.draft.ctx, self.target.model, params.draft.draft_p_min)
         if kind == "model":
@@ -281,17 +296,17 @@ class Engine:
         """Weights plus caches of the loaded models (what the pair costs in RAM or VRAM): KV, and for recurrent
         models the state with its snapshots and the saved states held now."""
         return (sum(x.model.size_bytes + x.ctx.cache_bytes() for x in (self.target, self.draft) if x)
-                + (self._assistant.model.size_bytes if self._assistant else 0))
+                + (self._head.model.size_bytes if self._head else 0))
 
     def close(self) -> None:
         """Frees the models; waits for a generation in progress (another thread's) to finish first."""
         with self._lock:
-            for drafter in (self._mtp, self._assistant):  # they read the target's context: they go first
+            for drafter in (self._mtp, self._head):  # they read the target's context: they go first
                 if drafter:
                     drafter.close()
-            if self._assistant:
-                self._assistant.model.close()
-            self._mtp = self._assistant = None
+            if self._head:
+                self._head.model.close()
+            self._mtp = self._head = None
             for loaded in (self.draft, self.target):
                 if loaded:
                     loaded.ctx.close()

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 # How each drafter is named where people read it: Stats, Compare, the API's model list. Other names (a server's
 # method) are shown as they are.
 METHOD_NAMES = {"model": "draft model", "model (as text)": "draft model (as text)",
-                "mtp": "MTP", "assistant": "Gemma 4 assistant", "ngram": "n-gram lookup", "none": "off"}
+                "mtp": "MTP", "assistant": "Gemma 4 assistant", "eagle3": "EAGLE-3", "ngram": "n-gram lookup",
+                "none": "off"}
 
 
 def method_name(drafter: str) -> str:

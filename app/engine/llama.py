@@ -365,6 +365,8 @@ class Context:
         self._round: _Saved | None = None  # saved before the latest speculative batch
         self._spec_open = False  # the last decode was speculative and nothing was truncated since
         self.hidden: dict[int, np.ndarray] | None = None  # position -> the hidden state MTP layers read (keep_hidden)
+        self.layer_inputs: dict[int, np.ndarray] | None = None  # position -> an EAGLE-3 head's features
+        self._layers: tuple[int, ...] = ()
 
     HIDDEN_BYTES = 64 << 20  # hidden states kept for an MTP drafter, at most
 
@@ -377,6 +379,17 @@ class Context:
 
             llama_set_embeddings_nextn(self.ptr, True, False)
             self.hidden = {}
+
+    def keep_layer_inputs(self, layers: tuple[int, ...]) -> None:
+        """From now on keep, by position, the inputs of ``layers`` side by side (an EAGLE-3 head's features; its
+        drafter reads and prunes them). The graph only marks tensors it computes anyway as outputs: the logits are
+        the same (tested). Only some architectures' graphs expose layer inputs; llama.cpp aborts the process on the
+        next decode of any other, so the caller checks the architecture first."""
+        if self.layer_inputs is None:
+            for lid in layers:
+                _ext("llama_set_embeddings_layer_inp")(self.ptr, lid, True)
+            self._layers = tuple(layers)
+            self.layer_inputs = {}
 
     @property
     def n_held(self) -> int:
@@ -585,6 +598,8 @@ class Context:
                 raise _failure(f"llama_decode failed (code {rc})", "The context may be full or memory short.")
             if self.hidden is not None:
                 self._keep_hidden_rows(start + done, n)
+            if self.layer_inputs is not None:
+                self._keep_layer_rows(start + done, n)
             done += n
             self._rollback = min(self.n_rs_seq, n - 1)
         # llama_decode may return before the backend is done (a GPU's queue, the outputs' copy to the host); the
@@ -601,15 +616,28 @@ class Context:
         if not addr:
             raise EngineError("llama.cpp kept no hidden states for the MTP layers after a decode.")
         rows = np.asarray(_FloatRow(addr, n * self.model.n_embd)).reshape(n, self.model.n_embd).copy()
-        hidden = self.hidden
-        for j in range(n):
-            hidden.pop(start + j, None)  # (a position decoded again goes to the end of the order)
-            hidden[start + j] = rows[j]
-        # An MTP drafter consumes them every round; without one drafting (speculation off, another drafter) the
-        # oldest go, and a later MTP catch-up leaves those positions out.
-        cap = max(self.HIDDEN_BYTES // (4 * self.model.n_embd), self.n_batch)
-        while len(hidden) > cap:
-            del hidden[next(iter(hidden))]
+        self._keep(self.hidden, start, rows)
+
+    def _keep_layer_rows(self, start: int, n: int) -> None:
+        get = _ext("llama_get_embeddings_layer_inp")
+        d = self.model.n_embd
+        rows = np.empty((n, d * len(self._layers)), dtype=np.float32)
+        for k, lid in enumerate(self._layers):
+            addr = ctypes.cast(get(self.ptr, lid), ctypes.c_void_p).value
+            if not addr:
+                raise EngineError(f"llama.cpp kept no inputs of layer {lid} after a decode.")
+            rows[:, k * d : (k + 1) * d] = np.asarray(_FloatRow(addr, n * d)).reshape(n, d)
+        self._keep(self.layer_inputs, start, rows)
+
+    def _keep(self, store: dict[int, np.ndarray], start: int, rows: np.ndarray) -> None:
+        """Keep ``rows`` by position from ``start``. A drafter consumes them every round; without one drafting
+        (speculation off, another drafter) the oldest go, and a later catch-up leaves those positions out."""
+        for j in range(len(rows)):
+            store.pop(start + j, None)  # (a position decoded again goes to the end of the order)
+            store[start + j] = rows[j]
+        cap = max(self.HIDDEN_BYTES // (4 * rows.shape[1]), self.n_batch)
+        while len(store) > cap:
+            del store[next(iter(store))]
 
     def _undo_failed(self, start: int) -> None:
         """Processed micro-batches stay in memory: forget them so cache and bookkeeping agree."""
@@ -637,6 +665,25 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+# llama.cpp's staging API (``llama-ext.h``) has C++ names, and llama-cpp-python binds only part of it: these by their
+# mangled names (GCC/Clang, MSVC), with their argument and result types.
+_EXT = {
+    "llama_set_embeddings_layer_inp": ("P13llama_contextjb", "YAXPEAUllama_context@@I_N@Z",
+                                       [ll.llama_context_p_ctypes, ctypes.c_uint32, ctypes.c_bool], None),
+    "llama_get_embeddings_layer_inp": ("P13llama_contextj", "YAPEAMPEAUllama_context@@I@Z",
+                                       [ll.llama_context_p_ctypes, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+}
+
+
+@functools.cache
+def _ext(name: str):
+    from llama_cpp.llama_cpp_ext import _ctypes_function_from_names
+
+    gnu, msvc, argtypes, restype = _EXT[name]
+    names = (name, f"_Z{len(name)}{name}{gnu}", f"?{name}@@{msvc}")
+    return _ctypes_function_from_names(names, argtypes, restype)(lambda *a: None)
 
 
 class Cancelled(Exception):

@@ -37,16 +37,17 @@ class MtpDrafter:
         if model.n_nextn < 1:
             raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with.")
         self._open(target, model, model.n_embd, p_min)
+        target.keep_hidden()
         self._held: list[int] = []  # the history whose positions the MTP cache covers (position 0 has no row)
 
-    def _open(self, target: Context, model, n_embd: int, p_min: float) -> None:
-        """A context for ``model``'s MTP layers on the target's (``ctx_other``), and a batch whose rows carry a token
-        and an ``n_embd``-wide hidden state."""
+    def _open(self, target: Context, model, n_embd: int, p_min: float, ctx_type=ll.LLAMA_CONTEXT_TYPE_MTP) -> None:
+        """A context for ``model``'s drafting layers on the target's (``ctx_other``), and a batch whose rows carry a
+        token and an ``n_embd``-wide hidden state."""
         from llama_cpp.llama_cpp_ext import llama_set_embeddings_nextn
 
         self.target, self.model, self.n_embd, self.p_min = target, model, n_embd, p_min
         params = ll.llama_context_default_params()
-        params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_type = ctx_type
         params.n_ctx = target.n_ctx
         params.n_batch = params.n_ubatch = self.N_BATCH
         params.n_seq_max = 1
@@ -61,8 +62,7 @@ class MtpDrafter:
                            "Try a smaller context (--ctx).")
         self.ptr = ptr
         self.mem = ll.llama_get_memory(ptr)
-        llama_set_embeddings_nextn(ptr, True, True)  # the MTP layer's own hidden state, for the next step
-        target.keep_hidden()
+        llama_set_embeddings_nextn(ptr, True, True)  # the layer's own hidden state, for the next step
         self._batch = ll.llama_batch_init(self.N_BATCH, n_embd, 1)  # rows carry a hidden state...
         self._tokens = (ll.llama_token * self.N_BATCH)()  # ...and a token (llama.cpp reads both)
         self._batch.token = ctypes.cast(self._tokens, ctypes.POINTER(ll.llama_token))
@@ -80,33 +80,53 @@ class MtpDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         pass  # propose() catches up from the target's hidden states, prompt included
 
+    SHIFT = 0  # the row for the token at p sits at position p + SHIFT of this context's cache
+    SEED_ALONE = False  # decode the pending token's row on its own (a graph that computes every row's logits)
+
+    def _inputs(self) -> dict[int, np.ndarray]:
+        """What the target keeps for this drafter, by position: the hidden state its MTP layers read."""
+        return self.target.hidden
+
+    def _states(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The states the rows carry, from the target's inputs (for MTP layers, the same)."""
+        return inputs
+
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
                 gate: Gate | None = None) -> Draft:
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending
-        hidden = self.target.hidden
+        store = self._inputs()
         keep = common_prefix(self._held, history[:n_past])
-        ll.llama_memory_seq_rm(self.mem, 0, keep, -1)
-        # Rows (token at p, hidden state at p - 1) for the committed positions, then the pending token's row, whose
-        # output is the first draft token. A position whose hidden state is gone (a cached prompt prefix after a
-        # reset) is left out: the MTP layer attends to what it has, and the target still decides.
-        rows = [(p, history[p], hidden.get(p - 1)) for p in range(max(keep, 1), n_past + 1)]
-        rows = [r for r in rows if r[2] is not None]
+        ll.llama_memory_seq_rm(self.mem, 0, max(keep + self.SHIFT, 0), -1)
+        # Rows (token at p, what the target left at p - 1) for the committed positions, then the pending token's row,
+        # whose output is the first draft token. Only the rows known back from the pending one are made: positions the
+        # target evaluated without keeping anything (a cached prompt prefix after a reset, a turn with speculation
+        # off) are left out, and the drafter attends to what it has; the target still decides.
+        ps = list(range(max(keep, 1), n_past + 1))
+        inputs = [store.get(p - 1) for p in ps]
+        i = len(ps)
+        while i and inputs[i - 1] is not None:
+            i -= 1
         self._held = history[:n_past]
-        if not rows or rows[-1][0] != n_past:
+        if i == len(ps):
             return Draft()
+        if i:  # a gap after the rows the cache holds: it starts over from the known ones (positions must follow)
+            ll.llama_memory_seq_rm(self.mem, 0, 0, -1)
         t0 = time.perf_counter()
-        for i in range(0, len(rows), self.N_BATCH):
-            self._decode(rows[i : i + self.N_BATCH], output_last=i + self.N_BATCH >= len(rows))
+        rows = list(zip([p + self.SHIFT for p in ps[i:]], [history[p] for p in ps[i:]], self._states(inputs[i:])))
+        n = len(rows) - self.SEED_ALONE
+        chunks = [rows[j : min(j + self.N_BATCH, n)] for j in range(0, n, self.N_BATCH)] + [rows[n:]] * self.SEED_ALONE
+        for k, chunk in enumerate(chunks):
+            self._decode(chunk, output_last=k == len(chunks) - 1)
         first_s = time.perf_counter() - t0
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
                       n_first=len(rows))
         try:
-            self._chain(draft, n_max, sp, rng, gate, lambda i: n_past + 1 + i)
+            self._chain(draft, n_max, sp, rng, gate, lambda k: n_past + 1 + k + self.SHIFT)
         finally:
-            ll.llama_memory_seq_rm(self.mem, 0, n_past, -1)  # drafted rows: the target's states replace them
-            for p in [p for p in hidden if p != n_past - 1]:  # the next round needs the pending row's state only
-                del hidden[p]
+            ll.llama_memory_seq_rm(self.mem, 0, n_past + self.SHIFT, -1)  # drafted rows: the target's replace them
+            for p in [p for p in store if p != n_past - 1]:  # the next round needs the pending row's input only
+                del store[p]
         return draft
 
     def _chain(self, draft: Draft, n_max: int, sp: SamplingParams, rng: np.random.Generator, gate: Gate | None,

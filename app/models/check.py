@@ -10,6 +10,7 @@ from . import size_ratio
 from .catalog import load_catalog, local_path, status
 from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
+from ..engine.eagle3 import LAYER_INPUT_ARCHS
 from ..engine.engine import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, read_info
 from ..engine.llama import ModelSettings, gpus
@@ -114,6 +115,18 @@ def assistant_note(r: PairReport) -> str:
             "--spec-type draft-mtp -md FILE)")
 
 
+def eagle3_note(r: PairReport) -> str:
+    """An EAGLE-3 head as the draft: it reads three of the target's layers, which llama.cpp exposes only for some
+    architectures (the engine checks the sizes when it loads)."""
+    if r.target.architecture not in LAYER_INPUT_ARCHS:
+        return (f"not usable: the draft is an EAGLE-3 head, and llama.cpp exposes the layers it reads only for "
+                f"{', '.join(LAYER_INPUT_ARCHS)} targets, not {r.target.architecture}")
+    if not r.compatible:
+        return "not usable: the draft is an EAGLE-3 head, but " + "; ".join(r.problems)
+    return ("compatible: the draft is an EAGLE-3 head, drafting from the target's own features (llama.cpp: "
+            "--spec-type draft-eagle3 -md FILE)")
+
+
 def describe(r: PairReport) -> list[str]:
     """The report as lines for a terminal (the app renders the same report as HTML)."""
     lines = []
@@ -126,6 +139,8 @@ def describe(r: PairReport) -> list[str]:
         lines.append(own)
     if r.draft and r.draft.architecture == "gemma4-assistant":
         lines.append(assistant_note(r))
+    elif r.draft and r.draft.architecture == "eagle3":
+        lines.append(eagle3_note(r))
     elif r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
                      f"{AS_TEXT}: " + "; ".join(r.problems))

@@ -111,8 +111,8 @@ class OpenAIServer:
     def _speculation(self) -> str:
         engine, drafter = self.runtime.engine, self.defaults().drafter
         drafter = drafter if drafter in engine.drafters else engine.drafters[0]
-        if engine.draft_model and engine.draft is None and drafter in ("model", "mtp"):
-            return f"{method_name('assistant')} {engine.draft_model.path.name}"
+        if engine.head and drafter in ("model", engine.head[1]):
+            return f"{method_name(engine.head[0])} {engine.draft_model.path.name}"
         if drafter == "model":
             return f"draft model {engine.draft.model.path.name}"
         if drafter == "mtp":

@@ -482,8 +482,9 @@ class SpecChatUI:
                     api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
             with gr.Sidebar(label="Settings", open=False, position="right", width=360):
                 gr.Markdown("### Speculation")
-                drafter = gr.Radio([("Draft model", "model"), ("MTP layers", "mtp"), ("N-gram lookup", "ngram"),
-                                    ("Off", "none")], value=s.drafter, label="Drafter", elem_id="drafter")
+                drafter = gr.Radio([("Draft model", "model"), ("MTP layers", "mtp"), ("EAGLE-3 head", "eagle3"),
+                                    ("N-gram lookup", "ngram"), ("Off", "none")], value=s.drafter, label="Drafter",
+                                   elem_id="drafter")
                 draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
                 draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
                 draft_p_min = gr.Slider(0, 1, s.draft_p_min, step=0.01, label="Draft p-min")

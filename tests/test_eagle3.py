@@ -1,0 +1,184 @@
+"""Drafting with an EAGLE-3 head (an ``eagle3`` GGUF that reads three of the target's layers) on tiny pairs written
+by tiny_eagle3: exact greedy output (full and mapped draft vocabularies, a recurrent target), a second turn, the
+target's distribution when sampling, the CLI and the API under llama.cpp's names, and refusals that leave the
+process running."""
+import json
+
+import pytest
+
+from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, SamplingParams
+from test_exact_sampling import N, compare, samples
+from tiny_eagle3 import write_eagle3_head, write_eagle3_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return write_eagle3_pair(tmp_path_factory.mktemp("eagle3"))
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    e = Engine(ModelSettings(pair[0], n_ctx=1024), ModelSettings(pair[1], n_ctx=1024))
+    yield e
+    e.close()
+
+
+def run(engine, ids, drafter, max_tokens=120, temperature=0.0, **draft) -> Done:
+    params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, seed=1),
+                              draft=DraftParams(**draft))
+    events = list(engine.generate(ids, params, drafter))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+def prompt(engine, text="the cat sat on the mat"):
+    return engine.chat_tokens([{"role": "user", "content": text}])
+
+
+def test_the_head_is_the_pairs_draft_under_either_name(engine, pair):
+    assert engine.draft is None and engine.draft_model.path == pair[1]  # no context of its own
+    assert engine.drafters == ("model", "eagle3", "ngram", "none")
+    assert engine.head == ("eagle3", "eagle3")
+
+
+@pytest.mark.parametrize("drafter, draft", [("eagle3", dict(draft_max=1)),
+                                            ("eagle3", dict(draft_max=4, draft_p_min=0.0)),
+                                            ("model", dict(draft_max=8, draft_p_min=0.0)),
+                                            ("eagle3", dict(draft_max=8, adaptive=True))])
+def test_greedy_drafting_with_the_head_is_token_identical_to_plain(engine, drafter, draft):
+    ids = prompt(engine)
+    engine.reset()
+    plain = run(engine, ids, "none")
+    engine.reset()
+    spec = run(engine, ids, drafter, **draft)
+    assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 120
+    assert spec.stats.drafter == "eagle3" and spec.stats.method == "EAGLE-3"
+    if not draft.get("adaptive"):
+        assert spec.stats.n_accepted > 0
+    if draft.get("draft_p_min") == 0.0:  # long drafts, never cut short: some fail (the reject path ran)
+        assert spec.stats.n_accepted < spec.stats.n_drafted
+
+
+def test_a_head_with_its_own_draft_vocabulary_drafts_target_ids(tmp_path):
+    """A head whose output covers 200 of the target's tokens (mapped by its d2t table inside llama.cpp's graph):
+    what it drafts are target ids from that table, and greedy output is as plain."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    target, head = write_eagle3_pair(tmp_path, draft_vocab=200)
+    d2t = {int(x) for t in GGUFReader(str(head)).tensors if t.name == "d2t" for x in np.array(t.data)}
+    e = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(head, n_ctx=1024))
+    try:
+        ids = prompt(e)
+        plain = run(e, ids, "none")
+        e.reset()
+        spec = run(e, ids, "eagle3", draft_max=4, draft_p_min=0.0)
+        assert spec.token_ids == plain.token_ids and spec.stats.n_accepted > 0
+        drafted = [t for t, from_draft in zip(spec.token_ids, spec.draft_flags) if from_draft]
+        assert drafted and set(drafted) <= d2t
+    finally:
+        e.close()
+
+
+def test_a_recurrent_target_rolls_back_exactly_under_the_head(tmp_path):
+    """A tiny Qwen3.5 (recurrent and attention layers, a llama.cpp graph that exposes layer inputs): rejected drafts
+    roll the recurrent state back, so greedy output is as plain."""
+    from tiny_recurrent import write_recurrent
+
+    target = write_recurrent(tmp_path / "qwen35.gguf", "qwen35", seed=1)
+    head = write_eagle3_head(tmp_path / "qwen35-eagle3.gguf", target, layers=(0, 1, 3))
+    e = Engine(ModelSettings(target, n_ctx=1024, n_rs_seq=8), ModelSettings(head, n_ctx=1024))
+    try:
+        ids = prompt(e)
+        plain = run(e, ids, "none", max_tokens=60)
+        e.reset()
+        spec = run(e, ids, "eagle3", max_tokens=60, draft_max=4, draft_p_min=0.0)
+        assert spec.token_ids == plain.token_ids and spec.stats.n_drafted > 0
+    finally:
+        e.close()
+
+
+def test_a_second_turn_reuses_the_prefix_and_stays_exact(engine):
+    engine.reset()
+    first = run(engine, prompt(engine, "the cat sat"), "eagle3", max_tokens=40, draft_max=4, draft_p_min=0.0)
+    turn2 = engine.chat_tokens([{"role": "user", "content": "the cat sat"},
+                                {"role": "assistant", "content": first.text},
+                                {"role": "user", "content": "and then?"}])
+    second = run(engine, turn2, "eagle3", max_tokens=60, draft_max=4, draft_p_min=0.0)
+    assert second.stats.prompt_cached > 0 and second.stats.n_accepted > 0
+    engine.reset()
+    assert run(engine, turn2, "none", max_tokens=60).token_ids == second.token_ids
+
+
+def test_head_drafting_samples_the_target_distribution(engine):
+    ids = [1, 300, 301, 302]
+    engine.reset()
+    plain, _ = samples(engine, ids, "none", seed0=40_000)
+    spec, drafted = samples(engine, ids, "eagle3", draft_max=3, draft_p_min=0.0)
+    assert drafted > N
+    compare(plain, spec)
+
+
+def test_the_cli_drafts_with_it_under_llama_cpp_names(pair):
+    """`--spec-type draft-eagle3 -md HEAD` (llama.cpp's command line for it) and the plain `--draft HEAD` both draft
+    with the head; output as with speculation off."""
+    from test_cli import cli
+
+    args = ("generate", "-m", pair[0], "--temperature", "0", "-n", "48", "--json", "--prompt", "the cat sat")
+    runs = [cli(*args, *extra) for extra in (["--spec-type", "draft-eagle3", "-md", pair[1], "--draft-p-min", "0"],
+                                             ["--draft", pair[1], "--draft-p-min", "0"], ["--drafter", "none"])]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    named, model, plain = (json.loads(r.stdout) for r in runs)
+    assert named["drafter"] == model["drafter"] == "eagle3" and named["n_drafted"] > 0 and model["n_drafted"] > 0
+    assert named["token_ids"] == model["token_ids"] == plain["token_ids"]
+    no_head = cli("generate", "-m", pair[0], "--spec-type", "draft-eagle3", "--prompt", "x")
+    assert no_head.returncode != 0 and "needs an EAGLE-3 head" in no_head.stderr
+
+
+def test_the_api_names_the_head_and_drafts_by_llama_server_names(pair):
+    import httpx
+    from servers import serve_in_thread
+
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(pair[0]), draft=str(pair[1]), ctx=1024))
+    try:
+        with serve_in_thread(lambda port: OpenAIServer(rt).app()) as url:
+            listed = httpx.get(f"{url}/models", timeout=30).json()["data"][0]
+            assert listed["speculation"] == f"EAGLE-3 {pair[1].name}"
+            ask = lambda **extra: httpx.post(f"{url}/completions", timeout=120, json={  # noqa: E731
+                "prompt": "the cat sat", "max_tokens": 48, "temperature": 0, "speculative.p_min": 0, **extra}).json()
+            named, off = ask(**{"speculative.type": "draft-eagle3"}), ask(**{"speculative.n_max": 0})
+            assert named["choices"][0]["text"] == off["choices"][0]["text"]
+            assert named["timings"]["draft_n"] > 0 and off["timings"]["draft_n"] == 0
+            bad = httpx.post(f"{url}/completions", timeout=30, json={"prompt": "x", "speculative.type": "draft-mtp"})
+            assert bad.status_code == 400 and "no MTP" in bad.json()["error"]["message"]
+    finally:
+        rt.close()
+
+
+def test_a_head_for_another_target_is_refused_before_llama_cpp_sees_it(pair, tmp_path):
+    """A target whose llama.cpp graph does not expose layer inputs would abort the process; a head trained for another
+    hidden size or reading layers the target lacks would draft garbage: each is a clear error, and the process goes
+    on. The pair check says the same before anything loads."""
+    from app.models.check import check_files, describe
+    from tiny_gguf import write_model
+
+    gemma3 = write_model(tmp_path / "gemma3.gguf", seed=1, sliding_window=8)
+    with pytest.raises(EngineError, match="only for llama, .* targets, not gemma3"):
+        Engine(ModelSettings(gemma3, n_ctx=256), ModelSettings(pair[1], n_ctx=256))
+    wrong = write_eagle3_head(tmp_path / "wrong.gguf", pair[0], layers=(0, 1, 7), target_hidden=48)
+    with pytest.raises(EngineError, match="hidden size 48, this one has 64.*reads layers \\[0, 1, 7\\], the target "
+                                          "has 3"):
+        Engine(ModelSettings(pair[0], n_ctx=256), ModelSettings(wrong, n_ctx=256))
+    assert "compatible: the draft is an EAGLE-3 head" in "\n".join(describe(check_files(pair[0], pair[1], n_ctx=256)))
+    assert any(line.startswith("not usable: the draft is an EAGLE-3 head") and "not gemma3" in line
+               for line in describe(check_files(gemma3, pair[1], n_ctx=256)))
+    e = Engine(ModelSettings(pair[0], n_ctx=256), ModelSettings(pair[1], n_ctx=256))  # and a good pair still loads
+    try:
+        assert run(e, [1, 300, 301], "model", max_tokens=8).stats.n_drafted > 0
+    finally:
+        e.close()
