@@ -182,3 +182,21 @@ def test_a_head_for_another_target_is_refused_before_llama_cpp_sees_it(pair, tmp
         assert run(e, [1, 300, 301], "model", max_tokens=8).stats.n_drafted > 0
     finally:
         e.close()
+
+
+def test_a_turn_after_speculation_off_starts_the_heads_cache_over(engine, monkeypatch):
+    """Speculation off for a long answer: the target keeps only its newest layer inputs, so when the head drafts
+    again the positions after what its cache holds have none; it starts over from those kept (llama.cpp requires
+    each row to follow the last it holds), and the output stays exact."""
+    ctx = engine.target.ctx
+    monkeypatch.setattr(type(ctx), "HIDDEN_BYTES", 4 * 3 * engine.model.n_embd * ctx.n_batch)
+    ids = prompt(engine)
+    engine.reset()
+    run(engine, ids, "eagle3", max_tokens=8)
+    plain = run(engine, ids, "none", max_tokens=700)
+    assert len(ctx.layer_inputs) <= ctx.n_batch < 700
+    longer = ids + plain.token_ids
+    spec = run(engine, longer, "eagle3", max_tokens=40, draft_max=4, draft_p_min=0.0)
+    assert spec.stats.prompt_cached > 700 and spec.stats.n_accepted > 0
+    engine.reset()
+    assert run(engine, longer, "none", max_tokens=40).token_ids == spec.token_ids

@@ -91,7 +91,13 @@ def test_hidden_states_stay_bounded_while_another_drafter_runs(engine, monkeypat
     run(engine, ids, "mtp", max_tokens=8)
     plain = run(engine, ids, "none", max_tokens=600)
     assert len(ctx.hidden) <= ctx.n_batch < len(ids) + 600
+    # The same conversation goes on with MTP: the MTP cache holds the first positions, the states after them are
+    # gone, so it starts over from the ones kept (positions must follow each other in llama.cpp's cache)
+    longer = ids + plain.token_ids
+    spec = run(engine, longer, "mtp", max_tokens=40, draft_max=4, draft_p_min=0.0)
+    assert spec.stats.prompt_cached > 0 and spec.stats.n_drafted > 0
     engine.reset()
+    assert run(engine, longer, "none", max_tokens=40).token_ids == spec.token_ids
     assert run(engine, ids, "mtp", max_tokens=600, draft_max=4, draft_p_min=0.0).token_ids == plain.token_ids
 
 

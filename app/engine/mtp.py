@@ -22,6 +22,7 @@ import numpy as np
 
 from .drafters import Draft, Gate, ModelDrafter, next_draft_token
 from .errors import EngineError
+from .events import method_name
 from .llama import Context, _failure, _FloatRow, common_prefix, logits_row
 from .sampling import SamplingParams
 
@@ -153,7 +154,8 @@ class MtpDrafter:
         b.n_tokens = len(rows)
         rc = ll.llama_decode(self.ptr, b)
         if rc != 0:
-            raise _failure(f"llama_decode failed in the MTP context (code {rc})", "The context may be full.")
+            raise _failure(f"llama_decode failed in the {method_name(self.name)} drafter's context (code {rc})",
+                           "The context may be full.")
         ll.llama_synchronize(self.ptr)
         self._last = len(rows) - 1
 
