@@ -57,9 +57,9 @@ def test_catalog_offers_real_pairs_for_every_use():
     assert len(hub_pairs) >= 8
     assert {p.use for p in hub_pairs} == {"chat", "code", "reasoning"}
     for p in hub_pairs:
-        for src in (p.target, p.draft):
+        for src in p.sources:
             assert src.repo.count("/") == 1 and src.file.endswith(".gguf") and src.quantization and src.size_gb > 0
-        assert p.target.size_gb > p.draft.size_gb and p.context >= 8192
+        assert (p.draft is None or p.target.size_gb > p.draft.size_gb) and p.context >= 8192
         assert 1 <= p.draft_params.draft_max <= 32
     assert pairs["qwen2.5-7b-instruct"].target.files() == [
         "qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf", "qwen2.5-7b-instruct-q4_k_m-00002-of-00002.gguf"]

@@ -200,3 +200,14 @@ def test_a_turn_after_speculation_off_starts_the_heads_cache_over(engine, monkey
     assert spec.stats.prompt_cached > 700 and spec.stats.n_accepted > 0
     engine.reset()
     assert run(engine, longer, "none", max_tokens=40).token_ids == spec.token_ids
+
+
+def test_a_build_without_the_staging_api_is_refused_clearly(pair, monkeypatch):
+    """The layer-input calls are C++ names outside llama.cpp's stable API: a build that lacks them gets a clear
+    error at load time, not a crash."""
+    from app.engine import llama
+
+    monkeypatch.setitem(llama._EXT, "llama_get_embeddings_layer_inp", ("Xgone", "Xgone", [], None))
+    monkeypatch.setattr(llama, "_ext", llama.functools.cache(llama._ext.__wrapped__))
+    with pytest.raises(EngineError, match="does not export llama_get_embeddings_layer_inp, which an EAGLE-3 head"):
+        Engine(ModelSettings(pair[0], n_ctx=256), ModelSettings(pair[1], n_ctx=256))

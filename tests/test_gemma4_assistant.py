@@ -2,6 +2,7 @@
 pair written by tiny_gemma4: exact greedy output, the target's distribution when sampling, a second turn, the CLI
 under llama.cpp's names, and refusals that leave the app running."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,30 @@ def test_the_pair_check_names_the_assistant_and_refuses_another_target(pair, tmp
     assert "compatible: the draft is Gemma 4's assistant, drafting from the target's own cache" in "\n".join(lines)
     lines = describe(check_files(write_model(tmp_path / "llama.gguf", seed=1), pair[1], n_ctx=256))
     assert "not usable: the draft is Gemma 4's assistant, which drafts only for a Gemma 4 target, not llama" in lines
+
+
+def test_a_gemma4_target_given_alone_drafts_with_the_assistant_downloaded_beside_it(pair, tmp_path):
+    """unsloth's repos ship the assistant in an MTP/ folder: a Gemma 4 target loaded alone uses the assistant made
+    for it from there (or beside it), and nothing else that lies around."""
+    import shutil
+
+    from app.models.loader import LoadSpec, resolve
+    from test_cli import cli
+    from tiny_gguf import write_model
+
+    repo = tmp_path / "gemma-4-tiny-GGUF"
+    (repo / "MTP").mkdir(parents=True)
+    target = Path(shutil.copy(pair[0], repo / "gemma-4-tiny-Q8_0.gguf"))
+    write_model(repo / "aaa-other-model.gguf", seed=1)  # (first by name, and not an assistant)
+    (tmp_path / "other").mkdir()
+    _, other_size = write_gemma4_pair(tmp_path / "other", a_target_embd=48, a_hd=16)  # for another Gemma 4 size
+    shutil.copy(other_size, repo / "MTP" / "a-assistant-for-another-size.gguf")
+    assert resolve(LoadSpec(target=str(target))).draft is None
+    assistant = Path(shutil.copy(pair[1], repo / "MTP" / "gemma-4-tiny-Q8_0-MTP.gguf"))
+    assert resolve(LoadSpec(target=str(target))).draft == assistant
+    assert resolve(LoadSpec(target=str(repo / "aaa-other-model.gguf"))).draft is None  # (not a Gemma 4 target)
+    args = ("generate", "-m", target, "--temperature", "0", "-n", "32", "--json", "--prompt", "the cat sat")
+    found, off = cli(*args, "--draft-p-min", "0"), cli(*args, "--drafter", "none")
+    assert found.returncode == 0 and off.returncode == 0, found.stderr + off.stderr
+    found, off = json.loads(found.stdout), json.loads(off.stdout)
+    assert found["drafter"] == "assistant" and found["n_drafted"] > 0 and found["token_ids"] == off["token_ids"]

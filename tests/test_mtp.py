@@ -191,3 +191,38 @@ def test_the_pair_check_says_a_model_drafts_for_itself_before_and_after_download
         hub.close()
     html = render.hub_drafts(f"{repo}/x.gguf", [], "this model can draft for itself: MTP, 1 head")
     assert "This model can draft for itself: MTP, 1 head." in html and "none is needed" in html
+
+
+def test_a_catalog_pair_without_a_draft_pulls_one_file_and_drafts_with_its_mtp_layers(mtp_path, tmp_path):
+    """A 2026 catalog entry for a model that drafts for itself names no draft: the list says so, a pull fetches the
+    target alone (from the local stand-in for the Hub), and the pair generates with MTP, as with speculation off."""
+    import os
+
+    from fake_hub import FakeHub
+    from test_hub import no_traffic_beyond_loopback, specchat
+
+    hub = FakeHub()
+    hub.add("tests/qwen35-mtp", {"Qwen3.5-tiny-MTP-Q8_0.gguf": mtp_path.read_bytes()})
+    catalog = tmp_path / "models.toml"
+    catalog.write_text('[pairs.tiny-mtp]\ndescription = "drafts with its own MTP layer"\nlicense = "test"\n'
+                       'target = { repo = "tests/qwen35-mtp", file = "Qwen3.5-tiny-MTP-Q8_0.gguf", '
+                       'quantization = "F32", size_gb = 0.001 }\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_MODELS=str(catalog),
+               SPECCHAT_NET_LOG=str(tmp_path / "net.log"), HF_HUB_DISABLE_TELEMETRY="1")
+    (tmp_path / "net.log").write_text("")
+    try:
+        row = json.loads(specchat(env, "list", "--json").stdout)[0]
+        assert row["draft"].startswith("its own MTP layers") and not row["ready"]
+        assert "its own MTP layers" in specchat(env, "list").stdout
+        pulled = specchat(env, "pull", "tiny-mtp")
+        assert pulled.returncode == 0, pulled.stderr
+        assert json.loads(specchat(env, "list", "--json").stdout)[0]["ready"]
+        args = ("generate", "--pair", "tiny-mtp", "--prompt", "the cat sat", "-n", "32", "--temperature", "0",
+                "--json")
+        mtp, off = (json.loads(specchat(env, *args, *extra).stdout) for extra in ([], ["--drafter", "none"]))
+        assert mtp["drafter"] == "mtp" and mtp["n_drafted"] > 0 and mtp["token_ids"] == off["token_ids"]
+        assert "Removed 1 file(s)" in specchat(env, "remove", "tiny-mtp").stdout
+        no_traffic_beyond_loopback(env)
+    finally:
+        hub.close()

@@ -19,7 +19,8 @@ def cmd_list(args) -> int:
         mark = "ready" if r["ready"] else "not downloaded"
         print(f"\n{r['pair']}  [{r['use']}, {mark}]  {r['description']}")
         for role in ("target", "draft"):
-            print(f"  {role:6} {r[role]}  {r[role + '_quant']}  ~{r[role + '_gb']:.2f} GB  {r[role + '_status']}")
+            quant, gb, state = r[role + "_quant"], r[role + "_gb"], r[role + "_status"]
+            print(f"  {role:6} {r[role]}" + (f"  {quant}  ~{gb:.2f} GB  {state}" if quant else ""))
         print(f"  context {r['context']:,}  license: {r['license']}")
         print(f"  this machine: {r['fit']}")
     print("\nDownload a pair with: specchat pull NAME")
@@ -40,7 +41,7 @@ def cmd_pull(args) -> int:
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
         files = [(args.repo, args.file)]
     elif args.pair:
-        files = downloads.hub_files([(p := get_pair(args.pair)).target, p.draft])
+        files = downloads.hub_files(get_pair(args.pair).sources)
         if not files:
             print(f"{args.pair} is built in: nothing to download.")
             return 0

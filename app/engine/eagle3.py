@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import EngineError
 from .gguf_file import metadata
-from .llama import Context, Model, _failure, _FloatRow
+from .llama import Context, Model, _failure, _FloatRow, missing_ext
 from .mtp import MtpDrafter
 
 ARCH = "eagle3"
@@ -60,6 +60,10 @@ class Eagle3Drafter(MtpDrafter):
     SEED_ALONE = True
 
     def __init__(self, target: Context, head: Model, p_min: float = 0.0):
+        if missing := missing_ext("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp"):
+            raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which an EAGLE-3 head needs "
+                              "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
+                              "a draft model or n-gram lookup.")
         if problems := eagle3_problems(target.model, head):
             raise EngineError(f"{head.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
                               + ".")

@@ -677,6 +677,17 @@ _EXT = {
 }
 
 
+def missing_ext(*names: str) -> list[str]:
+    """Which of these staging-API functions this llama.cpp build does not export."""
+    missing = []
+    for name in names:
+        try:
+            _ext(name)
+        except AttributeError:
+            missing.append(name)
+    return missing
+
+
 @functools.cache
 def _ext(name: str):
     from llama_cpp.llama_cpp_ext import _ctypes_function_from_names

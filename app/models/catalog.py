@@ -39,12 +39,16 @@ class Source:
 class Pair:
     name: str
     target: Source
-    draft: Source
+    draft: Source | None  # None: the target drafts for itself with its own MTP layers
     description: str = ""
     use: str = "chat"
     context: int = 0
     license: str = ""
     draft_params: DraftParams = field(default_factory=DraftParams)
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return (self.target,) + ((self.draft,) if self.draft else ())
 
 
 def catalog_path() -> Path:
@@ -83,7 +87,7 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
             pairs[name] = Pair(
                 name=name,
                 target=_source(raw.get("target"), f"{where} target"),
-                draft=_source(raw.get("draft"), f"{where} draft"),
+                draft=_source(raw["draft"], f"{where} draft") if "draft" in raw else None,
                 description=str(raw.get("description", "")),
                 use=use,
                 context=context,

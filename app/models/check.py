@@ -62,6 +62,8 @@ def suggest_drafts(target: GgufInfo) -> list[str]:
     family = _family(target.name) or _family(target.path.name)
     for pair in load_catalog().values():
         src = pair.draft
+        if src is None:  # (a pair whose target drafts for itself)
+            continue
         key = src.describe()
         if key in seen:
             continue

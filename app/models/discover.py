@@ -224,7 +224,7 @@ def other_family_drafts(target: GgufChoice, skip: set[str], limit: int = 3,
     (chat models known to draft well), nearest to a 1:20 size ratio first. Sizes come from the catalog to pick
     the candidates, then from the Hub; a candidate the Hub no longer has is left out."""
     sources = {(s.repo, s.file): s for p in load_catalog().values() for s in [p.draft]
-               if s.repo and s.repo not in skip and s.repo != target.repo}
+               if s and s.repo and s.repo not in skip and s.repo != target.repo}
     out = []
     for src in size_ratio.rank(sources.values(), target.size, lambda s: int(s.size_gb * 1e9)):
         try:

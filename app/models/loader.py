@@ -57,11 +57,31 @@ def resolve(spec: LoadSpec) -> Resolved:
         from .catalog import get_pair, local_path
 
         pair = get_pair(spec.pair)
-        return Resolved(local_path(pair.target, pair.name), local_path(pair.draft, pair.name), pair.draft_params)
+        return Resolved(local_path(pair.target, pair.name), local_path(pair.draft, pair.name) if pair.draft else None,
+                        pair.draft_params)
     if not spec.target:
         raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
-    return Resolved(Path(spec.target).expanduser(), Path(spec.draft).expanduser() if spec.draft else None,
-                    DraftParams())
+    target = Path(spec.target).expanduser()
+    return Resolved(target, Path(spec.draft).expanduser() if spec.draft else find_assistant(target), DraftParams())
+
+
+def find_assistant(target: Path) -> Path | None:
+    """Gemma 4's assistant for a Gemma 4 target given alone, where it was downloaded: beside the target or in its
+    MTP/ folder (as unsloth's repos ship it), made for the target's hidden size. Judged from the headers."""
+    from ..engine.gguf_file import metadata
+
+    try:
+        kv = metadata(target)
+        if kv.get("general.architecture") != "gemma4":
+            return None
+        for path in sorted([*target.parent.glob("*.gguf"), *target.parent.glob("MTP/*.gguf")]):
+            other = metadata(path)
+            if (other.get("general.architecture") == "gemma4-assistant"
+                    and other.get("gemma4-assistant.embedding_length_out") == kv.get("gemma4.embedding_length")):
+                return path
+    except (OSError, ValueError, EngineError):
+        return None  # (an unreadable file is not an assistant; the target's own problems surface when it loads)
+    return None
 
 
 def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True) -> Engine:

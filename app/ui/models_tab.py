@@ -90,7 +90,7 @@ class ModelsView:
         except EngineError as exc:
             yield render.notice(str(exc)), gr.skip(), gr.skip()
             return
-        if not downloads.hub_files([pair.target, pair.draft]):
+        if not downloads.hub_files(pair.sources):
             yield render.download_progress([], "done", f"{name} is built in: nothing to download."), gr.skip(), \
                 gr.skip()
             return

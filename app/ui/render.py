@@ -347,8 +347,9 @@ def models_table(rows: list[dict]) -> str:
             f'<tr data-pair="{e(r["pair"])}" data-state="{state}"><td><b>{e(r["pair"])}</b><br>'
             f'<small>{e(r["description"])}</small></td><td>{e(r["use"])}</td>'
             f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB<br><small>{e(r["target_status"])}</small></td>'
-            f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB<br><small>{e(r["draft_status"])}</small></td>'
-            f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{e(r["fit"])}</small></td>'
+            + (f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB<br><small>{e(r["draft_status"])}</small></td>'
+               if r["draft_quant"] else f'<td><small>{e(r["draft"])}</small></td>')
+            + f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{e(r["fit"])}</small></td>'
             f'<td><small>{e(r["license"])}</small></td></tr>')
     return ('<table class="spec-models"><thead><tr><th>Pair</th><th>Use</th><th>Target</th><th>Draft</th>'
             '<th>Context</th><th>On disk</th><th>This machine</th><th>License</th></tr></thead><tbody>'
