@@ -11,12 +11,13 @@ def test_shipped_catalog_has_the_starter_pair():
     assert starter.target.builtin and starter.draft.builtin
     assert starter.draft_params.adaptive and starter.draft_params.draft_p_min == 0.0
     for p in pairs.values():
-        assert p.description and p.license and p.target.describe() and p.draft.describe()
+        assert p.description and p.license and p.target.describe() and (p.draft is None or p.draft.describe())
 
 
 @pytest.mark.parametrize("body,words", [
     ("[pairs.x]\nfoo = 1\n", "unknown keys: foo"),
-    ("[pairs.x]\ntarget = { builtin = 'smollm2-135m-instruct-f32' }\n", "draft is missing"),
+    ("[pairs.x]\ndraft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "target is missing"),
+    ("[pairs.x]\ntarget = { builtin = 'smollm2-135m-instruct-f32' }\ndraft = 'small'\n", "draft must be a table"),
     ("[pairs.x]\ntarget = { repo = 'a/b' }\ndraft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "repo = ... and file"),
     ("[pairs.x]\ntarget = { builtin = 'nope' }\ndraft = { builtin = 'nope' }\n", "unknown builtin"),
     ("[pairs.x]\ndraft_max = 999\ntarget = { builtin = 'smollm2-135m-instruct-f32' }\n"

@@ -145,7 +145,7 @@ def render(family: str, messages=CHAT, **variables) -> str:
 
 
 def test_every_catalog_model_belongs_to_a_family_tested_here():
-    repos = {src.repo for pair in load_catalog().values() for src in (pair.target, pair.draft) if src.repo}
+    repos = {src.repo for pair in load_catalog().values() for src in pair.sources if src.repo}
     assert repos and {repo: family_of(repo) for repo in repos if family_of(repo) is None} == {}
     assert {family_of(repo) for repo in repos} == set(FAMILIES)  # and no family here is left untested
 

@@ -101,7 +101,8 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
 
 def _source(raw, where: str) -> Source:
     if not isinstance(raw, dict):
-        raise EngineError(f"{where} is missing (give builtin = ... or repo = ... and file = ...)")
+        raise EngineError(f"{where} {'is missing' if raw is None else 'must be a table'} (give builtin = ... or "
+                          "repo = ... and file = ...)")
     unknown = set(raw) - _SOURCE_KEYS
     if unknown:
         raise EngineError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
