@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, SamplingParams
-from test_exact_sampling import N, compare, samples
+from app.engine import Engine, EngineError, ModelSettings
+from drafter_checks import run, samples_the_target_distribution, second_turn_stays_exact
 from tiny_eagle3 import write_eagle3_head, write_eagle3_pair
 
 
@@ -22,13 +22,6 @@ def engine(pair):
     yield e
     e.close()
 
-
-def run(engine, ids, drafter, max_tokens=120, temperature=0.0, **draft) -> Done:
-    params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, seed=1),
-                              draft=DraftParams(**draft))
-    events = list(engine.generate(ids, params, drafter))
-    assert isinstance(events[-1], Done)
-    return events[-1]
 
 
 def prompt(engine, text="the cat sat on the mat"):
@@ -51,7 +44,7 @@ def test_greedy_drafting_with_the_head_is_token_identical_to_plain(engine, draft
     plain = run(engine, ids, "none")
     engine.reset()
     spec = run(engine, ids, drafter, **draft)
-    assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 120
+    assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 200
     assert spec.stats.drafter == "eagle3" and spec.stats.method == "EAGLE-3"
     if not draft.get("adaptive"):
         assert spec.stats.n_accepted > 0
@@ -99,24 +92,11 @@ def test_a_recurrent_target_rolls_back_exactly_under_the_head(tmp_path):
 
 
 def test_a_second_turn_reuses_the_prefix_and_stays_exact(engine):
-    engine.reset()
-    first = run(engine, prompt(engine, "the cat sat"), "eagle3", max_tokens=40, draft_max=4, draft_p_min=0.0)
-    turn2 = engine.chat_tokens([{"role": "user", "content": "the cat sat"},
-                                {"role": "assistant", "content": first.text},
-                                {"role": "user", "content": "and then?"}])
-    second = run(engine, turn2, "eagle3", max_tokens=60, draft_max=4, draft_p_min=0.0)
-    assert second.stats.prompt_cached > 0 and second.stats.n_accepted > 0
-    engine.reset()
-    assert run(engine, turn2, "none", max_tokens=60).token_ids == second.token_ids
+    second_turn_stays_exact(engine, "eagle3")
 
 
 def test_head_drafting_samples_the_target_distribution(engine):
-    ids = [1, 300, 301, 302]
-    engine.reset()
-    plain, _ = samples(engine, ids, "none", seed0=40_000)
-    spec, drafted = samples(engine, ids, "eagle3", draft_max=3, draft_p_min=0.0)
-    assert drafted > N
-    compare(plain, spec)
+    samples_the_target_distribution(engine, "eagle3")
 
 
 def test_the_cli_drafts_with_it_under_llama_cpp_names(pair):

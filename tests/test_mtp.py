@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, SamplingParams
-from test_exact_sampling import N, compare, samples
+from app.engine import Engine, EngineError, GenerationParams, ModelSettings
+from drafter_checks import run, samples_the_target_distribution, second_turn_stays_exact
 from tiny_recurrent import write_recurrent
 
 
@@ -21,13 +21,6 @@ def engine(mtp_path):
     yield e
     e.close()
 
-
-def run(engine, ids, drafter, max_tokens=200, temperature=0.0, **draft) -> Done:
-    params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, seed=1),
-                              draft=DraftParams(**draft))
-    events = list(engine.generate(ids, params, drafter))
-    assert isinstance(events[-1], Done)
-    return events[-1]
 
 
 def test_the_model_reports_its_mtp_layer(engine):
@@ -50,25 +43,11 @@ def test_greedy_mtp_drafting_is_token_identical_to_plain(engine, draft):
 
 
 def test_a_second_turn_reuses_the_prefix_and_stays_exact(engine):
-    engine.reset()
-    turn1 = engine.chat_tokens([{"role": "user", "content": "the cat sat"}])
-    first = run(engine, turn1, "mtp", max_tokens=40, draft_max=4, draft_p_min=0.0)
-    turn2 = engine.chat_tokens([{"role": "user", "content": "the cat sat"},
-                                {"role": "assistant", "content": first.text},
-                                {"role": "user", "content": "and then?"}])
-    second = run(engine, turn2, "mtp", max_tokens=60, draft_max=4, draft_p_min=0.0)
-    assert second.stats.prompt_cached > 0 and second.stats.n_accepted > 0
-    engine.reset()
-    assert run(engine, turn2, "none", max_tokens=60).token_ids == second.token_ids
+    second_turn_stays_exact(engine, "mtp")
 
 
 def test_mtp_drafting_samples_the_target_distribution(engine):
-    ids = [1, 300, 301, 302]
-    engine.reset()
-    plain, _ = samples(engine, ids, "none", seed0=40_000)
-    spec, drafted = samples(engine, ids, "mtp", draft_max=3, draft_p_min=0.0)
-    assert drafted > N
-    compare(plain, spec)
+    samples_the_target_distribution(engine, "mtp")
 
 
 def test_a_model_without_mtp_layers_is_refused_clearly(models):
