@@ -32,6 +32,8 @@ class MtpDrafter:
     SIGNAL_EDGES = ModelDrafter.SIGNAL_EDGES  # the same signal: the draft's top-1 minus top-2 logit
     SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
     N_BATCH = 64  # catch-up rows per decode (a prompt's rows come in such chunks)
+    SHIFT = 0  # the row for the token at p sits at position p + SHIFT of this context's cache
+    SEED_ALONE = False  # decode the pending token's row on its own (for a graph that computes every row's logits)
 
     def __init__(self, target: Context, p_min: float = 0.0):
         model = target.model
@@ -81,9 +83,6 @@ class MtpDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         pass  # propose() catches up from the target's hidden states, prompt included
 
-    SHIFT = 0  # the row for the token at p sits at position p + SHIFT of this context's cache
-    SEED_ALONE = False  # decode the pending token's row on its own (a graph that computes every row's logits)
-
     def _inputs(self) -> dict[int, np.ndarray]:
         """What the target keeps for this drafter, by position: the hidden state its MTP layers read."""
         return self.target.hidden
@@ -107,9 +106,10 @@ class MtpDrafter:
         i = len(ps)
         while i and inputs[i - 1] is not None:
             i -= 1
-        self._held = history[:n_past]
         if i == len(ps):
+            self._held = history[:keep]  # (what the cache still holds)
             return Draft()
+        self._held = history[:n_past]
         if i:  # a gap after the rows the cache holds: it starts over from the known ones (positions must follow)
             ll.llama_memory_seq_rm(self.mem, 0, 0, -1)
         t0 = time.perf_counter()
