@@ -76,9 +76,9 @@ def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float
     return 1e6 * ((t_end - t_first) - (timer.seconds - decode_at_first)) / n, 1e6 * (t_end - t_first) / n
 
 
-def row_scan_us(engine: Engine, ids: list[int], reps: int = 21) -> float:
-    """This host's floor: one np.argmax over a row of logits llama.cpp has just written (every generated token
-    needs at least one such pass over the target's row and, with a draft model, one over the draft's)."""
+def fresh_row_us(engine: Engine, ids: list[int], work, reps: int = 21) -> float:
+    """This host's floor: ``work`` on a row of logits llama.cpp has just written (after a decode has streamed the
+    weights through the caches, every read of the row misses), median µs."""
     ctx = engine.target.ctx
     engine.reset()
     ctx.decode(ids[:-1], n_logits=0)
@@ -87,10 +87,25 @@ def row_scan_us(engine: Engine, ids: list[int], reps: int = 21) -> float:
         ctx.truncate(len(ids) - 1)
         ctx.decode(ids[-1:], n_logits=1)
         t0 = time.perf_counter()
-        np.argmax(ctx.logits(-1))
+        work(ctx.logits(-1))
         times.append(time.perf_counter() - t0)
     engine.reset()
     return 1e6 * statistics.median(times)
+
+
+def row_scan_us(engine: Engine, ids: list[int]) -> float:
+    """One np.argmax over the row: every generated token needs at least one such pass over the target's row and,
+    with a draft model, one over the draft's."""
+    return fresh_row_us(engine, ids, np.argmax)
+
+
+def row_distribution_us(engine: Engine, ids: list[int]) -> float:
+    """One sampled distribution (T=0.8, the default top-k/top-p/min-p) from the row: a sampled token with a draft
+    model needs at least two, the draft's q and the target's p."""
+    from app.engine.sampling import distribution
+
+    sp = SamplingParams(temperature=0.8)
+    return fresh_row_us(engine, ids, lambda row: distribution(row, sp))
 
 
 def pairs(vocabs: list[int], starter: bool, tmp: Path, real: list[list[str]]):
@@ -121,7 +136,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         print(f"µs per token outside llama_decode (of all µs per token), median of {args.repeats}, "
               f"{args.tokens} tokens")
-        print(f"{'pair':38}" + "".join(f"{m[0]:>28}" for m in modes) + f"{'one row scan':>14}")
+        print(f"{'pair':38}" + "".join(f"{m[0]:>28}" for m in modes) + f"{'one row scan':>14}"
+              + f"{'one distribution':>18}")
         for name, target, draft in pairs(args.vocab, not args.no_starter, Path(tmp), args.pair):
             engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
             ids = engine.chat_tokens([{"role": "user", "content": "Write a short story about a cat and a dog."}])
@@ -130,9 +146,9 @@ def main() -> None:
                 runs = [overhead_us(engine, ids, drafter, temperature, args.tokens) for _ in range(args.repeats)]
                 loop, total = (statistics.median(r) for r in zip(*runs))
                 cells.append(f"{loop:,.0f} (of {total:,.0f})")
-            scan = row_scan_us(engine, ids)
+            scan, dist = row_scan_us(engine, ids), row_distribution_us(engine, ids)
             engine.close()
-            print(f"{name:38}" + "".join(f"{c:>28}" for c in cells) + f"{scan:>14,.0f}")
+            print(f"{name:38}" + "".join(f"{c:>28}" for c in cells) + f"{scan:>14,.0f}" + f"{dist:>18,.0f}")
 
 
 if __name__ == "__main__":
