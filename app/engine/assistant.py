@@ -21,18 +21,13 @@ import numpy as np
 
 from .drafters import Draft, Gate
 from .errors import EngineError
-from .gguf_file import metadata, read_info
+from .gguf_file import metadata
 from .llama import Context, Model
 from .mtp import MtpDrafter
 from .sampling import SamplingParams
 
 ARCH = "gemma4-assistant"
 TARGET_ARCH = "gemma4"
-
-
-def is_assistant(path) -> bool:
-    """Whether a GGUF file is a Gemma 4 assistant (by its header, not its name)."""
-    return read_info(path).architecture == ARCH
 
 
 def assistant_problems(target: Model, assistant: Model) -> list[str]:

@@ -68,7 +68,6 @@ class Eagle3Drafter(MtpDrafter):
             raise EngineError(f"{head.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
                               + ".")
         self._open(target, head, head.n_embd, p_min, ctx_type=ll.LLAMA_CONTEXT_TYPE_DEFAULT)
-        self._held: list[int] = []
         target.keep_layer_inputs(target_layers(head))
         self._n_feat = 3 * target.model.n_embd
         self._enc = ll.llama_batch_init(self.N_BATCH, self._n_feat, 1)  # feature rows, no tokens

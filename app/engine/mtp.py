@@ -41,7 +41,6 @@ class MtpDrafter:
             raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with.")
         self._open(target, model, model.n_embd, p_min)
         target.keep_hidden()
-        self._held: list[int] = []  # the history whose positions the MTP cache covers (position 0 has no row)
 
     def _open(self, target: Context, model, n_embd: int, p_min: float, ctx_type=ll.LLAMA_CONTEXT_TYPE_MTP) -> None:
         """A context for ``model``'s drafting layers on the target's (``ctx_other``), and a batch whose rows carry a
@@ -49,6 +48,7 @@ class MtpDrafter:
         from llama_cpp.llama_cpp_ext import llama_set_embeddings_nextn
 
         self.target, self.model, self.n_embd, self.p_min = target, model, n_embd, p_min
+        self._held: list[int] = []  # the history whose positions this cache covers (position 0 has no row)
         params = ll.llama_context_default_params()
         params.ctx_type = ctx_type
         params.n_ctx = target.n_ctx
