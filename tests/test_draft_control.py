@@ -108,6 +108,29 @@ def test_slow_first_timings_of_new_shapes_do_not_end_drafting_for_the_answer():
     assert sum(asked[:20]) > 0 and all(k >= 8 for k in asked[-20:])  # (12 x 10 ms + 96 ms for 13 tokens: pays)
 
 
+def test_short_batches_alone_do_not_judge_what_a_long_one_costs():
+    """Measured on the starter pair on a slow spell (2026-11-24): a target step 17 ms, a verification batch of 3
+    tokens 30 ms (41 the first time), of 13 tokens 63 ms (from one token to a few, llama.cpp switches to batched
+    kernels: 6.5 ms a position, then 3.3), a draft token 11.5 ms, every draft token accepted. Judged by the line
+    through the short measuring batches, a draft token cost more than it saves, and speculation went off for whole
+    answers (0.1 accepted tokens a round, 0.91x); at 12 tokens a round drafting pays (13 tokens in 201 ms against
+    221). One long batch is timed first."""
+    seen = set()
+
+    def verify_s(n: int) -> float:
+        first = n not in seen
+        seen.add(n)
+        return 0.017 if n == 1 else 0.030 + 0.0033 * (n - 3) + (0.011 if first else 0.0)
+
+    c = DraftLength(DraftParams(draft_max=12, adaptive=True))
+    asked = []
+    for _ in range(40):
+        k = c.next()
+        asked.append(k)
+        c.update(k, k, 0.0115 * k, verify_s(k + 1), n_evals=k, first_s=0.0115 if k else 0.0)
+    assert asked[:3] == [2, 0, 12] and all(k == 12 for k in asked[-20:])
+
+
 def test_a_passing_slowdown_does_not_end_speculation_for_the_whole_answer():
     """A busy machine makes a few draft rounds slow: measured loss, off. Drafting can pay (cheap, accepted), so
     probes come every PROBE_EVERY rounds and drafting resumes once the slowdown is over."""

@@ -65,6 +65,7 @@ class DraftLength:
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
     EXPLORE, EXPLORE_EVERY = 6, 3  # see _explore
+    LONG_LOOK, LONG_LOOKS, LONG_LOOK_ACCEPTANCE = 16, 2, 0.8  # see _long_look_due
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,)):
         self.p = params
@@ -87,6 +88,7 @@ class DraftLength:
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
+        self._long_looks = 0
 
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
@@ -100,6 +102,9 @@ class DraftLength:
         measure = min(max(self.MEASURE_DRAFT, self.p.draft_min), self.p.draft_max)
         if not self._t_draft.known or self._rounds < 2:
             return self._measure(measure)  # measure before judging
+        if self._long_look_due(measure):
+            self._long_looks += 1
+            return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         if self._examined < 4 and self._best_k(0.999) > 0:
             return self._measure(measure)  # drafting could pay: learn the acceptance before drafting at length
         k = self._best_k() if not self._measured_loss() else 0  # (a pair that cannot pay even when every token
@@ -119,13 +124,24 @@ class DraftLength:
                 every = self.PROBE_EVERY_WHEN_COSTLY
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
-            if self._off_rounds >= every:
-                self._off_rounds = 0
-                return self._measure(min(2, self.p.draft_max))
+            if self._off_rounds >= every:  # (off for a measured loss where the model says drafting pays: a probe
+                self._off_rounds = 0          # of the length it says, so that one round can outweigh the loss)
+                return self._measure(max(min(2, self.p.draft_max), self._best_k()))
         else:
             self._off_rounds = 0
             self._failed_probes = 0
         return k
+
+    def _long_look_due(self, measure: int) -> bool:
+        """Time one long verification batch? When acceptance is plainly high and a draft token costs less than a
+        target step, but only short batches were timed: the line through them overstates what each extra position
+        costs a long batch (from one token to a few, llama.cpp switches to batched kernels: on the starter pair 6.5
+        ms a position from 1 to 3 tokens, 3.3 from 3 to 13), and judged by it drafting could not pay, so it went off
+        for whole answers whose every draft token was accepted."""
+        return (self._long_looks < self.LONG_LOOKS and self._examined >= 2
+                and self.acceptance() >= self.LONG_LOOK_ACCEPTANCE
+                and max(self._verify) <= measure + 1 < self.p.draft_max
+                and self._t_draft.value < self._verify_time(1))
 
     def _measure(self, k: int) -> int:
         """A round that drafts ``k`` tokens whatever their signals: it is there to time the draft and to see
