@@ -106,7 +106,7 @@ class _Blocks:
         bound of the k-th largest logit, since each of those k columns holds a logit at least that high."""
         x = self.x
         n = len(x)
-        summary = np.concatenate([self.col_max, self.tail])
+        summary = np.concatenate([self.col_max, self.tail]) if len(self.tail) else self.col_max
         if len(summary) <= 4 * k:
             return np.argpartition(x, n - k)[n - k :]
         floor = np.partition(summary, len(summary) - k)[len(summary) - k]
