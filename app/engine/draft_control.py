@@ -8,7 +8,8 @@ Adaptive mode decides token by token, from measurements of this generation:
   length of the n-gram match a lookup proposal came from.
 - It starts by measuring at little risk: a short draft, then one plain step (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
-  few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out.
+  few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
+  were plainly accepted, one long draft times a long verification batch too (short ones alone overstate it).
 - Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts).
 - It proposes a drafted token while P(this token is reached and accepted) x (the target's time for one token)
   exceeds what one more position costs the verification batch, and drafts another while that product for the
