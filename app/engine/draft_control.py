@@ -90,6 +90,7 @@ class DraftLength:
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
         self._long_looks = 0
+        self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
 
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
@@ -212,11 +213,15 @@ class DraftLength:
 
     def _min_acceptance(self, draft_step: bool) -> float:
         """A draft token pays when, reached and accepted, it saves a plain decoding step (the target's cost for one
-        token) at the price of one more position in the verification batch, and of a draft step if ``draft_step``."""
-        if not self._t_draft.known or self._rounds < 2:
-            return 0.5
-        cost = self._slope() + (self._t_draft.value if draft_step else 0.0)
-        return min(max(cost / self._verify_time(1), 0.05), 0.98)
+        token) at the price of one more position in the verification batch, and of a draft step if ``draft_step``.
+        Asked for every drafted token, it only changes with ``update``: computed once a round."""
+        if self._bars is None:
+            if not self._t_draft.known or self._rounds < 2:
+                self._bars = (0.5, 0.5)
+            else:
+                slope, plain = self._slope(), self._verify_time(1)
+                self._bars = tuple(min(max((slope + step) / plain, 0.05), 0.98) for step in (0.0, self._t_draft.value))
+        return self._bars[draft_step]
 
     def _measured_loss(self) -> bool:
         """Have the rounds that drafted made tokens more slowly than plain decoding does?"""
@@ -247,6 +252,7 @@ class DraftLength:
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
                signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0) -> None:
         d = self.DECAY
+        self._bars = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
                 b = bisect_right(self._edges, signal)
