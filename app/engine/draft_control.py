@@ -109,8 +109,9 @@ class DraftLength:
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         if self._examined < 4 and self._best_k(0.999) > 0:
             return self._measure(measure)  # drafting could pay: learn the acceptance before drafting at length
-        k = self._best_k() if not self._measured_loss() else 0  # (a pair that cannot pay even when every token
-        # is accepted goes off here after one short draft)
+        best = self._best_k()
+        k = best if not self._measured_loss() else 0  # (a pair that cannot pay even when every token is accepted
+        # goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
             if was_probe and self._spec[0] > 0 and self._settled():
@@ -126,9 +127,11 @@ class DraftLength:
                 every = self.PROBE_EVERY_WHEN_COSTLY
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
-            if self._off_rounds >= every:  # (off for a measured loss where the model says drafting pays: a probe
-                self._off_rounds = 0          # of the length it says, so that one round can outweigh the loss)
-                return self._measure(max(min(2, self.p.draft_max), self._best_k()))
+            if self._off_rounds >= every:
+                self._off_rounds = 0
+                # (off for a measured loss where the model says drafting pays: a probe of the length it says, so
+                # that one round can outweigh the loss)
+                return self._measure(max(min(2, self.p.draft_max), best))
         else:
             self._off_rounds = 0
             self._failed_probes = 0
