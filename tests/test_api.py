@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from servers import serve_in_thread, specchat_serve
@@ -95,6 +96,62 @@ def test_speculation_off_per_request_gives_the_same_greedy_output(client):
     ngram = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=48, temperature=0,
                                            extra_body={"drafter": "ngram", "speculative": {"n_max": 4}})
     assert ngram.choices[0].message.content == on.choices[0].message.content
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "hobbies"],
+          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+                         "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3}}}
+ASK_PERSON = [{"role": "user", "content": "Describe a fictional person as JSON with a name, an age and hobbies."}]
+
+
+def test_response_format_json_schema_validates_and_is_identical_with_speculation_off(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    on = client.chat.completions.create(model="starter", messages=ASK_PERSON, max_tokens=150, temperature=0,
+                                        response_format=fmt)
+    off = client.chat.completions.create(model="starter", messages=ASK_PERSON, max_tokens=150, temperature=0,
+                                         response_format=fmt, extra_body={"speculative.n_max": 0})
+    answer = on.choices[0].message.content
+    jsonschema.validate(json.loads(answer), PERSON)
+    assert on.choices[0].finish_reason == "stop" and off.choices[0].message.content == answer
+    t = _timings(on)
+    assert t["draft_n"] > 0 and 0 < t["draft_n_accepted"] <= t["draft_n"]  # drafted tokens were verified
+    assert 0 < t["draft_n_forced"] <= t["draft_n"] and _timings(off)["draft_n"] == 0
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="starter", messages=ASK_PERSON, max_tokens=150, temperature=0, response_format=fmt, stream=True))
+    assert streamed == answer
+
+
+def test_json_object_and_llama_server_schema_and_grammar_fields(client):
+    r = client.chat.completions.create(model="starter", messages=PROMPT, max_tokens=80, temperature=0,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # cut by max_tokens: still the start of an object
+        assert r.choices[0].message.content.startswith("{")
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "enum": ["Paris", "Lyon"]}},
+              "required": ["capital"], "additionalProperties": False}
+    c = client.completions.create(model="starter", prompt="The capital of France, as JSON:", max_tokens=30,
+                                  temperature=0, extra_body={"json_schema": schema})
+    assert json.loads(c.choices[0].text)["capital"] in ("Paris", "Lyon")
+    g = client.completions.create(model="starter", prompt="Is the sky blue? Answer:", max_tokens=10, temperature=0,
+                                  extra_body={"grammar": 'root ::= " " ("yes" | "no")'})
+    assert g.choices[0].text in (" yes", " no")
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
+     "response_format", "strnig"),
+    ({"response_format": {"type": "yaml"}}, "response_format", "json_schema"),
+    ({"json_schema": {"$ref": "#/nowhere"}}, "json_schema", "nowhere"),
+    ({"grammar": 'root ::= "open'}, "grammar", "grammar"),
+    ({"grammar": "root ::= x", "json_schema": {}}, "grammar", "not both"),
+])
+def test_a_schema_or_grammar_that_cannot_be_used_is_a_400_and_the_server_keeps_serving(client, extra, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="starter", messages=PROMPT, max_tokens=8, extra_body=extra)
+    body = err.value.body
+    assert err.value.status_code == 400 and words in body["message"] and body["param"] == param
+    assert client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=4).choices[0].message.content
 
 
 def test_the_api_key_is_required(server):

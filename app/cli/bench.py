@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from ..engine import Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
+from ..engine.grammar import Grammar
 
 
 def load_prompts(path: Path) -> list[dict]:
@@ -33,8 +35,14 @@ def load_prompts(path: Path) -> list[dict]:
             raise EngineError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
             raise EngineError(f'{path}:{n}: each line needs a non-empty "prompt" string')
+        grammar = None
+        if row.get("json_schema") is not None:  # the answer must follow this schema (off and on alike)
+            try:
+                grammar = Grammar.json_schema(row["json_schema"])
+            except EngineError as exc:
+                raise EngineError(f"{path}:{n}: {exc}") from None
         prompts.append({"prompt": row["prompt"], "category": str(row.get("category", "default")),
-                        "chat": bool(row.get("chat", True))})
+                        "chat": bool(row.get("chat", True)), "grammar": grammar})
     if not prompts:
         raise EngineError(f"{path} holds no prompts")
     return prompts
@@ -79,11 +87,13 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     rows = []
     for i, (p, ids) in enumerate(zip(prompts, encoded)):
         off, on = [], []
+        grammar = p.get("grammar")  # a schema: plain constrained decoding against forced tokens + drafting
         for r in range(repeats):
             order = [("off", off), ("on", on)] if (i + r) % 2 == 0 else [("on", on), ("off", off)]
             for mode, sink in order:
-                sink.append(_run(engine, ids, "none" if mode == "off" else drafter,
-                                 off_params if mode == "off" else on_params, state if mode == "on" else None))
+                params = replace(off_params if mode == "off" else on_params, grammar=grammar)
+                sink.append(_run(engine, ids, "none" if mode == "off" else drafter, params,
+                                 state if mode == "on" else None))
         row = _row(p, off, on)
         rows.append(row)
         costs.append(engine.measure_costs(dp.draft_max, drafter))
@@ -149,8 +159,11 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
         "identical": first_diff is None,
         "first_difference_at": first_diff,
         "_decode_tokens": [sum(max(d.stats.n_tokens - 1, 0) for d in r) for r in (off, on)],
+        "_runs": [len(off), len(on)],
         "_decode_seconds": [sum(d.stats.decode_seconds for d in r) for r in (off, on)],
         "_counts": [drafted, accepted, rounds],
+        "_forced": [sum(d.stats.n_forced for d in on), sum(d.stats.n_forced_accepted for d in on)],
+        "_grammar_seconds": [sum(d.stats.grammar_seconds for d in r) for r in (off, on)],
         "_split": [sum(d.stats.draft_seconds for d in on), sum(d.stats.verify_seconds for d in on)],
         "_reported": [all(d.stats.reported(f) for d in on) for f in ("n_drafted", "n_rounds")],
     }
@@ -199,7 +212,18 @@ def _aggregate(rows: list[dict]) -> dict:
         "ms_per_token_on": 1e3 / tps_on if tps_on else 0.0,
         "draft_ms_per_token": ms * sum(r["_split"][0] for r in rows),
         "verify_ms_per_token": ms * sum(r["_split"][1] for r in rows),
+        # under a schema: draft tokens the grammar forced, and the time in the grammar per token made
+        "forced": sum(r.get("_forced", [0, 0])[0] for r in rows),
+        "forced_accepted": sum(r.get("_forced", [0, 0])[1] for r in rows),
+        "grammar_us_per_token_off": _per_token_us(rows, 0),
+        "grammar_us_per_token_on": _per_token_us(rows, 1),
     }
+
+
+def _per_token_us(rows: list[dict], mode: int) -> float:
+    tokens = sum(r["_decode_tokens"][mode] + r["_runs"][mode] for r in rows if "_grammar_seconds" in r)
+    secs = sum(r["_grammar_seconds"][mode] for r in rows if "_grammar_seconds" in r)
+    return 1e6 * secs / tokens if tokens else 0.0
 
 
 def print_report(report: dict) -> None:
@@ -240,6 +264,10 @@ def print_report(report: dict) -> None:
     if draft:
         line += f"; drafting 1/2 tokens {draft[1]:.1f}/{draft[2]:.1f} ms"
     print(line)
+    if o.get("grammar_us_per_token_off"):
+        print(f"under the schemas: {o['forced']} of the draft tokens forced by the grammar ({o['forced_accepted']} "
+              f"accepted); time in the grammar {o['grammar_us_per_token_off']:.0f} µs a token off, "
+              f"{o['grammar_us_per_token_on']:.0f} µs on (masks, checks, forced tokens)")
     if report["ceiling"]:
         cl = report["ceiling"]
         print(f"ceiling if every draft token were accepted: {cl['speedup']:.2f}x with {cl['draft_length']} draft "

@@ -311,6 +311,9 @@ def cmd_bench(args) -> int:
     if args.server or args.server_off:
         from .remote import bench_remote
 
+        if any(p["grammar"] for p in prompts):
+            raise EngineError("Prompts with a json_schema are benched on the local engine only (not with --server).")
+
         return bench_remote(args, prompts)
     engine, drafter, dp = build_engine(args)
     if drafter == "none":

@@ -258,6 +258,8 @@ class DraftLength:
         self._bars = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
+                if signal is None:  # a token a grammar forced: not the drafter's to judge
+                    continue
                 b = bisect_right(self._edges, signal)
                 for counts in (self._buckets[b], self._outcomes[b]):
                     counts[0] += i < n_accepted

@@ -25,6 +25,7 @@ class Draft:
     n_evals: int = 0  # draft-model decode calls spent (the marginal cost of a token is one call)
     first_s: float = 0.0  # seconds of the first call, which also catches up on the tokens made since the last draft
     n_first: int = 0  # tokens the first call evaluated
+    forced: list[bool] = field(default_factory=list)  # per token, under a grammar: forced by it, not drafted
 
 
 class Gate(Protocol):

@@ -24,11 +24,14 @@ class Stats:
     n_tokens: int = 0  # generated tokens committed to the output
     n_drafted: int = 0  # draft tokens sent to the target for verification
     n_accepted: int = 0  # of those, how many the target accepted
+    n_forced: int = 0  # of the draft tokens, those a grammar forced (proposed free, verified all the same)
+    n_forced_accepted: int = 0
     n_rounds: int = 0  # verification passes of the target (one per committed target token)
     time_to_first_token_s: float = 0.0
     decode_seconds: float = 0.0  # from the first token to the last
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    grammar_seconds: float = 0.0  # spent in the grammar (masks, checks, forced tokens), when one constrains the answer
     # A generation run by another server: the fields it does not report (shown as such, never as zeros), its own
     # tokens/s figure beside ours, and why its stream ended early if it did.
     unreported: tuple[str, ...] = ()

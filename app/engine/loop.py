@@ -11,10 +11,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from .draft_control import DraftLength, DraftParams
-from .drafters import Draft, Drafter
+from .constraint import Constraint, constrained_draft
+from .draft_control import MAX_DRAFT, DraftLength, DraftParams
+from .drafters import Draft, Drafter, NoDrafter
 from .errors import EngineError
 from .events import Done, Event, Round, Stats, TextDelta
+from .grammar import Grammar
 from .llama import Cancelled, Context
 from .sampling import SamplingParams, accept_or_resample, distribution, greedy_token, make_rng, sample
 from .text import TextStream
@@ -26,6 +28,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
     draft: DraftParams = field(default_factory=DraftParams)
+    grammar: Grammar | None = None  # the answer follows it (a JSON schema, GBNF...)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -60,8 +63,19 @@ def speculative_generate(
             "Shorten the prompt or raise the context size (--ctx)."
         )
 
+    constraint = Constraint(params.grammar, model) if params.grammar else None
+    if constraint:  # the target's choices under the grammar's mask, the grammar advanced past each one chosen
+        greedy_of = constraint.greedy
+        dist_of = lambda logits: constraint.distribution(logits, sp)  # noqa: E731
+    else:
+        greedy_of = greedy_token
+        dist_of = lambda logits: distribution(logits, sp)  # noqa: E731
+
     def pick(logits) -> int:
-        return greedy_token(logits) if sp.greedy else sample(distribution(logits, sp), rng)
+        tok = greedy_of(logits) if sp.greedy else sample(dist_of(logits), rng)
+        if constraint and not model.is_eog(tok):
+            constraint.commit(tok)
+        return tok
 
     t_start = time.perf_counter()
     target.set_cancel(cancel)
@@ -122,7 +136,12 @@ def speculative_generate(
             replaying = target.n_pending > 0
             n_max = 0 if replaying else min(control.next(), room, params.max_tokens - len(out_ids))
             t0 = time.perf_counter()
-            draft = drafter.propose(history, n_max, sp, rng, gate) if n_max > 0 else Draft()
+            if constraint and not replaying and not isinstance(drafter, NoDrafter):  # forced tokens join the draft
+                limit = min(MAX_DRAFT, room, params.max_tokens - len(out_ids))
+                draft = constrained_draft(drafter, constraint, history, n_max, limit, sp, rng, gate)
+                n_max = limit
+            else:
+                draft = drafter.propose(history, n_max, sp, rng, gate) if n_max > 0 else Draft()
             k = _usable(draft, n_max, params.draft.draft_min, model)
             t1 = time.perf_counter()
 
@@ -137,11 +156,13 @@ def speculative_generate(
                     break
                 d = draft.tokens[i]
                 if sp.greedy:
-                    tok = greedy_token(logits)
+                    tok = greedy_of(logits)
                     ok = tok == d
                 else:
                     q = draft.probs[i] if draft.probs else None
-                    ok, tok = accept_or_resample(distribution(logits, sp), q, d, rng)
+                    ok, tok = accept_or_resample(dist_of(logits), q, d, rng)
+                if constraint and not model.is_eog(tok):
+                    constraint.commit(tok)
                 pending.append(tok)
                 if not ok:
                     break
@@ -153,6 +174,11 @@ def speculative_generate(
             stats.n_rounds += 1
             stats.n_drafted += k
             stats.n_accepted += accepted
+            if draft.forced:
+                stats.n_forced += sum(draft.forced[:k])
+                stats.n_forced_accepted += sum(draft.forced[:accepted])
+            if constraint:
+                stats.grammar_seconds = constraint.seconds
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             if not replaying:  # a replay round's cost is not a plain step's
@@ -168,6 +194,8 @@ def speculative_generate(
     if tail:
         yield TextDelta(tail, [], False)
     stats.n_tokens = len(out_ids)
+    if constraint:
+        stats.grammar_seconds = constraint.seconds
     yield Done(finish or "stop", stream.text, out_ids, stats, flags)
 
 

@@ -34,6 +34,7 @@ class MtpDrafter:
     N_BATCH = 64  # catch-up rows per decode (a prompt's rows come in such chunks)
     SHIFT = 0  # the row for the token at p sits at position p + SHIFT of this context's cache
     SEED_ALONE = False  # decode the pending token's row on its own (for a graph that computes every row's logits)
+    FROM_TARGET = True  # drafts from the target's own state for history[-1]: never after tokens it has not seen
 
     def __init__(self, target: Context, p_min: float = 0.0):
         model = target.model

@@ -43,6 +43,7 @@ def timings(stats: Stats) -> dict:
         "predicted_per_second": stats.tokens_per_second if stats.rate_measured else None,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
+        "draft_n_forced": stats.n_forced,  # of draft_n, tokens a grammar forced (SpecChat's own field)
     }
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from ..chat.settings import Settings
 from ..engine import DRAFTERS, EngineError, GenerationParams, drafter_for
+from ..engine.grammar import Grammar
 
 
 class ApiError(Exception):
@@ -104,6 +105,40 @@ def _prompt(body: dict) -> str:
     return prompt
 
 
+def _grammar(body: dict) -> Grammar | None:
+    """What the answer must follow: OpenAI's ``response_format`` (json_object, json_schema), or llama-server's
+    ``json_schema`` (a schema) or ``grammar`` (GBNF). A schema or grammar the library cannot use is a 400."""
+    fmt, schema, gbnf = body.get("response_format"), body.get("json_schema"), body.get("grammar")
+    given = [name for name, v in (("response_format", fmt), ("json_schema", schema), ("grammar", gbnf))
+             if v is not None and not (name == "response_format" and isinstance(v, dict) and v.get("type") == "text")]
+    if len(given) > 1:
+        raise ApiError(400, f"Give one of {' or '.join(given)}, not both.", param=given[1])
+    try:
+        if schema is not None:
+            return Grammar.json_schema(schema)
+        if gbnf is not None:
+            if not isinstance(gbnf, str):
+                raise ApiError(400, "'grammar' must be a string (llama.cpp's GBNF).", param="grammar")
+            return Grammar.gbnf(gbnf)
+        if fmt is None:
+            return None
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":  # (llama-server also takes a "schema" beside it)
+            return Grammar.json_schema(fmt["schema"]) if fmt.get("schema") is not None else Grammar.json_object()
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict):
+                raise ApiError(400, "'response_format.json_schema' must be an object with the schema under 'schema'.",
+                               param="response_format")
+            return Grammar.json_schema(spec.get("schema", {}))  # (no schema: any JSON value, as llama-server)
+        raise ApiError(400, "'response_format.type' must be text, json_object or json_schema.", param="response_format")
+    except EngineError as exc:
+        raise ApiError(400, str(exc), param=given[0], code="invalid_schema" if given[0] != "grammar" else
+                       "invalid_grammar") from None
+
+
 def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Job:
     """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
     if not isinstance(body, dict):
@@ -134,7 +169,7 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     if s.draft_max == 0:  # llama-server's way to turn speculation off for one request
         drafter, s = "none", replace(s, draft_min=0)
     try:
-        params = replace(s.generation(), stop=tuple(stop or ()))
+        params = replace(s.generation(), stop=tuple(stop or ()), grammar=_grammar(body))
     except EngineError as exc:
         raise ApiError(400, str(exc)) from None
     options = body.get("stream_options") or {}

@@ -1,0 +1,176 @@
+"""A grammar applied to one generation: the target's token choices masked by it, exactly, and the runs of tokens
+it forces joined to the draft for free.
+
+Exactness: the grammar's state follows the tokens the target commits, and every verified position picks from the
+target's logits under the mask of the state the draft has reached there (greedy: the masked argmax; sampling: the
+sampling transform over the masked logits is p). A draft token the grammar forbids has p = 0, so it is rejected
+like any other the target would not choose; it is never fed to the grammar.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+
+import numpy as np
+
+from .drafters import Draft, Drafter, Gate
+from .errors import EngineError
+from .grammar import Grammar
+from .llama import Model
+from .sampling import Dist, SamplingParams, distribution, greedy_token
+
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Model -> llguidance's view of its vocab
+
+
+def _tokenizer(model: Model):
+    """llguidance's tokenizer for a model (about a second for a 262k vocabulary: made once per loaded model), with
+    every end-of-generation token as an end the grammar accepts."""
+    tok = _tokenizers.get(model)
+    if tok is None:
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        eog = [t for t in range(model.n_vocab) if model.is_eog(t)] or [model.eos]
+        with warnings.catch_warnings():  # (it calls a llama_cpp function deprecated under another name)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tok = lltokenizer_from_vocab(model.vocab, n_vocab=model.n_vocab, eos_token=eog)
+        _tokenizers[model] = tok
+    return tok
+
+
+class Constraint:
+    """One generation's grammar state over the target's vocabulary. ``seconds`` is the time spent in the grammar
+    (masks, checks, forced tokens), measured."""
+
+    def __init__(self, grammar: Grammar, model: Model):
+        from llguidance import LLMatcher
+
+        self.n_vocab = model.n_vocab
+        self.tokenizer = _tokenizer(model)
+        self.matcher = LLMatcher(self.tokenizer, grammar.definition, log_level=0)
+        self.seconds = 0.0
+        self.n_masks = 0  # full masks computed (a top token the grammar allows needs none)
+        self._check()
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise EngineError(f"The grammar failed: {self.matcher.get_error()}")
+
+    # --- the target's choice under the mask ------------------------------------------------------------------
+    def allowed(self) -> np.ndarray:
+        """Which tokens the grammar allows next (a bool per token)."""
+        t0 = time.perf_counter()
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        mask = np.unpackbits(bits, bitorder="little")[: self.n_vocab].view(bool)
+        self.n_masks += 1
+        self.seconds += time.perf_counter() - t0
+        return mask
+
+    def allows(self, token: int) -> bool:
+        t0 = time.perf_counter()
+        ok = self.matcher.validate_tokens([token]) == 1
+        self.seconds += time.perf_counter() - t0
+        return ok
+
+    def greedy(self, logits: np.ndarray) -> int:
+        """The masked argmax (the first of tied maxima, as np.argmax): the plain argmax when the grammar allows it,
+        which needs no mask."""
+        top = greedy_token(logits)
+        if self.allows(top):
+            return top
+        allowed = np.flatnonzero(self.allowed())
+        if not len(allowed):
+            raise EngineError("The grammar allows no token here.")
+        return int(allowed[np.argmax(logits[allowed])])
+
+    def distribution(self, logits: np.ndarray, sp: SamplingParams) -> Dist:
+        """p: the sampling transform over the logits of the tokens the grammar allows."""
+        masked = np.where(self.allowed(), logits, np.float32(-np.inf))
+        return distribution(masked, sp)
+
+    # --- state ------------------------------------------------------------------------------------------------
+    def commit(self, token: int) -> None:
+        """Advance past a token the target chose (always one the mask allowed)."""
+        t0 = time.perf_counter()
+        self.matcher.consume_token(token)
+        self.seconds += time.perf_counter() - t0
+        self._check()
+
+    def forced(self) -> list[int]:
+        """Tokens spelling the bytes the grammar forces next (keys, quotes, brackets of a schema), as far as the
+        grammar accepts them. A proposal: the target verifies them like any drafted token, so a split the model
+        would not have chosen costs a rejection, never a change of output."""
+        t0 = time.perf_counter()
+        forced = self.matcher.compute_ff_bytes()
+        tokens = self.tokenizer.tokenize_bytes(forced) if forced else []
+        tokens = tokens[: self.matcher.validate_tokens(tokens)] if tokens else []
+        self.seconds += time.perf_counter() - t0
+        return tokens
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        t0 = time.perf_counter()
+        n = self.matcher.validate_tokens(tokens) if tokens else 0
+        self.seconds += time.perf_counter() - t0
+        return n
+
+    def rollback(self, n: int) -> None:
+        if n:
+            t0 = time.perf_counter()
+            self.matcher.rollback(n)
+            self.seconds += time.perf_counter() - t0
+
+
+def constrained_draft(drafter: Drafter, constraint: Constraint, history: list[int], n_max: int, limit: int,
+                      sp: SamplingParams, rng: np.random.Generator, gate: Gate | None) -> Draft:
+    """A draft under a grammar: the tokens it forces, then what the drafter proposes after them (up to ``n_max``
+    of its own), then the tokens forced after those, and so on; forced tokens cost no draft step and do not count
+    against ``n_max``, only against ``limit`` (the batch). Heads that draft from the target's own state draft only
+    where nothing is forced before them.
+
+    The drafter's tokens are cut where the grammar stops allowing them: greedy, before the first it forbids (the
+    target would reject it); sampling, after it (the target rejects it and draws from the residual: cutting before
+    it would make the output depend on a rejection that never happened, and the distribution would no longer be
+    the target's). The grammar is left where it was.
+    """
+    out = Draft(probs=None if sp.greedy else [], signals=[] if gate else None)
+    consumed = own = calls = 0
+    from_target = getattr(drafter, "FROM_TARGET", False)
+    try:
+        while len(out.tokens) < limit:
+            forced = constraint.forced()[: limit - len(out.tokens)]
+            for tok in forced:
+                constraint.commit(tok)
+                consumed += 1
+                _append(out, tok, None, None, forced=True)
+            budget = min(n_max - own, limit - len(out.tokens))
+            if budget <= 0 or (calls and not forced) or (from_target and out.tokens):
+                break
+            d = drafter.propose(history + out.tokens, budget, sp, rng, gate)
+            calls += 1
+            own += len(d.tokens)
+            if d.n_evals:
+                out.n_evals += d.n_evals - (1 if out.n_evals else 0)  # later calls' first steps: marginal ones
+                out.first_s += d.first_s
+                out.n_first += d.n_first
+            ok = constraint.valid_prefix(d.tokens)
+            take = ok if sp.greedy or ok == len(d.tokens) else ok + 1
+            for i in range(take):
+                _append(out, d.tokens[i], d.probs[i] if d.probs else None,
+                        d.signals[i] if d.signals else None, forced=False)
+            for tok in d.tokens[:ok]:
+                constraint.commit(tok)
+                consumed += 1
+            if ok < len(d.tokens):
+                break
+    finally:
+        constraint.rollback(consumed)
+    return out
+
+
+def _append(draft: Draft, tok: int, q: Dist | None, signal: float | None, forced: bool) -> None:
+    draft.tokens.append(tok)
+    draft.forced.append(forced)
+    if draft.probs is not None:
+        draft.probs.append(q)
+    if draft.signals is not None:
+        draft.signals.append(signal)
