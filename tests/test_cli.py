@@ -164,6 +164,21 @@ def test_bench_rejects_bad_prompt_files(models, tmp_path):
     assert_one_line_error(cli("bench", "--target", models["target"], "--prompts", bad), "prompt")
 
 
+def test_bench_under_json_schemas_compares_plain_constrained_decoding_with_forced_tokens_and_drafting(tmp_path):
+    lines = (Path(__file__).parent / "prompts" / "json.jsonl").read_text().splitlines()
+    prompts = tmp_path / "json.jsonl"
+    prompts.write_text("\n".join(lines[:2]) + "\n")
+    r = cli("bench", "--pair", "starter", "--drafter", "ngram", "--prompts", prompts, "--max-tokens", 96, "--json")
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)["overall"]
+    assert o["all_identical"] and o["n_prompts"] == 2 and o["tps_off"] > 0 and o["tps_on"] > 0
+    assert 0 < o["forced_accepted"] <= o["forced"]  # the schemas' keys and punctuation were drafted and verified
+    assert o["grammar_us_per_token_off"] > 0 and o["grammar_us_per_token_on"] > 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x", "json_schema": {"type": "strnig"}}\n')
+    assert_one_line_error(cli("bench", "--pair", "starter", "--prompts", bad), "bad.jsonl:1")
+
+
 @pytest.mark.slow
 def test_starter_pair_from_the_catalog():
     r = cli("generate", "--pair", "starter", "--chat", "--prompt", "What is 2+2?", "--max-tokens", 24, "--json")

@@ -293,6 +293,23 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
     return f'<table class="spec-hw">{body}</table>'
 
 
+def schema_example(base: str, model: str, key: bool) -> str:
+    """Python asking for an answer that follows a JSON schema (OpenAI's response_format)."""
+    api_key = 'os.environ["SPECCHAT_API_KEY"]' if key else '"none"'
+    return "\n".join([
+        "import json" + (", os" if key else ""),
+        "from openai import OpenAI",
+        f'client = OpenAI(base_url="{base}", api_key={api_key})',
+        'schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},',
+        '          "country": {"type": "string", "maxLength": 40}},',
+        '          "required": ["city", "country"], "additionalProperties": False}',
+        f'r = client.chat.completions.create(model="{model}", max_tokens=200,',
+        '    messages=[{"role": "user", "content": "Name a big city and its country, as JSON."}],',
+        '    response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}})',
+        'print(json.loads(r.choices[0].message.content), r.model_extra["timings"]["draft_n_forced"])',
+    ])
+
+
 def api_panel(info: dict, pair: str | None) -> str:
     """Where the OpenAI-compatible API is, how to call it, and the requests it served."""
     base = info["base_url"]
@@ -308,6 +325,7 @@ def api_panel(info: dict, pair: str | None) -> str:
         f'r = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}])',
         'print(r.choices[0].message.content, r.model_extra["timings"])  # draft_n, draft_n_accepted, ...',
     ])
+    schema = schema_example(base, model, info["key"])
     rows = "".join(
         f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(r.when))}</td><td>{html.escape(r.endpoint)}</td>"
         f"<td>{r.tokens}</td><td>{'—' if r.tokens_per_second is None else f'{r.tokens_per_second:.1f}'}</td>"
@@ -317,6 +335,8 @@ def api_panel(info: dict, pair: str | None) -> str:
         f'<div class="spec-api"><p>Base URL <code>{html.escape(base)}</code> — point any OpenAI client at it '
         f'(<code>OPENAI_BASE_URL={html.escape(base)}</code>). {"A key is required." if info["key"] else "No key is required (loopback only unless --listen)."}</p>'
         f'<p>curl</p><pre><code>{html.escape(curl)}</code></pre><p>Python</p><pre><code>{html.escape(py)}</code></pre>'
+        f'<p>Structured output: the answer follows a JSON schema (exact under speculation; the keys and punctuation '
+        f'the schema forces are drafted free, <code>draft_n_forced</code>)</p><pre><code>{html.escape(schema)}</code></pre>'
         f'<table class="spec-api-served"><thead><tr><th>time</th><th>endpoint</th><th>tokens</th><th>tok/s</th>'
         f'<th>acceptance</th><th>drafter</th><th>finish</th></tr></thead><tbody>'
         f'{rows or "<tr><td colspan=7>No requests yet.</td></tr>"}</tbody></table></div>'
