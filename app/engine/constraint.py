@@ -84,9 +84,14 @@ class Constraint:
         return int(allowed[np.argmax(logits[allowed])])
 
     def distribution(self, logits: np.ndarray, sp: SamplingParams) -> Dist:
-        """p: the sampling transform over the logits of the tokens the grammar allows."""
-        masked = np.where(self.allowed(), logits, np.float32(-np.inf))
-        return distribution(masked, sp)
+        """p: the sampling transform over the logits of the tokens the grammar allows. Computed on those logits
+        alone, which is the same as over the whole vocabulary with the others at -inf (they drop out of top-k, of
+        top-p's sum, of min-p's maximum) but never scans a vocabulary of -inf for the top k of a handful."""
+        allowed = np.flatnonzero(self.allowed())
+        if not len(allowed):
+            raise EngineError("The grammar allows no token here.")
+        d = distribution(logits[allowed], sp)
+        return Dist(allowed[d.idx], d.p)  # (allowed is ascending: the ids stay in order)
 
     # --- state ------------------------------------------------------------------------------------------------
     def commit(self, token: int) -> None:
