@@ -107,6 +107,9 @@ def test_prompt_file_and_chat(models, tmp_path):
     (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-mtp,ngram-mod"], "one method at a time"),
     (["--target", "{target}", "--prompt", "x", "--spec-type", "eagle"], "Unknown speculative type 'eagle'"),
     (["--target", "{target}", "--prompt", "x", "--spec-draft-n-max", "100"], "draft-max"),
+    (["--target", "{target}", "--prompt", "x", "-j", '{{"type": "strnig"}}'], "strnig"),
+    (["--target", "{target}", "--prompt", "x", "--grammar", "root ::= x", "-j", "{{}}"], "not both"),
+    (["--target", "{target}", "--prompt", "x", "--grammar-file", "nowhere.gbnf"], "Cannot read the --grammar-file"),
 ])
 def test_bad_input_is_one_clear_line(models, args, words):
     args = [a.format(**{k: str(v) for k, v in models.items()}) for a in args]
@@ -162,6 +165,18 @@ def test_bench_rejects_bad_prompt_files(models, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"category": "x"}\n')
     assert_one_line_error(cli("bench", "--target", models["target"], "--prompts", bad), "prompt")
+
+
+def test_generate_follows_a_json_schema_as_llama_cli_does(tmp_path):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"],
+              "additionalProperties": False}
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(schema))
+    r = cli("generate", "--pair", "starter", "--chat", "-p", "Name a city as JSON.", "-jf", path, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert set(json.loads(d["text"])) == {"city"} and d["finish_reason"] == "stop"
+    assert 0 < d["n_forced_accepted"] <= d["n_forced"] <= d["n_drafted"]
 
 
 def test_bench_under_json_schemas_compares_plain_constrained_decoding_with_forced_tokens_and_drafting(tmp_path):

@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="apply the model's chat template (prompt = one user turn)")
     g.add_argument("--system", help="system message (with --chat)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    # llama.cpp's constrained-output flags: the answer follows the schema or grammar, exactly under speculation
+    g.add_argument("--json-schema", "-j", help="JSON schema the answer must follow (text; {} = any JSON)")
+    g.add_argument("--json-schema-file", "-jf", type=Path, help="read the JSON schema from a file")
+    g.add_argument("--grammar", help="GBNF grammar the answer must follow")
+    g.add_argument("--grammar-file", type=Path, help="read the GBNF grammar from a file")
     _sampling_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
@@ -244,14 +249,37 @@ def _generation_params(args, dp: DraftParams) -> GenerationParams:
         stop=tuple(getattr(args, "stop", ()) or ()),
         sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
         draft=dp,
+        grammar=_grammar(args),
     )
+
+
+def _grammar(args):
+    """--json-schema / --json-schema-file / --grammar / --grammar-file, as llama.cpp names them (one at most)."""
+    from ..engine.grammar import Grammar
+
+    given = [(flag, getattr(args, name, None)) for flag, name in (
+        ("--json-schema", "json_schema"), ("--json-schema-file", "json_schema_file"), ("--grammar", "grammar"),
+        ("--grammar-file", "grammar_file"))]
+    given = [(flag, v) for flag, v in given if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise EngineError(f"Give one of {' or '.join(f for f, _ in given)}, not both.")
+    flag, value = given[0]
+    if isinstance(value, Path):
+        try:
+            value = value.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise EngineError(f"Cannot read the {flag} file: {exc}") from exc
+    return Grammar.json_schema(value) if "json" in flag else Grammar.gbnf(value)
 
 
 def summary_line(stats) -> str:
     return (
         f"[{stats.n_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, drafter {stats.drafter}, "
         f"acceptance {stats.acceptance_rate:.1%} ({stats.n_accepted}/{stats.n_drafted}), "
-        f"{stats.mean_accepted_per_round:.2f} accepted/round, first token {stats.time_to_first_token_s * 1000:.0f} ms]"
+        f"{stats.mean_accepted_per_round:.2f} accepted/round, first token {stats.time_to_first_token_s * 1000:.0f} ms"
+        + (f", {stats.n_forced} forced by the grammar" if stats.n_forced else "") + "]"
     )
 
 
@@ -266,9 +294,14 @@ def cmd_generate(args) -> int:
     if args.server:
         from .remote import generate_remote
 
+        if _grammar(args):
+            raise EngineError("--json-schema and --grammar constrain the local engine; with --server, ask the server "
+                              "for structured output in the request.")
+
         return generate_remote(args, prompt)
     if args.system and not args.chat:
         raise EngineError("--system only applies with --chat.")
+    _grammar(args)  # a bad schema or grammar is refused before the models load
     engine, drafter, dp = build_engine(args)
     params = _generation_params(args, dp)
     if args.chat:
@@ -294,7 +327,8 @@ def cmd_generate(args) -> int:
             "decode_seconds": s.decode_seconds, "finish_reason": done.finish_reason, "drafter": s.drafter,
             "n_rounds": s.n_rounds, "mean_accepted_per_round": s.mean_accepted_per_round,
             "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
-            "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags,
+            "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags, "n_forced": s.n_forced,
+            "n_forced_accepted": s.n_forced_accepted, "grammar_seconds": s.grammar_seconds,
             "batch_invariant": batch_invariant(),
         }))
     else:
