@@ -172,6 +172,102 @@ def test_the_schema_example_of_the_readme_and_the_api_tab_works_as_written(serve
     assert obj.startswith("{'city': ") and "'country': " in obj and int(forced) > 0
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"],
+        "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}}, "required": ["zone"],
+        "additionalProperties": False}}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _calls(r) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls or []]
+
+
+@pytest.mark.parametrize("choice, names", [
+    ("required", {"get_weather", "get_time"}),
+    ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
+])
+def test_tool_choice_required_and_named_give_valid_calls(client, choice, names):
+    r = client.chat.completions.create(model="starter", messages=ASK_WEATHER, tools=[WEATHER, CLOCK], max_tokens=120,
+                                       temperature=0, tool_choice=choice)
+    calls = _calls(r)
+    assert r.choices[0].finish_reason == "tool_calls" and calls and {n for n, _ in calls} <= names
+    for name, args in calls:
+        jsonschema.validate(args, (WEATHER if name == "get_weather" else CLOCK)["function"]["parameters"])
+    assert all(len(c.id) == 9 for c in r.choices[0].message.tool_calls)
+    t = _timings(r)
+    assert 0 < t["draft_n_forced"] <= t["draft_n"]  # the call's syntax and names were drafted free
+
+
+def test_parallel_tool_calls_false_gives_one_call_and_none_gives_none(client):
+    one = client.chat.completions.create(model="starter", messages=ASK_WEATHER, tools=[WEATHER], max_tokens=120,
+                                         temperature=0, tool_choice="required", parallel_tool_calls=False)
+    assert len(_calls(one)) == 1 and _calls(one)[0][0] == "get_weather"
+    many = client.chat.completions.create(model="starter", messages=ASK_WEATHER, tools=[WEATHER], max_tokens=120,
+                                          temperature=0, tool_choice="required")
+    assert len(_calls(many)) >= 1
+    none = client.chat.completions.create(model="starter", messages=ASK_WEATHER, tools=[WEATHER], max_tokens=24,
+                                          temperature=0, tool_choice="none")
+    assert none.choices[0].message.tool_calls is None and none.choices[0].message.content
+    assert none.choices[0].finish_reason in ("stop", "length")
+    auto = client.chat.completions.create(model="starter", messages=ASK_WEATHER, tools=[WEATHER], max_tokens=120,
+                                          temperature=0)
+    m = auto.choices[0]  # the 135M starter may answer or call: either way a well-formed answer
+    assert (m.finish_reason == "tool_calls") == bool(m.message.tool_calls)
+    assert m.message.tool_calls or "<tool_call>" not in (m.message.content or "")
+
+
+def test_streamed_tool_call_deltas_concatenate_to_the_whole_answer(client):
+    kw = dict(model="starter", messages=ASK_WEATHER, tools=[WEATHER, CLOCK], max_tokens=120, temperature=0,
+              tool_choice="required")
+    whole = client.chat.completions.create(**kw)
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        finish = chunk.choices[0].finish_reason or finish
+        for d in chunk.choices[0].delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            c["id"] = d.id or c["id"]
+            c["name"] += d.function.name or ""
+            c["arguments"] += d.function.arguments or ""
+    assert finish == "tool_calls" and [calls[i]["id"] for i in sorted(calls)][0]
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == _calls(whole)
+
+
+def test_a_tool_result_round_trip_and_greedy_identical_with_speculation_off(client):
+    kw = dict(model="starter", tools=[WEATHER], max_tokens=60, temperature=0)
+    first = client.chat.completions.create(messages=ASK_WEATHER, tool_choice="required", parallel_tool_calls=False,
+                                           **kw)
+    off = client.chat.completions.create(messages=ASK_WEATHER, tool_choice="required", parallel_tool_calls=False,
+                                         extra_body={"speculative.n_max": 0}, **kw)
+    assert _calls(off) == _calls(first) and _timings(off)["draft_n"] == 0
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK_WEATHER + [first.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21, "sky": "clear"}'}]
+    answer = client.chat.completions.create(messages=history, tool_choice="none", **kw)
+    assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "name of letters"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "naming one of the tools"),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "tools", "not both"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+])
+def test_bad_tool_requests_are_400s_naming_the_field(client, extra, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="starter", messages=ASK_WEATHER, max_tokens=8, extra_body=extra)
+    assert words in err.value.body["message"] and err.value.body["param"] == param
+
+
 def test_the_api_key_is_required(server):
     for key in ("wrong", ""):
         with pytest.raises(openai.AuthenticationError) as err:

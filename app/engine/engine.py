@@ -17,6 +17,8 @@ from .memory import Load, check_fits
 from .assistant import AssistantDrafter
 from .eagle3 import Eagle3Drafter
 from .gguf_file import read_info
+from .grammar import Grammar
+from .tools import Hermes, Tool, ToolChoice, prepare_messages, tool_format
 from .mtp import MtpDrafter
 from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
@@ -153,6 +155,20 @@ class Engine:
         """The tokens of a conversation (or of its rendered prompt)."""
         return prompt_tokens(self.model, messages if isinstance(messages, str)
                              else self.chat_prompt(messages, **variables))
+
+    def tool_prompt(self, messages: list[dict], tools: list[Tool], choice: ToolChoice,
+                    **variables) -> tuple[list[int], Grammar | None, Hermes]:
+        """A conversation with tools: its tokens, the grammar every answer must follow (None when no call may be
+        made), and the format to read calls back with. ``tool_choice: none`` leaves the tools out of the prompt."""
+        template = self.model.chat_template()
+        fmt = tool_format(template)
+        offered = tools if choice.mode != "none" else []
+        msgs, extra = prepare_messages(messages, offered, template)
+        ids = self.chat_tokens(msgs, **{**variables, **extra})
+        if not offered:
+            return ids, None, fmt
+        specials = {m: i for m in (fmt.open, fmt.close) if (i := self.model.special_token(m)) is not None}
+        return ids, fmt.grammar(offered, choice, specials), fmt
 
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")

@@ -56,6 +56,11 @@ class Grammar:
         return cls._checked(_llguidance().LLMatcher.grammar_from_lark(lark), "gbnf")
 
     @classmethod
+    def lark(cls, text: str, source: str = "lark") -> Grammar:
+        """llguidance's Lark (what tool-call grammars are written in: ``%json`` embeds a schema)."""
+        return cls._checked(_llguidance().LLMatcher.grammar_from_lark(text), source)
+
+    @classmethod
     def _checked(cls, definition: str, source: str) -> Grammar:
         error = _llguidance().LLMatcher.validate_grammar(definition)
         if error:

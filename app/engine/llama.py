@@ -253,6 +253,16 @@ class Model:
             n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
+    def special_token(self, text: str) -> int | None:
+        """The id of the one token ``text`` is, where it is a special token (a control token, or a user-defined one
+        written like ``<tool_call>``: what llguidance reads as a token, not as text); else None."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        if len(ids) != 1:
+            return None
+        attr = int(ll.llama_vocab_get_attr(self.vocab, ids[0]))
+        user = attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">")
+        return ids[0] if attr & ll.LLAMA_TOKEN_ATTR_CONTROL or user else None
+
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 

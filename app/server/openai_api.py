@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -160,8 +160,15 @@ class OpenAIServer:
         if job.model and job.model not in (loaded, engine.target.model.path.name):
             raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
                                 "app first, or leave 'model' out.", param="model", code="model_not_found")
+        params, reader = job.params, None
         try:
-            ids = engine.chat_tokens(job.messages, **job.template_variables) if chat else engine.tokenize(job.prompt)
+            if chat and job.tools:
+                ids, grammar, fmt = engine.tool_prompt(job.messages, job.tools, job.tool_choice,
+                                                       **job.template_variables)
+                if grammar is not None:  # calls may be made: read them back out of the answer
+                    params, reader = replace(params, grammar=grammar), fmt
+            else:
+                ids = engine.chat_tokens(job.messages, **job.template_variables) if chat else engine.tokenize(job.prompt)
         except ModelsUnloaded as exc:
             raise _retry(exc) from None
         except EngineError as exc:
@@ -184,7 +191,7 @@ class OpenAIServer:
                 self.waiting -= 1
                 self._cancels.discard(cancel)
 
-        batches = batches_async(lambda c: engine.generate(ids, job.params, job.drafter, c), leave, cancel)
+        batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
         watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
         handed_over = False
         try:
@@ -197,7 +204,7 @@ class OpenAIServer:
             except EngineError as exc:
                 raise ApiError(400, str(exc)) from None
             meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                        model=loaded, chat=chat, prompt_n=len(ids))
+                        model=loaded, chat=chat, prompt_n=len(ids), tools=reader)
             if job.stream:
                 handed_over = True  # the stream stops the watch when it ends
                 return StreamingResponse(self._stream(job, first, batches, meta, watch), media_type="text/event-stream",
@@ -215,7 +222,12 @@ class OpenAIServer:
     def _final(self, meta: dict, done: Done) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
         if meta["chat"]:
-            choice = {"index": 0, "message": {"role": "assistant", "content": done.text}, "finish_reason": finish}
+            content, calls = meta["tools"].parse(done.text) if meta["tools"] else (done.text, [])
+            message = {"role": "assistant", "content": content if content.strip() or not calls else None}
+            if calls:
+                message["tool_calls"] = [_call(c) for c in calls]
+                finish = "tool_calls" if finish == "stop" else finish
+            choice = {"index": 0, "message": message, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
         return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
@@ -227,10 +239,14 @@ class OpenAIServer:
         ``timings_per_token``), usage when asked, then ``[DONE]``. Closing the connection cancels the generation."""
         chat = meta["chat"]
         stats = Stats()
+        held = _Held(meta["tools"].open) if meta["tools"] else None  # text that may begin a call waits
 
-        def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False) -> str:
+        def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
+                  calls: list | None = None) -> str:
             if chat:
                 delta = ({"role": "assistant", "content": ""} if role else {"content": text} if text is not None else {})
+                if calls:
+                    delta = {"tool_calls": calls}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -251,12 +267,24 @@ class OpenAIServer:
                         stats = ev.stats
                 done = batch[-1] if isinstance(batch[-1], Done) else None
                 text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
+                if held is not None:
+                    text = held.feed(text)
                 if text:  # what arrived together goes out as one chunk
                     yield chunk(text)
                 if done is not None:
                     break
                 batch = await anext(batches)
-            yield chunk(None, "length" if done.finish_reason == "length" else "stop", with_timings=True)
+            finish = "length" if done.finish_reason == "length" else "stop"
+            if held is not None:
+                content, calls = meta["tools"].parse(done.text)
+                if not calls and held.text:  # no call after all: the held text is content
+                    yield chunk(held.text)
+                for i, call in enumerate(calls):  # each call: its id and name, then its arguments
+                    yield chunk(None, calls=[{"index": i, "id": call.id, "type": "function",
+                                              "function": {"name": call.name, "arguments": ""}}])
+                    yield chunk(None, calls=[{"index": i, "function": {"arguments": call.arguments}}])
+                finish = "tool_calls" if calls and finish == "stop" else finish
+            yield chunk(None, finish, with_timings=True)
             if job.include_usage:
                 tail = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": meta["created"], "model": meta["model"], "choices": [],
@@ -284,6 +312,35 @@ async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> No
     while (await request.receive())["type"] != "http.disconnect":
         pass
     cancel.set()
+
+
+class _Held:
+    """Streams text up to where a tool call may begin (the marker, or the start of it at the end of what came so
+    far); from the marker on, the text waits for the answer's end, where it is read as calls."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+        self.text = ""  # waiting
+        self.calling = False
+
+    def feed(self, text: str) -> str:
+        if self.calling:
+            self.text += text
+            return ""
+        text = self.text + text
+        at = text.find(self.marker)
+        if at >= 0:
+            self.calling = True
+            self.text = text[at:]
+            return text[:at]
+        keep = next((n for n in range(min(len(self.marker) - 1, len(text)), 0, -1)
+                     if self.marker.startswith(text[-n:])), 0)
+        self.text = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep]
+
+
+def _call(call) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _usage(meta: dict, stats: Stats) -> dict:

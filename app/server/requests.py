@@ -2,11 +2,14 @@
 per-request speculation llama-server names (``speculative.n_max`` 0 = off, ``speculative.n_min``, ``.p_min``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+import re
+from dataclasses import dataclass, field, replace
 
 from ..chat.settings import Settings
 from ..engine import DRAFTERS, EngineError, GenerationParams, drafter_for
 from ..engine.grammar import Grammar
+from ..engine.tools import Tool, ToolChoice
 
 
 class ApiError(Exception):
@@ -35,6 +38,8 @@ class Job:
     include_usage: bool
     timings_per_token: bool
     template_variables: dict  # chat_template_kwargs (e.g. {"enable_thinking": false}), as llama-server and vLLM take
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
 
 
 def _number(body: dict, name: str, kind: type, default=None):
@@ -89,11 +94,74 @@ def _messages(body: dict) -> list[dict]:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", param="messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise ApiError(400, f"messages[{i}]: 'role' must be system, user or assistant.", param="messages")
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(400, f"messages[{i}]: 'role' must be system, user, assistant or tool.", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]  # OpenAI's newer name for the system role
-        out.append({"role": role, "content": _text(m.get("content"), f"messages[{i}]")})
+        msg = {"role": role, "content": _text(m.get("content"), f"messages[{i}]")}
+        if role == "tool":  # a tool's result (templates that know tools render the id or the name)
+            msg["tool_call_id"] = str(m.get("tool_call_id") or "")
+            if isinstance(m.get("name"), str):
+                msg["name"] = m["name"]
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = [_past_call(c, f"messages[{i}].tool_calls[{j}]")
+                                 for j, c in enumerate(_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
+        out.append(msg)
     return out
+
+
+def _list(value, where: str) -> list:
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where} must be a list.", param="messages")
+    return value
+
+
+def _past_call(call, where: str) -> dict:
+    """An earlier call as templates take it: arguments as an object (OpenAI sends them as a JSON string)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ApiError(400, f"{where}: give {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}.",
+                       param="messages")
+    args = fn.get("arguments") or "{}"
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError:
+        raise ApiError(400, f"{where}: 'arguments' is not valid JSON.", param="messages") from None
+    if not isinstance(args, dict):
+        raise ApiError(400, f"{where}: 'arguments' must be a JSON object.", param="messages")
+    return {"id": str(call.get("id") or ""), "name": fn["name"], "arguments": args}
+
+
+def _tools(body: dict, chat: bool) -> tuple[list[Tool], ToolChoice]:
+    """OpenAI's tools, tool_choice and parallel_tool_calls."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "'tool_choice' needs 'tools'.", param="tool_choice")
+        return [], ToolChoice(mode="none")
+    if not chat:
+        raise ApiError(400, "'tools' are for /v1/chat/completions.", param="tools")
+    out = []
+    for i, t in enumerate(_list(tools, "'tools'")):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise ApiError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                                "\"parameters\": {...}}}} with a name of letters, digits, _ . or -.", param="tools")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object.", param="tools")
+        out.append(Tool(name, str(fn.get("description") or ""), params))
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be true or false.", param="parallel_tool_calls")
+    if choice in (None, "auto", "none", "required"):
+        return out, ToolChoice(mode=choice or "auto", parallel=parallel)
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if name not in [t.name for t in out]:
+        raise ApiError(400, "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": "
+                            "{\"name\": NAME}} naming one of the tools.", param="tool_choice")
+    return out, ToolChoice(mode="required", name=name, parallel=parallel)
 
 
 def _prompt(body: dict) -> str:
@@ -176,14 +244,18 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
     variables = body.get("chat_template_kwargs") or {}
-    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "builtin", "model"}
+    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "builtin", "model", "tools"}
     if not isinstance(variables, dict) or reserved & set(variables):
         raise ApiError(400, "'chat_template_kwargs' must be an object of template variables other than "
                             f"{', '.join(sorted(reserved))}.", param="chat_template_kwargs")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string.", param="model")
+    tools, choice = _tools(body, chat)
+    if tools and choice.mode != "none" and params.grammar is not None:
+        raise ApiError(400, "Give tools or a response format / grammar, not both.", param="tools")
     return Job(model=model or None, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
                params=params, drafter=drafter, stream=bool(body.get("stream")),
                include_usage=bool(options.get("include_usage")), timings_per_token=bool(body.get("timings_per_token")),
-               template_variables={"enable_thinking": defaults.enable_thinking, **variables})
+               template_variables={"enable_thinking": defaults.enable_thinking, **variables},
+               tools=tools, tool_choice=choice)

@@ -1,0 +1,103 @@
+"""Tool calls below the API: the Hermes format's grammar on a real vocabulary (llguidance, the starter's tokens),
+its parser, and conversations with tools rendered through real templates (llama.cpp's copies in the sdist)."""
+from __future__ import annotations
+
+import json
+
+import llama_sdist
+import pytest
+
+from app.engine.chat import render_chat
+from app.engine.constraint import Constraint
+from app.engine.errors import EngineError
+from app.engine.tools import Hermes, Tool, ToolChoice, prepare_messages, tool_format
+
+WEATHER = Tool("get_weather", "Current weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
+    "additionalProperties": False})
+TIME = Tool("get_time", "The time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}},
+                                                 "required": ["zone"], "additionalProperties": False})
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def vocab(starter_engine):
+    return starter_engine.model
+
+
+def accepts(model, grammar, text: str) -> tuple[bool, bool]:
+    """(every token of ``text`` allowed, the grammar satisfied after them)."""
+    c = Constraint(grammar, model)
+    ids = model.tokenize(text, add_special=False, parse_special=False)
+    n = c.valid_prefix(ids)
+    for tok in ids[:n]:
+        c.commit(tok)
+    return n == len(ids), c.matcher.is_accepting()
+
+
+def test_auto_allows_plain_text_or_text_then_valid_calls(vocab):
+    g = Hermes().grammar([WEATHER, TIME], ToolChoice("auto"), {})
+    assert accepts(vocab, g, "It is sunny in Rome today.") == (True, True)
+    assert accepts(vocab, g, "Let me check.\n" + CALL) == (True, True)
+    assert accepts(vocab, g, CALL + "\n" + CALL.replace("Rome", "Oslo")) == (True, True)  # parallel
+    assert accepts(vocab, g, "x <tool_call>\n{") == (True, False)  # unfinished: the call must be completed
+    assert not accepts(vocab, g, '<tool_call>\n{"name": "get_wether"')[0]  # only declared functions
+    assert not accepts(vocab, g, '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Rome"}}')[0]
+    assert not accepts(vocab, g, CALL + "\nAnd now some text.")[0]  # nothing after the calls
+
+
+def test_required_named_and_single_calls(vocab):
+    required = Hermes().grammar([WEATHER, TIME], ToolChoice("required"), {})
+    assert not accepts(vocab, required, "Sure!")[0] and accepts(vocab, required, CALL) == (True, True)
+    named = Hermes().grammar([WEATHER, TIME], ToolChoice("required", name="get_time"), {})
+    assert not accepts(vocab, named, CALL)[0]
+    assert accepts(vocab, named, CALL.replace('get_weather", "arguments": {"city"', 'get_time", "arguments": {"zone"'))[0]
+    single = Hermes().grammar([WEATHER], ToolChoice("required", parallel=False), {})
+    assert accepts(vocab, single, CALL) == (True, True)
+    assert not accepts(vocab, single, CALL + "\n" + CALL)[0]
+
+
+def test_the_parser_reads_calls_and_leaves_what_is_not_one():
+    content, calls = Hermes().parse("Let me check.\n" + CALL + "\n" + CALL.replace("Rome", "Oslo"))
+    assert content == "Let me check.\n" and [c.name for c in calls] == ["get_weather"] * 2
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Rome"}, {"city": "Oslo"}]
+    assert len({c.id for c in calls}) == 2 and all(len(c.id) == 9 and c.id.isalnum() for c in calls)
+    assert Hermes().parse("No call here.") == ("No call here.", [])
+    assert Hermes().parse("<tool_call>\nnot json\n</tool_call>")[1] == []
+
+
+HISTORY = [{"role": "user", "content": "Weather in Rome?"},
+           {"role": "assistant", "content": "", "tool_calls": [{"id": "abcDEF123", "name": "get_weather",
+                                                                "arguments": {"city": "Rome"}}]},
+           {"role": "tool", "tool_call_id": "abcDEF123", "content": "22 C, sunny"}]
+
+
+@pytest.mark.parametrize("family", ["Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "ibm-granite-granite-4.1"])
+def test_hermes_families_render_tools_calls_and_results_with_their_own_template(family):
+    """The golden strings: each template writes the tools, the earlier call (arguments as an object: a JSON string
+    would be encoded twice) and its result; and what it writes for a call is what the parser reads back."""
+    template = llama_sdist.templates()[family]
+    assert isinstance(tool_format(template), Hermes)
+    messages, variables = prepare_messages(HISTORY, [WEATHER], template)
+    text = render_chat(template, messages, **variables)
+    assert '"name": "get_weather"' in text and "<tools>" in text  # the tool, described in the prompt
+    assert CALL in text  # the earlier call, as the model writes one
+    assert "<tool_response>\n22 C, sunny\n</tool_response>" in text
+    assert Hermes().parse(CALL)[1][0].arguments == '{"city": "Rome"}'
+
+
+def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_text(starter_engine):
+    template = starter_engine.model.chat_template()
+    messages, variables = prepare_messages(HISTORY, [WEATHER], template)
+    assert variables == {} and messages[0]["role"] == "system" and "<tools>" in messages[0]["content"]
+    assert CALL in messages[2]["content"] and messages[3] == {
+        "role": "user", "content": "<tool_response>\n22 C, sunny\n</tool_response>"}
+
+
+@pytest.mark.parametrize("family, words", [("Qwen3.5-4B", "Qwen3.5"), ("google-gemma-4-31B-it", "Gemma 4"),
+                                           ("openai-gpt-oss-120b", "gpt-oss"),
+                                           ("mistralai-Ministral-3-14B-Reasoning-2512", "Mistral"),
+                                           ("meta-llama-Llama-3.1-8B-Instruct", "Llama 3.x")])
+def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family, words):
+    with pytest.raises(EngineError, match=words):
+        tool_format(llama_sdist.templates()[family])
