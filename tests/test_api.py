@@ -154,22 +154,30 @@ def test_a_schema_or_grammar_that_cannot_be_used_is_a_400_and_the_server_keeps_s
     assert client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=4).choices[0].message.content
 
 
-def test_the_schema_example_of_the_readme_and_the_api_tab_works_as_written(server, capsys, monkeypatch):
-    """The README's example is the API tab's for `specchat serve --pair starter --port 8080`; run here against the
-    test server (its own port), it prints an object of the schema and a count of forced tokens."""
+@pytest.mark.parametrize("name", ["schema", "tools"])
+def test_the_examples_of_the_readme_and_the_api_tab_work_as_written(server, capsys, monkeypatch, name):
+    """The README's examples are the API tab's for `specchat serve --pair starter --port 8080`; run here against the
+    test server (its own port, and a key: the tab's examples read it when one is set)."""
     from pathlib import Path
 
-    from app.ui.render import schema_example
+    from app.ui import render
 
+    example = getattr(render, f"{name}_example")
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    block = readme.split("<!-- schema-example -->\n```python\n", 1)[1].split("```\n<!-- /schema-example -->")[0]
-    assert block.rstrip() == schema_example("http://127.0.0.1:8080/v1", "starter", key=False)
-    code = schema_example(server, "starter", key=True)  # (this server wants a key: the tab's example reads it)
+    block = readme.split(f"<!-- {name}-example -->\n```python\n", 1)[1].split(f"```\n<!-- /{name}-example -->")[0]
+    assert block.rstrip() == example("http://127.0.0.1:8080/v1", "starter", key=False)
     monkeypatch.setenv("SPECCHAT_API_KEY", KEY)
-    exec(compile(code, "schema_example", "exec"), {"__name__": "example"})  # noqa: S102 - our own example
+    code = compile(example(server, "starter", key=True), f"{name}_example", "exec")
+    exec(code, {"__name__": "example"})  # noqa: S102 - our own example
     printed = capsys.readouterr().out.strip()
-    obj, forced = printed.rsplit(" ", 1)
-    assert obj.startswith("{'city': ") and "'country': " in obj and int(forced) > 0
+    assert printed
+    if name == "schema":  # an object of the schema, and a count of forced tokens
+        obj, forced = printed.rsplit(" ", 1)
+        assert obj.startswith("{'city': ") and "'country': " in obj and int(forced) > 0
+    else:  # a call per line: the function's name and its arguments
+        for line in printed.splitlines():
+            fn, args = line.split(" ", 1)
+            assert fn == "get_weather" and isinstance(json.loads(args)["city"], str)
 
 
 WEATHER = {"type": "function", "function": {

@@ -65,7 +65,8 @@ class Proposes:
 
     def propose(self, history, n_max, sp, rng, gate=None):
         self.calls += 1
-        return Draft(tokens=list(self.tokens[:n_max]), probs=None if sp.greedy else [None] * min(n_max, len(self.tokens)))
+        tokens = list(self.tokens[:n_max])
+        return Draft(tokens=tokens, probs=None if sp.greedy else [None] * len(tokens))
 
 
 def test_forbidden_and_end_of_generation_draft_tokens_are_rejected_not_fed_to_the_grammar(starter_engine):

@@ -51,7 +51,8 @@ def test_required_named_and_single_calls(vocab):
     assert not accepts(vocab, required, "Sure!")[0] and accepts(vocab, required, CALL) == (True, True)
     named = Hermes().grammar([WEATHER, TIME], ToolChoice("required", name="get_time"), {})
     assert not accepts(vocab, named, CALL)[0]
-    assert accepts(vocab, named, CALL.replace('get_weather", "arguments": {"city"', 'get_time", "arguments": {"zone"'))[0]
+    time_call = CALL.replace('get_weather", "arguments": {"city"', 'get_time", "arguments": {"zone"')
+    assert accepts(vocab, named, time_call)[0]
     single = Hermes().grammar([WEATHER], ToolChoice("required", parallel=False), {})
     assert accepts(vocab, single, CALL) == (True, True)
     assert not accepts(vocab, single, CALL + "\n" + CALL)[0]

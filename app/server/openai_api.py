@@ -167,8 +167,10 @@ class OpenAIServer:
                                                        **job.template_variables)
                 if grammar is not None:  # calls may be made: read them back out of the answer
                     params, reader = replace(params, grammar=grammar), fmt
+            elif chat:
+                ids = engine.chat_tokens(job.messages, **job.template_variables)
             else:
-                ids = engine.chat_tokens(job.messages, **job.template_variables) if chat else engine.tokenize(job.prompt)
+                ids = engine.tokenize(job.prompt)
         except ModelsUnloaded as exc:
             raise _retry(exc) from None
         except EngineError as exc:

@@ -310,6 +310,23 @@ def schema_example(base: str, model: str, key: bool) -> str:
     ])
 
 
+def tools_example(base: str, model: str, key: bool) -> str:
+    """Python offering the model a tool (OpenAI's tools) and reading the call it makes."""
+    api_key = 'os.environ["SPECCHAT_API_KEY"]' if key else '"none"'
+    return "\n".join([
+        *(["import os"] if key else []),
+        "from openai import OpenAI",
+        f'client = OpenAI(base_url="{base}", api_key={api_key})',
+        'weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",',
+        '    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},',
+        '                   "required": ["city"], "additionalProperties": False}}}',
+        f'r = client.chat.completions.create(model="{model}", tools=[weather], tool_choice="required",',
+        '    messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=200)',
+        "for call in r.choices[0].message.tool_calls:",
+        "    print(call.function.name, call.function.arguments)",
+    ])
+
+
 def api_panel(info: dict, pair: str | None) -> str:
     """Where the OpenAI-compatible API is, how to call it, and the requests it served."""
     base = info["base_url"]
@@ -326,6 +343,7 @@ def api_panel(info: dict, pair: str | None) -> str:
         'print(r.choices[0].message.content, r.model_extra["timings"])  # draft_n, draft_n_accepted, ...',
     ])
     schema = schema_example(base, model, info["key"])
+    tools = tools_example(base, model, info["key"])
     rows = "".join(
         f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(r.when))}</td><td>{html.escape(r.endpoint)}</td>"
         f"<td>{r.tokens}</td><td>{'—' if r.tokens_per_second is None else f'{r.tokens_per_second:.1f}'}</td>"
@@ -336,7 +354,10 @@ def api_panel(info: dict, pair: str | None) -> str:
         f'(<code>OPENAI_BASE_URL={html.escape(base)}</code>). {"A key is required." if info["key"] else "No key is required (loopback only unless --listen)."}</p>'
         f'<p>curl</p><pre><code>{html.escape(curl)}</code></pre><p>Python</p><pre><code>{html.escape(py)}</code></pre>'
         f'<p>Structured output: the answer follows a JSON schema (exact under speculation; the keys and punctuation '
-        f'the schema forces are drafted free, <code>draft_n_forced</code>)</p><pre><code>{html.escape(schema)}</code></pre>'
+        f'the schema forces are drafted free, <code>draft_n_forced</code>)</p>'
+        f'<pre><code>{html.escape(schema)}</code></pre>'
+        f'<p>Tools: calls the model makes come back as <code>tool_calls</code> (valid for the tools\' schemas)</p>'
+        f'<pre><code>{html.escape(tools)}</code></pre>'
         f'<table class="spec-api-served"><thead><tr><th>time</th><th>endpoint</th><th>tokens</th><th>tok/s</th>'
         f'<th>acceptance</th><th>drafter</th><th>finish</th></tr></thead><tbody>'
         f'{rows or "<tr><td colspan=7>No requests yet.</td></tr>"}</tbody></table></div>'
