@@ -102,3 +102,38 @@ def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_t
 def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family, words):
     with pytest.raises(EngineError, match=words):
         tool_format(llama_sdist.templates()[family])
+
+
+def test_a_vocabulary_with_the_marker_as_one_special_token_calls_exactly_under_speculation(tmp_path_factory):
+    """Qwen's vocabularies hold <tool_call> as one user-defined token, which llguidance reads as a special token,
+    not as text: the grammar names it by id. Tiny models with such a vocabulary and Qwen2.5's template."""
+    from tiny_gguf import write_model
+
+    from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
+
+    d = tmp_path_factory.mktemp("hermes-vocab")
+    kw = dict(user_defined=("<tool_call>", "</tool_call>"), extra_pieces=("▁",),  # (a space of its own, as real
+              # SentencePiece vocabularies have: without it a space is spelled in the bytes of "▁")
+              chat_template=llama_sdist.templates()["Qwen-Qwen2.5-7B-Instruct"])
+    target = write_model(d / "t.gguf", seed=1, **kw)
+    draft = write_model(d / "d.gguf", seed=3, base_seed=1, noise=0.02, **kw)
+    engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
+    tool = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                                    "required": ["city"], "additionalProperties": False})
+    try:
+        marker = engine.model.special_token("<tool_call>")
+        assert marker is not None and engine.model.special_token("get_weather") is None
+        ids, grammar, fmt = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("required", parallel=False))
+        runs = {}
+        for drafter, dp in (("none", DraftParams(draft_max=0)), ("model", DraftParams(draft_max=6, draft_p_min=0))):
+            params = GenerationParams(max_tokens=80, sampling=SamplingParams(temperature=0.0), draft=dp,
+                                      grammar=grammar)
+            runs[drafter] = [ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0]
+    finally:
+        engine.close()
+    plain, spec = runs["none"], runs["model"]
+    assert plain.finish_reason == "stop" and plain.token_ids[0] == marker  # the token, not its letters
+    assert spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
+    content, calls = fmt.parse(plain.text)
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
+    assert len(json.loads(calls[0].arguments)["city"]) <= 6

@@ -52,6 +52,7 @@ def write_model(
     sliding_window: int = 0,
     permute_seed: int | None = None,
     extra_pieces: tuple[str, ...] = (),
+    user_defined: tuple[str, ...] = (),
     context: float = 1.0,
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
@@ -71,6 +72,8 @@ def write_model(
         toks = [toks[i] for i in order]
         scores = [scores[i] for i in order]
     toks += [(piece, TokenType.NORMAL) for piece in extra_pieces]
+    toks += [(piece, TokenType.USER_DEFINED) for piece in user_defined]  # (as Qwen's <tool_call>)
+    extra_pieces = (*extra_pieces, *user_defined)
     scores += [1.0] * len(extra_pieces)
     gemma = sliding_window > 0
     w = GGUFWriter(str(path), "gemma3" if gemma else "llama", split_max_tensors=split_max_tensors)
