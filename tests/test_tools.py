@@ -10,13 +10,14 @@ import pytest
 from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import Hermes, Tool, ToolChoice, prepare_messages, tool_format
+from app.engine.tools import Hermes, Llama3, QwenXml, Tool, ToolChoice, Vocab, prepare_messages, tool_format
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
     "additionalProperties": False})
 TIME = Tool("get_time", "The time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}},
                                                  "required": ["zone"], "additionalProperties": False})
+TEXT_MARKERS = Vocab({}, (0, 2, 4))  # the starter's: <tool_call> is text there, and its end-of-generation tokens
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
 
 
@@ -36,7 +37,7 @@ def accepts(model, grammar, text: str) -> tuple[bool, bool]:
 
 
 def test_auto_allows_plain_text_or_text_then_valid_calls(vocab):
-    g = Hermes().grammar([WEATHER, TIME], ToolChoice("auto"), {})
+    g = Hermes().grammar([WEATHER, TIME], ToolChoice("auto"), TEXT_MARKERS)
     assert accepts(vocab, g, "It is sunny in Rome today.") == (True, True)
     assert accepts(vocab, g, "Let me check.\n" + CALL) == (True, True)
     assert accepts(vocab, g, CALL + "\n" + CALL.replace("Rome", "Oslo")) == (True, True)  # parallel
@@ -47,24 +48,24 @@ def test_auto_allows_plain_text_or_text_then_valid_calls(vocab):
 
 
 def test_required_named_and_single_calls(vocab):
-    required = Hermes().grammar([WEATHER, TIME], ToolChoice("required"), {})
+    required = Hermes().grammar([WEATHER, TIME], ToolChoice("required"), TEXT_MARKERS)
     assert not accepts(vocab, required, "Sure!")[0] and accepts(vocab, required, CALL) == (True, True)
-    named = Hermes().grammar([WEATHER, TIME], ToolChoice("required", name="get_time"), {})
+    named = Hermes().grammar([WEATHER, TIME], ToolChoice("required", name="get_time"), TEXT_MARKERS)
     assert not accepts(vocab, named, CALL)[0]
     time_call = CALL.replace('get_weather", "arguments": {"city"', 'get_time", "arguments": {"zone"')
     assert accepts(vocab, named, time_call)[0]
-    single = Hermes().grammar([WEATHER], ToolChoice("required", parallel=False), {})
+    single = Hermes().grammar([WEATHER], ToolChoice("required", parallel=False), TEXT_MARKERS)
     assert accepts(vocab, single, CALL) == (True, True)
     assert not accepts(vocab, single, CALL + "\n" + CALL)[0]
 
 
 def test_the_parser_reads_calls_and_leaves_what_is_not_one():
-    content, calls = Hermes().parse("Let me check.\n" + CALL + "\n" + CALL.replace("Rome", "Oslo"))
+    content, calls = Hermes().parse("Let me check.\n" + CALL + "\n" + CALL.replace("Rome", "Oslo"), [WEATHER])
     assert content == "Let me check.\n" and [c.name for c in calls] == ["get_weather"] * 2
     assert [json.loads(c.arguments) for c in calls] == [{"city": "Rome"}, {"city": "Oslo"}]
     assert len({c.id for c in calls}) == 2 and all(len(c.id) == 9 and c.id.isalnum() for c in calls)
-    assert Hermes().parse("No call here.") == ("No call here.", [])
-    assert Hermes().parse("<tool_call>\nnot json\n</tool_call>")[1] == []
+    assert Hermes().parse("No call here.", [WEATHER]) == ("No call here.", [])
+    assert Hermes().parse("<tool_call>\nnot json\n</tool_call>", [WEATHER])[1] == []
 
 
 HISTORY = [{"role": "user", "content": "Weather in Rome?"},
@@ -84,7 +85,7 @@ def test_hermes_families_render_tools_calls_and_results_with_their_own_template(
     assert '"name": "get_weather"' in text and "<tools>" in text  # the tool, described in the prompt
     assert CALL in text  # the earlier call, as the model writes one
     assert "<tool_response>\n22 C, sunny\n</tool_response>" in text
-    assert Hermes().parse(CALL)[1][0].arguments == '{"city": "Rome"}'
+    assert Hermes().parse(CALL, [WEATHER])[1][0].arguments == '{"city": "Rome"}'
 
 
 def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_text(starter_engine):
@@ -95,10 +96,9 @@ def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_t
         "role": "user", "content": "<tool_response>\n22 C, sunny\n</tool_response>"}
 
 
-@pytest.mark.parametrize("family, words", [("Qwen3.5-4B", "Qwen3.5"), ("google-gemma-4-31B-it", "Gemma 4"),
+@pytest.mark.parametrize("family, words", [("google-gemma-4-31B-it", "Gemma 4"),
                                            ("openai-gpt-oss-120b", "gpt-oss"),
-                                           ("mistralai-Ministral-3-14B-Reasoning-2512", "Mistral"),
-                                           ("meta-llama-Llama-3.1-8B-Instruct", "Llama 3.x")])
+                                           ("mistralai-Ministral-3-14B-Reasoning-2512", "Mistral")])
 def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family, words):
     with pytest.raises(EngineError, match=words):
         tool_format(llama_sdist.templates()[family])
@@ -134,6 +134,57 @@ def test_a_vocabulary_with_the_marker_as_one_special_token_calls_exactly_under_s
     plain, spec = runs["none"], runs["model"]
     assert plain.finish_reason == "stop" and plain.token_ids[0] == marker  # the token, not its letters
     assert spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
-    content, calls = fmt.parse(plain.text)
+    content, calls = fmt.parse(plain.text, [tool])
     assert content == "" and [c.name for c in calls] == ["get_weather"]
     assert len(json.loads(calls[0].arguments)["city"]) <= 6
+
+
+XML_CALL = QwenXml().write("get_weather", {"city": "Rome", "days": 3})
+XML_HISTORY = [HISTORY[0], {**HISTORY[1], "tool_calls": [{"id": "abcDEF123", "name": "get_weather",
+                                                           "arguments": {"city": "Rome", "days": 3}}]}, HISTORY[2]]
+
+
+@pytest.mark.parametrize("family", ["Qwen3.5-4B", "Qwen3-Coder"])
+def test_qwen35_and_coder_write_calls_as_xml_and_they_are_read_back_typed(family):
+    template = llama_sdist.templates()[family]
+    assert isinstance(tool_format(template), QwenXml)
+    messages, variables = prepare_messages(XML_HISTORY, [WEATHER], template)
+    text = render_chat(template, messages, **variables)
+    assert XML_CALL == ("<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+                        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+    assert XML_CALL in text and "<tool_response>\n22 C, sunny\n</tool_response>" in text
+    content, calls = QwenXml().parse("Checking.\n\n" + XML_CALL, [WEATHER])
+    assert content == "Checking.\n\n" and json.loads(calls[0].arguments) == {"city": "Rome", "days": 3}
+
+
+def test_the_xml_grammar_types_each_parameter(vocab):
+    g = QwenXml().grammar([WEATHER, TIME], ToolChoice("required"), TEXT_MARKERS)
+    assert accepts(vocab, g, XML_CALL) == (True, True)
+    assert accepts(vocab, g, XML_CALL.replace("Rome", "Rome,\nItaly")) == (True, True)  # raw text, lines and all
+    assert accepts(vocab, g, XML_CALL.replace("<parameter=days>\n3\n</parameter>\n", "")) == (True, True)
+    assert not accepts(vocab, g, XML_CALL.replace("\n3\n", "\nthree\n"))[0]  # an integer must be one
+    assert not accepts(vocab, g, XML_CALL.replace("<parameter=city>\nRome\n</parameter>\n", ""))[0]  # required
+    auto = QwenXml().grammar([WEATHER], ToolChoice("auto"), TEXT_MARKERS)
+    assert accepts(vocab, auto, "Plain answer.") == (True, True)
+    assert accepts(vocab, auto, "Checking.\n\n" + XML_CALL) == (True, True)
+
+
+def test_llama3_writes_a_bare_json_call_read_back_and_constrained_only_when_required():
+    template = llama_sdist.templates()["meta-llama-Llama-3.1-8B-Instruct"]
+    fmt = tool_format(template)
+    assert isinstance(fmt, Llama3)
+    messages, variables = prepare_messages(HISTORY, [WEATHER], template)
+    text = render_chat(template, messages, bos_token="<|begin_of_text|>", **variables)
+    call = '{"name": "get_weather", "parameters": {"city": "Rome"}}'
+    assert fmt.write("get_weather", {"city": "Rome"}) == call
+    assert f"<|start_header_id|>assistant<|end_header_id|>\n\n{call}<|eot_id|>" in text
+    assert [(c.name, json.loads(c.arguments)) for c in fmt.parse(call, [WEATHER])[1]] == [("get_weather",
+                                                                                             {"city": "Rome"})]
+    assert fmt.parse('{"name": "unknown_fn", "parameters": {}}', [WEATHER])[1] == []  # not one of the tools
+    assert fmt.grammar([WEATHER], ToolChoice("auto"), TEXT_MARKERS) is None  # (no marker: read afterwards)
+
+
+def test_llama3_required_grammar(vocab):
+    g = Llama3().grammar([WEATHER], ToolChoice("required"), TEXT_MARKERS)
+    assert accepts(vocab, g, '{"name": "get_weather", "parameters": {"city": "Rome"}}') == (True, True)
+    assert not accepts(vocab, g, "Sure")[0]

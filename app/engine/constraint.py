@@ -30,7 +30,7 @@ def _tokenizer(model: Model):
     if tok is None:
         from llguidance.llamacpp import lltokenizer_from_vocab
 
-        eog = [t for t in range(model.n_vocab) if model.is_eog(t)] or [model.eos]
+        eog = list(model.eog_tokens)
         with warnings.catch_warnings():  # (it calls a llama_cpp function deprecated under another name)
             warnings.simplefilter("ignore", DeprecationWarning)
             tok = lltokenizer_from_vocab(model.vocab, n_vocab=model.n_vocab, eos_token=eog)

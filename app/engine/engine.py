@@ -18,7 +18,7 @@ from .assistant import AssistantDrafter
 from .eagle3 import Eagle3Drafter
 from .gguf_file import read_info
 from .grammar import Grammar
-from .tools import Hermes, Tool, ToolChoice, prepare_messages, tool_format
+from .tools import Format, Tool, ToolChoice, Vocab, prepare_messages, tool_format
 from .mtp import MtpDrafter
 from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
@@ -157,18 +157,22 @@ class Engine:
                              else self.chat_prompt(messages, **variables))
 
     def tool_prompt(self, messages: list[dict], tools: list[Tool], choice: ToolChoice,
-                    **variables) -> tuple[list[int], Grammar | None, Hermes]:
-        """A conversation with tools: its tokens, the grammar every answer must follow (None when no call may be
-        made), and the format to read calls back with. ``tool_choice: none`` leaves the tools out of the prompt."""
-        template = self.model.chat_template()
+                    **variables) -> tuple[list[int], Grammar | None, Format | None]:
+        """A conversation with tools: its tokens, the grammar the answer must follow (None: unconstrained) and the
+        format to read calls back with (None: no call may be made; ``tool_choice: none`` leaves the tools out of
+        the prompt)."""
+        model = self.model
+        template = model.chat_template()
         fmt = tool_format(template)
         offered = tools if choice.mode != "none" else []
         msgs, extra = prepare_messages(messages, offered, template)
-        ids = self.chat_tokens(msgs, **{**variables, **extra})
+        prompt = self.chat_prompt(msgs, **{**variables, **extra})
+        ids = self.chat_tokens(prompt)
         if not offered:
-            return ids, None, fmt
-        specials = {m: i for m in (fmt.open, fmt.close) if (i := self.model.special_token(m)) is not None}
-        return ids, fmt.grammar(offered, choice, specials), fmt
+            return ids, None, None
+        vocab = Vocab({m: i for m in fmt.markers if (i := model.special_token(m)) is not None}, model.eog_tokens)
+        thinking = prompt.rfind("<think>") > prompt.rfind("</think>")
+        return ids, fmt.grammar(offered, choice, vocab, thinking), fmt
 
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")

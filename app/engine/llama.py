@@ -263,6 +263,11 @@ class Model:
         user = attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">")
         return ids[0] if attr & ll.LLAMA_TOKEN_ATTR_CONTROL or user else None
 
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token (end of text, end of turn...)."""
+        return tuple(t for t in range(self.n_vocab) if self.is_eog(t)) or (self.eos,)
+
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 

@@ -52,50 +52,100 @@ def call_id() -> str:
     return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
-class Hermes:
-    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, calls one after another (Qwen2.5, Qwen3,
-    Granite 4, and the format taught to templates without tools)."""
+@dataclass(frozen=True)
+class Vocab:
+    """What a grammar needs of the vocabulary: which markers are one special token (named by id: llguidance reads
+    such a token as a token, never as the bytes of its text) and the end-of-generation tokens."""
 
-    name = "hermes"
-    open, close = "<tool_call>", "</tool_call>"
+    specials: dict[str, int]
+    eog: tuple[int, ...]
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice, specials: dict[str, int]) -> Grammar:
-        """``specials``: the markers that are one special token in this vocabulary (Qwen's ``<tool_call>``), which
-        the grammar names by id: as bytes the model never writes them."""
+    def lit(self, text: str) -> str:
+        return f"<[{self.specials[text]}]>" if text in self.specials else json.dumps(text)
+
+
+def _json(schema) -> str:
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT}) if isinstance(schema, dict) else "%json {}"
+
+
+class Format:
+    """How a family writes calls: a marker that opens them (``open``), the grammar of what follows it
+    (``calls``), a parser, and how a call is written back into a conversation."""
+
+    name = ""
+    open = ""
+    close = ""
+    markers: tuple[str, ...] = ()  # texts a vocabulary may hold as one special token
+    parallel = True  # the family can make several calls in one answer
+
+    def grammar(self, tools: list[Tool], choice: ToolChoice, vocab: Vocab, thinking: bool = False) -> Grammar | None:
+        """``thinking``: the prompt leaves the model inside an open reasoning block (Qwen3.5's template opens
+        <think>): a required call comes after what it writes first."""
         usable = [t for t in tools if choice.name in (None, t.name)]
-        call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                           "required": ["name", "arguments"], "additionalProperties": False} for t in usable],
-                "x-guidance": JSON_LAYOUT}
-        op, cl = (f"<[{specials[m]}]>" if m in specials else json.dumps(m) for m in (self.open, self.close))
-        block = f'call "\\n" {cl}'
-        calls = f'{block} ("\\n" {op} "\\n" {block})*' if choice.parallel else block
-        if choice.mode == "required":
-            start = f'start: {op} "\\n" {calls}'
-        elif self.open in specials:  # free text cannot hold the special token: it ends where the marker comes
-            start = f'start: FREE | FREE {op} "\\n" {calls}\nFREE: /(.|\\n)*/'
+        calls, rules = self.calls(usable, choice.parallel and self.parallel, vocab)
+        op = vocab.lit(self.open)
+        if choice.mode == "required" and not thinking:  # the call from the first token
+            start = f"start: {op} {calls}"
+        elif self.open in vocab.specials:  # free text is any token but the marker; it ends where the marker comes
+            free = ",".join(map(str, (vocab.specials[self.open], *vocab.eog)))
+            first = "free" if choice.mode == "required" else "free | free"
+            start = f"start: {first} {op} {calls}\nfree: <[^{free}]>*"
+        elif choice.mode == "required":
+            start = f"start: text {calls}\ntext[suffix={json.dumps(self.open)}]: /(.|\\n)*/"
         else:  # free text without the marker, or text up to and with the marker, then calls
-            start = (f'start: FREE | text "\\n" {calls}\n'
-                     f'text[suffix={json.dumps(self.open)}]: /(.|\\n)*/\n'
-                     f'FREE: /(.|\\n)*/ & ~/(.|\\n)*{re.escape(self.open)}(.|\\n)*/')
-        return Grammar.lark(f"{start}\ncall: %json {json.dumps(call)}", "tools")
+            start = (f"start: FREE | text {calls}\n"
+                     f"text[suffix={json.dumps(self.open)}]: /(.|\\n)*/\n"
+                     f"FREE: /(.|\\n)*/ & ~/(.|\\n)*{re.escape(self.open)}(.|\\n)*/")
+        return Grammar.lark(f"{start}\n{rules}", "tools")
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """The text before the first call, and the calls (a block that is not a JSON call stays in the text)."""
+    def calls(self, tools: list[Tool], parallel: bool, vocab: Vocab) -> tuple[str, str]:
+        """The Lark of what follows the marker (all the calls), and the rules it uses."""
+        raise NotImplementedError
+
+    def parse(self, text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
+        """The text before the first call, and the calls; an answer whose calls do not parse is all text."""
         start = text.find(self.open)
         if start < 0:
             return text, []
-        calls = []
-        for block in re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text[start:], flags=re.S):
-            try:
-                obj = json.loads(block)
-            except json.JSONDecodeError:
-                return text, []
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return text, []
-            calls.append(ToolCall(call_id(), obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
-        return text[:start], calls  # (the whitespace before the call kept, as llama.cpp keeps it)
+        try:
+            calls = [ToolCall(call_id(), name, json.dumps(args, ensure_ascii=False))
+                     for name, args in self.read(text[start:], tools)]
+        except (ValueError, KeyError, TypeError):
+            return text, []
+        return (text[:start], calls) if calls else (text, [])  # (whitespace before a call kept, as llama.cpp)
+
+    def read(self, text: str, tools: list[Tool]) -> list[tuple[str, dict]]:
+        raise NotImplementedError
 
     def write(self, name: str, arguments: dict) -> str:
+        raise NotImplementedError
+
+
+class Hermes(Format):
+    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, calls one after another (Qwen2.5,
+    Qwen3, Granite 4, and the format taught to templates without tools)."""
+
+    name = "Hermes (<tool_call>)"
+    open, close = "<tool_call>", "</tool_call>"
+    markers = (open, close)
+
+    def calls(self, tools, parallel, vocab):
+        call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                           "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+        op, cl = vocab.lit(self.open), vocab.lit(self.close)
+        block = f'"\\n" call "\\n" {cl}'
+        return (f'{block} ("\\n" {op} {block})*' if parallel else block), f"call: {_json(call)}"
+
+    def read(self, text, tools):
+        out = []
+        for block in re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, flags=re.S):
+            obj = json.loads(block)
+            if not isinstance(obj.get("name"), str):
+                raise ValueError("no name")
+            out.append((obj["name"], obj.get("arguments", {})))
+        return out
+
+    def write(self, name, arguments):
         return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)}\n</tool_call>'
 
     def teach(self, tools: list[Tool]) -> str:
@@ -107,26 +157,112 @@ class Hermes:
                 'XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
-# llama.cpp's own markers for the families it parses with hand-written code (common/chat.cpp); SpecChat does not
-# write or read these formats yet, and says so rather than answering in the wrong one.
-OTHER_FORMATS = [("Qwen3.5 / Qwen3-Coder (<function=...>)", ("<tool_call>", "<function=", "<parameter=")),
-                 ("Mistral ([TOOL_CALLS])", ("[TOOL_CALLS]",)), ("gpt-oss (harmony)", ("<|channel|>",)),
-                 ("Gemma 4 (<|tool_call>)", ("<|tool_call>",)), ("LFM2 (<|tool_call_start|>)", ("List of tools: [",)),
-                 ("LFM2 (<|tool_call_start|>)", ("<|tool_list_start|>",)),
-                 ("Llama 3.x (JSON with parameters)", ('"parameters": ', "ipython"))]
+class QwenXml(Format):
+    """``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
+    (Qwen3.5/3.6, Qwen3-Coder, Nemotron 3): string values written raw, others as JSON."""
+
+    name = "Qwen3.5 / Qwen3-Coder (<function=...>)"
+    open, close = "<tool_call>", "</tool_call>"
+    markers = (open, close)
+
+    def calls(self, tools, parallel, vocab):
+        rules = []
+        for i, t in enumerate(tools):
+            props = t.parameters.get("properties") or {}
+            required = [k for k in t.parameters.get("required", []) if k in props]
+            parts = []
+            for j, key in enumerate(required + [k for k in props if k not in required]):
+                head = json.dumps(f"<parameter={key}>\n")
+                if props[key].get("type") == "string":  # raw text up to the closing tag
+                    rules.append(f'v{i}_{j}[suffix="\\n</parameter>\\n"]: /(.|\\n)*/')
+                    part = f"{head} v{i}_{j}"
+                else:
+                    rules.append(f"v{i}_{j}: {_json(props[key])}")
+                    part = f'{head} v{i}_{j} "\\n</parameter>\\n"'
+                parts.append(part if key in required else f"({part})?")
+            rules.append(f'f{i}: {json.dumps(f"<function={t.name}>{chr(10)}")} {" ".join(parts)} "</function>\\n"')
+        rules.append("fn: " + " | ".join(f"f{i}" for i in range(len(tools))))
+        op, cl = vocab.lit(self.open), vocab.lit(self.close)
+        block = f'"\\n" fn {cl}'
+        return (f'{block} ("\\n" {op} {block})*' if parallel else block), "\n".join(rules)
+
+    def read(self, text, tools):
+        schemas = {t.name: t.parameters.get("properties") or {} for t in tools}
+        out = []
+        for name, body in re.findall(r"<function=([^>\n]+)>\n?(.*?)</function>", text, flags=re.S):
+            args = {}
+            for key, value in re.findall(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>", body, flags=re.S):
+                kind = schemas.get(name, {}).get(key, {}).get("type")
+                args[key] = value if kind == "string" else _value(value)
+            out.append((name, args))
+        return out
+
+    def write(self, name, arguments):
+        params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+                         for k, v in arguments.items())
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+class Llama3(Format):
+    """``{"name": NAME, "parameters": {...}}`` as the whole answer, one call (Llama 3.1/3.2/3.3): no marker, so
+    with ``auto`` nothing is constrained and the answer is read afterwards, as llama.cpp does."""
+
+    name = "Llama 3.x (JSON with parameters)"
+    open = '{"name"'
+    parallel = False
+
+    def grammar(self, tools, choice, vocab, thinking=False):
+        if choice.mode != "required":
+            return None
+        usable = [t for t in tools if choice.name in (None, t.name)]
+        call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "parameters": t.parameters},
+                           "required": ["name", "parameters"], "additionalProperties": False} for t in usable]}
+        return Grammar.lark(f"start: call\ncall: {_json(call)}", "tools")
+
+    def read(self, text, tools):
+        obj = json.loads(text.strip())
+        if not isinstance(obj.get("name"), str) or obj["name"] not in {t.name for t in tools}:
+            raise ValueError("not a call")
+        return [(obj["name"], obj.get("parameters", obj.get("arguments", {})))]
+
+    def write(self, name, arguments):
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+# Formats told by their template's markers (llama.cpp's own checks, common/chat.cpp), most specific first; the
+# families SpecChat does not read yet are refused by name rather than answered in another family's format.
+FORMATS: list[tuple[tuple[str, ...], Format | str]] = [
+    (("[TOOL_CALLS]",), "Mistral ([TOOL_CALLS])"),
+    (("<|channel|>",), "gpt-oss (harmony)"),
+    (("List of tools: [",), "LFM2 (<|tool_call_start|>)"),
+    (("<|tool_list_start|>",), "LFM2 (<|tool_call_start|>)"),
+    (("<|tool_call>",), "Gemma 4 (<|tool_call>)"),
+    (("<tool_call>", "<function=", "<parameter="), QwenXml()),
+    (("<tool_call>",), Hermes()),
+    (('"parameters": ', "ipython"), Llama3()),
+]
 
 
 def knows_tools(template: str | None) -> bool:
     return bool(template) and "tools" in template
 
 
-def tool_format(template: str | None) -> Hermes:
-    """The format a model writes calls in, from its template's markers."""
-    for family, markers in OTHER_FORMATS:
+def tool_format(template: str | None) -> Format:
+    """The format a model writes calls in, from its template's markers (Hermes where the template knows none)."""
+    for markers, fmt in FORMATS:
         if template and all(m in template for m in markers):
-            raise EngineError(f"This model writes tool calls in the {family} format, which SpecChat does not read "
-                              "yet: use a model of the Qwen2.5/Qwen3/Granite family, or one whose template knows "
-                              "no tools.")
+            if isinstance(fmt, str):
+                raise EngineError(f"This model writes tool calls in the {fmt} format, which SpecChat does not read "
+                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite or Llama 3.x families, or "
+                                  "one whose template knows no tools.")
+            return fmt
     return Hermes()
 
 

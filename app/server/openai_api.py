@@ -165,8 +165,7 @@ class OpenAIServer:
             if chat and job.tools:
                 ids, grammar, fmt = engine.tool_prompt(job.messages, job.tools, job.tool_choice,
                                                        **job.template_variables)
-                if grammar is not None:  # calls may be made: read them back out of the answer
-                    params, reader = replace(params, grammar=grammar), fmt
+                params, reader = replace(params, grammar=grammar), fmt  # (fmt None: no call may be made)
             elif chat:
                 ids = engine.chat_tokens(job.messages, **job.template_variables)
             else:
@@ -206,7 +205,7 @@ class OpenAIServer:
             except EngineError as exc:
                 raise ApiError(400, str(exc)) from None
             meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                        model=loaded, chat=chat, prompt_n=len(ids), tools=reader)
+                        model=loaded, chat=chat, prompt_n=len(ids), tools=reader, offered=job.tools)
             if job.stream:
                 handed_over = True  # the stream stops the watch when it ends
                 return StreamingResponse(self._stream(job, first, batches, meta, watch), media_type="text/event-stream",
@@ -224,7 +223,7 @@ class OpenAIServer:
     def _final(self, meta: dict, done: Done) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
         if meta["chat"]:
-            content, calls = meta["tools"].parse(done.text) if meta["tools"] else (done.text, [])
+            content, calls = meta["tools"].parse(done.text, meta["offered"]) if meta["tools"] else (done.text, [])
             message = {"role": "assistant", "content": content if content.strip() or not calls else None}
             if calls:
                 message["tool_calls"] = [_call(c) for c in calls]
@@ -278,7 +277,7 @@ class OpenAIServer:
                 batch = await anext(batches)
             finish = "length" if done.finish_reason == "length" else "stop"
             if held is not None:
-                content, calls = meta["tools"].parse(done.text)
+                content, calls = meta["tools"].parse(done.text, meta["offered"])
                 if not calls and held.text:  # no call after all: the held text is content
                     yield chunk(held.text)
                 for i, call in enumerate(calls):  # each call: its id and name, then its arguments
