@@ -10,7 +10,7 @@ import pytest
 from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import Hermes, Llama3, QwenXml, Tool, ToolChoice, Vocab, prepare_messages, tool_format
+from app.engine.tools import Hermes, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages, tool_format
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
@@ -98,36 +98,42 @@ def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_t
 
 @pytest.mark.parametrize("family, words", [("google-gemma-4-31B-it", "Gemma 4"),
                                            ("openai-gpt-oss-120b", "gpt-oss"),
-                                           ("mistralai-Ministral-3-14B-Reasoning-2512", "Mistral")])
+                                           ("mistralai-Mistral-Nemo-Instruct-2407", "Mistral Nemo"),
+                                           ("Mistral-Small-3.2-24B-Instruct-2506", "Mistral Small 3.2")])
 def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family, words):
     with pytest.raises(EngineError, match=words):
         tool_format(llama_sdist.templates()[family])
 
 
-def test_a_vocabulary_with_the_marker_as_one_special_token_calls_exactly_under_speculation(tmp_path_factory):
-    """Qwen's vocabularies hold <tool_call> as one user-defined token, which llguidance reads as a special token,
-    not as text: the grammar names it by id. Tiny models with such a vocabulary and Qwen2.5's template."""
+@pytest.mark.parametrize("family, tokens, kind", [
+    ("Qwen-Qwen2.5-7B-Instruct", ("<tool_call>", "</tool_call>"), "user_defined"),
+    ("mistralai-Ministral-3-14B-Reasoning-2512", ("[TOOL_CALLS]", "[ARGS]"), "control"),
+])
+def test_markers_held_as_one_special_token_call_exactly_under_speculation(tmp_path_factory, family, tokens, kind):
+    """Qwen's vocabularies hold <tool_call> as one user-defined token, Mistral's [TOOL_CALLS] and [ARGS] as control
+    tokens: llguidance reads them as tokens, never as text, so the grammar names them by id, and the answer's text
+    writes them out to be read. Tiny models with such vocabularies and the family's template."""
     from tiny_gguf import write_model
 
     from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
 
-    d = tmp_path_factory.mktemp("hermes-vocab")
-    kw = dict(user_defined=("<tool_call>", "</tool_call>"), extra_pieces=("▁",),  # (a space of its own, as real
-              # SentencePiece vocabularies have: without it a space is spelled in the bytes of "▁")
-              chat_template=llama_sdist.templates()["Qwen-Qwen2.5-7B-Instruct"])
+    d = tmp_path_factory.mktemp("tool-vocab")
+    kw = {kind: tokens, "extra_pieces": ("▁",),  # (a space of its own, as real SentencePiece vocabularies
+          "chat_template": llama_sdist.templates()[family]}  # have: without it a space is the bytes of "▁")
     target = write_model(d / "t.gguf", seed=1, **kw)
     draft = write_model(d / "d.gguf", seed=3, base_seed=1, noise=0.02, **kw)
     engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
     tool = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
                                     "required": ["city"], "additionalProperties": False})
     try:
-        marker = engine.model.special_token("<tool_call>")
+        marker = engine.model.special_token(tokens[0])
         assert marker is not None and engine.model.special_token("get_weather") is None
-        ids, grammar, fmt = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("required", parallel=False))
+        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("required", parallel=False))
+        assert shown == {engine.model.special_token(t) for t in tokens}
         runs = {}
         for drafter, dp in (("none", DraftParams(draft_max=0)), ("model", DraftParams(draft_max=6, draft_p_min=0))):
             params = GenerationParams(max_tokens=80, sampling=SamplingParams(temperature=0.0), draft=dp,
-                                      grammar=grammar)
+                                      grammar=grammar, shown=shown)
             runs[drafter] = [ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0]
     finally:
         engine.close()
@@ -135,7 +141,7 @@ def test_a_vocabulary_with_the_marker_as_one_special_token_calls_exactly_under_s
     assert plain.finish_reason == "stop" and plain.token_ids[0] == marker  # the token, not its letters
     assert spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
     content, calls = fmt.parse(plain.text, [tool])
-    assert content == "" and [c.name for c in calls] == ["get_weather"]
+    assert content == "" and [c.name for c in calls] == ["get_weather"] and plain.text.startswith(tokens[0])
     assert len(json.loads(calls[0].arguments)["city"]) <= 6
 
 
@@ -188,3 +194,27 @@ def test_llama3_required_grammar(vocab):
     g = Llama3().grammar([WEATHER], ToolChoice("required"), TEXT_MARKERS)
     assert accepts(vocab, g, '{"name": "get_weather", "parameters": {"city": "Rome"}}') == (True, True)
     assert not accepts(vocab, g, "Sure")[0]
+
+
+def test_ministral3_writes_tool_calls_name_args_and_they_are_read_back():
+    template = llama_sdist.templates()["mistralai-Ministral-3-14B-Reasoning-2512"]
+    fmt = tool_format(template)
+    assert isinstance(fmt, Mistral)
+    history = HISTORY + [{"role": "assistant", "content": "Sunny, 22 C."}, {"role": "user", "content": "Oslo?"}]
+    messages, variables = prepare_messages(history, [WEATHER], template)
+    text = render_chat(template, messages, bos_token="<s>", **variables)
+    call = '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+    assert fmt.write("get_weather", {"city": "Rome"}) == call and call in text
+    assert "[AVAILABLE_TOOLS]" in text and "[TOOL_RESULTS]22 C, sunny[/TOOL_RESULTS]" in text
+    content, calls = fmt.parse("Checking." + call + call.replace("Rome", "Oslo"), [WEATHER])
+    assert content == "Checking." and [json.loads(c.arguments)["city"] for c in calls] == ["Rome", "Oslo"]
+
+
+def test_the_mistral_grammar(vocab):
+    g = Mistral().grammar([WEATHER, TIME], ToolChoice("required"), TEXT_MARKERS)
+    call = '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+    assert accepts(vocab, g, call) == (True, True) and accepts(vocab, g, call + call) == (True, True)
+    assert not accepts(vocab, g, '[TOOL_CALLS]get_weather[ARGS]{"zone": "UTC"}')[0]
+    auto = Mistral().grammar([WEATHER], ToolChoice("auto", parallel=False), TEXT_MARKERS)
+    assert accepts(vocab, auto, "Hello there.") == (True, True) and accepts(vocab, auto, "Ok." + call) == (True, True)
+    assert not accepts(vocab, auto, call + call)[0]

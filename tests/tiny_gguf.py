@@ -53,6 +53,7 @@ def write_model(
     permute_seed: int | None = None,
     extra_pieces: tuple[str, ...] = (),
     user_defined: tuple[str, ...] = (),
+    control: tuple[str, ...] = (),
     context: float = 1.0,
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
@@ -73,7 +74,8 @@ def write_model(
         scores = [scores[i] for i in order]
     toks += [(piece, TokenType.NORMAL) for piece in extra_pieces]
     toks += [(piece, TokenType.USER_DEFINED) for piece in user_defined]  # (as Qwen's <tool_call>)
-    extra_pieces = (*extra_pieces, *user_defined)
+    toks += [(piece, TokenType.CONTROL) for piece in control]  # (as Mistral's [TOOL_CALLS])
+    extra_pieces = (*extra_pieces, *user_defined, *control)
     scores += [1.0] * len(extra_pieces)
     gemma = sliding_window > 0
     w = GGUFWriter(str(path), "gemma3" if gemma else "llama", split_max_tensors=split_max_tensors)

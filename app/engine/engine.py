@@ -157,10 +157,10 @@ class Engine:
                              else self.chat_prompt(messages, **variables))
 
     def tool_prompt(self, messages: list[dict], tools: list[Tool], choice: ToolChoice,
-                    **variables) -> tuple[list[int], Grammar | None, Format | None]:
-        """A conversation with tools: its tokens, the grammar the answer must follow (None: unconstrained) and the
+                    **variables) -> tuple[list[int], Grammar | None, Format | None, frozenset[int]]:
+        """A conversation with tools: its tokens, the grammar the answer must follow (None: unconstrained), the
         format to read calls back with (None: no call may be made; ``tool_choice: none`` leaves the tools out of
-        the prompt)."""
+        the prompt) and the special tokens among its markers, which the answer's text must show to be read."""
         model = self.model
         template = model.chat_template()
         fmt = tool_format(template)
@@ -169,10 +169,10 @@ class Engine:
         prompt = self.chat_prompt(msgs, **{**variables, **extra})
         ids = self.chat_tokens(prompt)
         if not offered:
-            return ids, None, None
+            return ids, None, None, frozenset()
         vocab = Vocab({m: i for m in fmt.markers if (i := model.special_token(m)) is not None}, model.eog_tokens)
         thinking = prompt.rfind("<think>") > prompt.rfind("</think>")
-        return ids, fmt.grammar(offered, choice, vocab, thinking), fmt
+        return ids, fmt.grammar(offered, choice, vocab, thinking), fmt, frozenset(vocab.specials.values())
 
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")

@@ -29,6 +29,7 @@ class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     draft: DraftParams = field(default_factory=DraftParams)
     grammar: Grammar | None = None  # the answer follows it (a JSON schema, GBNF...)
+    shown: frozenset[int] = frozenset()  # special tokens written out in the text (a tool-call marker: [TOOL_CALLS])
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -106,7 +107,7 @@ def speculative_generate(
                 out_ids.append(tok)
                 flags.append(from_draft)
                 emitted.append(tok)
-                text = stream.feed(model.piece(tok))
+                text = stream.feed(model.piece_text(tok) if tok in params.shown else model.piece(tok))
                 if text:
                     yield TextDelta(text, emitted, from_draft)
                     emitted = []

@@ -203,6 +203,31 @@ class QwenXml(Format):
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
+class Mistral(Format):
+    """``[TOOL_CALLS]NAME[ARGS]{...}``, the marker before each call (Ministral 3, Magistral, Devstral): control
+    tokens in Mistral's vocabulary, named by id in the grammar and written out in the answer's text to be read."""
+
+    name = "Mistral ([TOOL_CALLS]name[ARGS])"
+    open, args = "[TOOL_CALLS]", "[ARGS]"
+    markers = (open, args)
+
+    def calls(self, tools, parallel, vocab):
+        rules = [f"f{i}: {json.dumps(t.name)} {vocab.lit(self.args)} {_json(t.parameters)}"
+                 for i, t in enumerate(tools)]
+        rules.append("fn: " + " | ".join(f"f{i}" for i in range(len(tools))))
+        return (f"fn ({vocab.lit(self.open)} fn)*" if parallel else "fn"), "\n".join(rules)
+
+    def read(self, text, tools):
+        out = []
+        for part in text.split(self.open)[1:]:
+            name, args = part.split(self.args, 1)
+            out.append((name.strip(), json.loads(args)))
+        return out
+
+    def write(self, name, arguments):
+        return f"{self.open}{name}{self.args}{json.dumps(arguments, ensure_ascii=False)}"
+
+
 class Llama3(Format):
     """``{"name": NAME, "parameters": {...}}`` as the whole answer, one call (Llama 3.1/3.2/3.3): no marker, so
     with ``auto`` nothing is constrained and the answer is read afterwards, as llama.cpp does."""
@@ -239,7 +264,9 @@ def _value(text: str):
 # Formats told by their template's markers (llama.cpp's own checks, common/chat.cpp), most specific first; the
 # families SpecChat does not read yet are refused by name rather than answered in another family's format.
 FORMATS: list[tuple[tuple[str, ...], Format | str]] = [
-    (("[TOOL_CALLS]",), "Mistral ([TOOL_CALLS])"),
+    (("[TOOL_CALLS]", "[CALL_ID]"), "Mistral Small 3.2 ([TOOL_CALLS]name[CALL_ID]id[ARGS])"),
+    (("[TOOL_CALLS]", "[ARGS]"), Mistral()),
+    (("[TOOL_CALLS]",), "Mistral Nemo ([TOOL_CALLS][{...}])"),
     (("<|channel|>",), "gpt-oss (harmony)"),
     (("List of tools: [",), "LFM2 (<|tool_call_start|>)"),
     (("<|tool_list_start|>",), "LFM2 (<|tool_call_start|>)"),
@@ -260,8 +287,8 @@ def tool_format(template: str | None) -> Format:
         if template and all(m in template for m in markers):
             if isinstance(fmt, str):
                 raise EngineError(f"This model writes tool calls in the {fmt} format, which SpecChat does not read "
-                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite or Llama 3.x families, or "
-                                  "one whose template knows no tools.")
+                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite, Ministral 3 or Llama 3.x "
+                                  "families, or one whose template knows no tools.")
             return fmt
     return Hermes()
 

@@ -163,9 +163,9 @@ class OpenAIServer:
         params, reader = job.params, None
         try:
             if chat and job.tools:
-                ids, grammar, fmt = engine.tool_prompt(job.messages, job.tools, job.tool_choice,
-                                                       **job.template_variables)
-                params, reader = replace(params, grammar=grammar), fmt  # (fmt None: no call may be made)
+                ids, grammar, fmt, shown = engine.tool_prompt(job.messages, job.tools, job.tool_choice,
+                                                              **job.template_variables)
+                params, reader = replace(params, grammar=grammar, shown=shown), fmt  # (fmt None: no call)
             elif chat:
                 ids = engine.chat_tokens(job.messages, **job.template_variables)
             else:
