@@ -10,7 +10,7 @@ import pytest
 from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import Hermes, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages, tool_format
+from app.engine.tools import Gemma4, Hermes, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages, tool_format
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
@@ -96,7 +96,7 @@ def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_t
         "role": "user", "content": "<tool_response>\n22 C, sunny\n</tool_response>"}
 
 
-@pytest.mark.parametrize("family, words", [("google-gemma-4-31B-it", "Gemma 4"),
+@pytest.mark.parametrize("family, words", [
                                            ("openai-gpt-oss-120b", "gpt-oss"),
                                            ("mistralai-Mistral-Nemo-Instruct-2407", "Mistral Nemo"),
                                            ("Mistral-Small-3.2-24B-Instruct-2506", "Mistral Small 3.2")])
@@ -108,6 +108,7 @@ def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family
 @pytest.mark.parametrize("family, tokens, kind", [
     ("Qwen-Qwen2.5-7B-Instruct", ("<tool_call>", "</tool_call>"), "user_defined"),
     ("mistralai-Ministral-3-14B-Reasoning-2512", ("[TOOL_CALLS]", "[ARGS]"), "control"),
+    ("google-gemma-4-31B-it", ("<|tool_call>", "<tool_call|>", '<|"|>'), "control"),
 ])
 def test_markers_held_as_one_special_token_call_exactly_under_speculation(tmp_path_factory, family, tokens, kind):
     """Qwen's vocabularies hold <tool_call> as one user-defined token, Mistral's [TOOL_CALLS] and [ARGS] as control
@@ -142,7 +143,7 @@ def test_markers_held_as_one_special_token_call_exactly_under_speculation(tmp_pa
     assert spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
     content, calls = fmt.parse(plain.text, [tool])
     assert content == "" and [c.name for c in calls] == ["get_weather"] and plain.text.startswith(tokens[0])
-    assert len(json.loads(calls[0].arguments)["city"]) <= 6
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
 
 
 XML_CALL = QwenXml().write("get_weather", {"city": "Rome", "days": 3})
@@ -218,3 +219,34 @@ def test_the_mistral_grammar(vocab):
     auto = Mistral().grammar([WEATHER], ToolChoice("auto", parallel=False), TEXT_MARKERS)
     assert accepts(vocab, auto, "Hello there.") == (True, True) and accepts(vocab, auto, "Ok." + call) == (True, True)
     assert not accepts(vocab, auto, call + call)[0]
+
+
+def test_gemma4_writes_calls_in_its_own_object_syntax_and_they_are_read_back():
+    template = llama_sdist.templates()["google-gemma-4-31B-it"]
+    fmt = tool_format(template)
+    assert isinstance(fmt, Gemma4)
+    args = {"city": "Rome", "days": 3, "flags": {"b": [1, "x, y"], "a": True}}
+    history = [HISTORY[0], {**HISTORY[1], "tool_calls": [{"id": "abcDEF123", "name": "get_weather",
+                                                          "arguments": args}]}, HISTORY[2]]
+    messages, variables = prepare_messages(history, [WEATHER], template)
+    text = render_chat(template, messages, bos_token="<bos>", **variables)
+    call = '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:3,flags:{a:true,b:[1,<|"|>x, y<|"|>]}}<tool_call|>'
+    assert fmt.write("get_weather", args) == call and call in text
+    assert '<|tool_response>response:get_weather{value:<|"|>22 C, sunny<|"|>}<tool_response|>' in text
+    content, calls = fmt.parse("Checking." + call, [WEATHER])
+    assert content == "Checking." and json.loads(calls[0].arguments) == args
+
+
+def test_the_gemma4_grammar_follows_the_schema_in_gemma_syntax(vocab):
+    tool = Tool("get_weather", "", {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string", "enum": ["c", "f"]}}})
+    g = Gemma4().grammar([tool, TIME], ToolChoice("required"), TEXT_MARKERS)
+    q = '<|"|>'
+    ok = f"<|tool_call>call:get_weather{{city:{q}Rome{q},days:3,units:{q}c{q}}}<tool_call|>"
+    assert accepts(vocab, g, ok) == (True, True)
+    assert accepts(vocab, g, ok.replace(",days:3", "")) == (True, True)  # optional keys left out, commas right
+    assert accepts(vocab, g, f"<|tool_call>call:get_weather{{city:{q}Rome{q}}}<tool_call|>") == (True, True)
+    assert not accepts(vocab, g, ok.replace("days:3", "days:three"))[0]
+    assert not accepts(vocab, g, ok.replace(f"units:{q}c{q}", f"units:{q}k{q}"))[0]  # the enum
+    assert not accepts(vocab, g, "<|tool_call>call:get_weather{days:3}<tool_call|>")[0]  # city is required
+    assert not accepts(vocab, g, f"<|tool_call>call:get_weather{{,city:{q}Rome{q}}}")[0]
