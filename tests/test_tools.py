@@ -10,7 +10,8 @@ import pytest
 from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import Gemma4, Hermes, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages, tool_format
+from app.engine.tools import (Gemma4, Hermes, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages,
+                              tool_format)
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
