@@ -260,6 +260,9 @@ def test_a_tool_result_round_trip_and_greedy_identical_with_speculation_off(clie
                              {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21, "sky": "clear"}'}]
     answer = client.chat.completions.create(messages=history, tool_choice="none", **kw)
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
+    kw.pop("tools")  # the history alone, no tools offered any more: the call and its result are still rendered
+    again = client.chat.completions.create(messages=history, **kw)
+    assert again.choices[0].message.content and again.choices[0].message.tool_calls is None
 
 
 @pytest.mark.parametrize("extra, param, words", [

@@ -163,8 +163,8 @@ class Engine:
         the prompt) and the special tokens among its markers, which the answer's text must show to be read."""
         model = self.model
         template = model.chat_template()
-        fmt = tool_format(template)
         offered = tools if choice.mode != "none" else []
+        fmt = tool_format(template) if offered else None
         msgs, extra = prepare_messages(messages, offered, template)
         prompt = self.chat_prompt(msgs, **{**variables, **extra})
         ids = self.chat_tokens(prompt)

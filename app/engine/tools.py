@@ -417,8 +417,8 @@ def tool_format(template: str | None) -> Format:
 def prepare_messages(messages: list[dict], tools: list[Tool], template: str | None) -> tuple[list[dict], dict]:
     """Messages and template variables for a conversation with tools. Arguments of earlier calls become objects
     (templates write them with tojson or iterate them). A template that knows no tools gets them taught in the
-    system message, earlier calls written into the assistant's text and results as user turns."""
-    fmt = tool_format(template)
+    system message, earlier calls written into the assistant's text and results as user turns (Hermes)."""
+    taught = Hermes()
     out = []
     for m in messages:
         m = dict(m)
@@ -430,7 +430,7 @@ def prepare_messages(messages: list[dict], tools: list[Tool], template: str | No
             out.append(m)
             continue
         if calls:
-            text = "\n".join(fmt.write(c["name"], c["arguments"]) for c in calls)
+            text = "\n".join(taught.write(c["name"], c["arguments"]) for c in calls)
             m["content"] = (m["content"] + "\n" if m["content"] else "") + text
         if m["role"] == "tool":
             m = {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
@@ -438,7 +438,7 @@ def prepare_messages(messages: list[dict], tools: list[Tool], template: str | No
     if knows_tools(template):
         return out, {"tools": [t.as_openai() for t in tools]} if tools else {}
     if tools:
-        teach = fmt.teach(tools)
+        teach = taught.teach(tools)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + teach}
         else:

@@ -162,7 +162,7 @@ class OpenAIServer:
                                 "app first, or leave 'model' out.", param="model", code="model_not_found")
         params, reader = job.params, None
         try:
-            if chat and job.tools:
+            if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
                 ids, grammar, fmt, shown = engine.tool_prompt(job.messages, job.tools, job.tool_choice,
                                                               **job.template_variables)
                 params, reader = replace(params, grammar=grammar, shown=shown), fmt  # (fmt None: no call)
