@@ -10,7 +10,7 @@ import pytest
 from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import (Gemma4, Hermes, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages,
+from app.engine.tools import (Gemma4, Hermes, Lfm2, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages,
                               tool_format)
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
@@ -110,6 +110,7 @@ def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family
     ("Qwen-Qwen2.5-7B-Instruct", ("<tool_call>", "</tool_call>"), "user_defined"),
     ("mistralai-Ministral-3-14B-Reasoning-2512", ("[TOOL_CALLS]", "[ARGS]"), "control"),
     ("google-gemma-4-31B-it", ("<|tool_call>", "<tool_call|>", '<|"|>'), "control"),
+    ("LFM2.5-8B-A1B", ("<|tool_call_start|>", "<|tool_call_end|>"), "control"),
 ])
 def test_markers_held_as_one_special_token_call_exactly_under_speculation(tmp_path_factory, family, tokens, kind):
     """Qwen's vocabularies hold <tool_call> as one user-defined token, Mistral's [TOOL_CALLS] and [ARGS] as control
@@ -251,3 +252,33 @@ def test_the_gemma4_grammar_follows_the_schema_in_gemma_syntax(vocab):
     assert not accepts(vocab, g, ok.replace(f"units:{q}c{q}", f"units:{q}k{q}"))[0]  # the enum
     assert not accepts(vocab, g, "<|tool_call>call:get_weather{days:3}<tool_call|>")[0]  # city is required
     assert not accepts(vocab, g, f"<|tool_call>call:get_weather{{,city:{q}Rome{q}}}")[0]
+
+
+@pytest.mark.parametrize("family", ["LFM2.5-8B-A1B", "LFM2.5-Instruct"])
+def test_lfm2_writes_python_calls_and_they_are_read_back(family):
+    """LFM2.5-8B-A1B's template writes earlier calls itself; LFM2.5-Instruct's lists the tools but writes no calls,
+    so they are written into the assistant's text, the same way."""
+    template = llama_sdist.templates()[family]
+    fmt = tool_format(template)
+    assert isinstance(fmt, Lfm2)
+    args = {"city": "Rome", "days": 3}
+    history = [HISTORY[0], {**HISTORY[1], "tool_calls": [{"id": "abcDEF123", "name": "get_weather",
+                                                          "arguments": args}]}, HISTORY[2]]
+    messages, variables = prepare_messages(history, [WEATHER], template)
+    text = render_chat(template, messages, bos_token="<|startoftext|>", **variables)
+    call = "<|tool_call_start|>[get_weather(city='Rome', days=3)]<|tool_call_end|>"
+    assert fmt.write("get_weather", args) == call and call in text and "List of tools: [" in text
+    content, calls = fmt.parse("Sure." + call.replace(")]", "), get_time(zone='UTC')]"), [WEATHER, TIME])
+    assert content == "Sure." and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", args), ("get_time", {"zone": "UTC"})]
+    assert fmt.parse('<|tool_call_start|>[get_weather(city="Rome", ok=true)]<|tool_call_end|>', [WEATHER])[1]
+
+
+def test_the_lfm2_grammar(vocab):
+    g = Lfm2().grammar([WEATHER, TIME], ToolChoice("required"), TEXT_MARKERS)
+    call = "<|tool_call_start|>[get_weather(city='Rome', days=3)]<|tool_call_end|>"
+    assert accepts(vocab, g, call) == (True, True)
+    assert accepts(vocab, g, call.replace(", days=3", "")) == (True, True)
+    assert accepts(vocab, g, call.replace(")]", "), get_time(zone='UTC')]")) == (True, True)
+    assert not accepts(vocab, g, call.replace("days=3", "days='3'"))[0]
+    assert not accepts(vocab, g, call.replace("city='Rome', ", ""))[0]  # city is required

@@ -12,10 +12,12 @@ Formats are told apart by the markers in the chat template, as llama.cpp does. A
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import secrets
 import string
+import warnings
 from dataclasses import dataclass
 
 from .errors import EngineError
@@ -303,24 +305,13 @@ class _GemmaRules:
         return "gv"
 
     def _object(self, schema) -> str:
-        """``{`` the keys in sorted order ``}``, a comma between those written: a_j (nothing written yet) and b_j
-        (something written) derive the keys from the j-th on."""
+        """``{`` the keys in sorted order ``}``, a comma between those written."""
         props = schema["properties"]
-        keys = sorted(props)
-        if not keys:
+        if not props:
             return '("{" "}")'
-        required = set(schema.get("required", []))
         a, b = self._name(), self._name()
-        for j, key in enumerate(keys):
-            item = f"{json.dumps(key + ':')} {self.value(props[key])}"
-            last = j + 1 == len(keys)
-            if key in required:
-                first = item if last else f"{item} {b}_{j + 1}"
-                then = f'"," {item}' if last else f'"," {item} {b}_{j + 1}'
-            else:
-                first = f"({item})?" if last else f"{item} {b}_{j + 1} | {a}_{j + 1}"
-                then = f'("," {item})?' if last else f'("," {item})? {b}_{j + 1}'
-            self.rules += [f"{a}_{j}: {first}", f"{b}_{j}: {then}"]
+        items = [(k, f"{json.dumps(k + ':')} {self.value(props[k])}") for k in sorted(props)]
+        self.rules += _sequence(a, b, items, set(schema.get("required", [])), '","')
         return f'("{{" {a}_0 "}}")'
 
 
@@ -347,6 +338,77 @@ def _gemma_to_json(text: str):
     text = re.sub(r'<\|"\|>(.*?)<\|"\|>', keep, text, flags=re.S)
     text = re.sub(r'([{,])\s*([^\s:{},\[\]\x00]+)\s*:', r'\1"\2":', text)
     return json.loads(re.sub(r"\x00(\d+)\x00", lambda m: json.dumps(strings[int(m.group(1))]), text))
+
+
+class Lfm2(Format):
+    """``<|tool_call_start|>[NAME(key='value', n=3), ...]<|tool_call_end|>`` (LFM2, LFM2.5): Python calls, strings
+    in single quotes, keys in the schema's order."""
+
+    name = "LFM2 (<|tool_call_start|>)"
+    open, close = "<|tool_call_start|>", "<|tool_call_end|>"
+    markers = (open, close)
+
+    def calls(self, tools, parallel, vocab):
+        rules = ["PSTR: /'([^'\\\\\\n]|\\\\.)*'/", "PINT: /-?[0-9]+/",
+                 "PNUM: /-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?/"]
+        for i, t in enumerate(tools):
+            props = t.parameters.get("properties") or {}
+            items = [(k, f"{json.dumps(k + '=')} {self._value(v)}") for k, v in props.items()]
+            rules += _sequence(f"a{i}", f"b{i}", items, set(t.parameters.get("required", [])), '", "')
+            rules.append(f"f{i}: {json.dumps(t.name + '(')} {f'a{i}_0 ' if items else ''}\")\"")
+        rules.append("fn: " + " | ".join(f"f{i}" for i in range(len(tools))))
+        more = '(", " fn)*' if parallel else ""
+        return f'"[" fn {more} "]" {vocab.lit(self.close)}', "\n".join(rules)
+
+    @staticmethod
+    def _value(schema) -> str:
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if isinstance(schema, dict) and all(isinstance(v, str) for v in schema.get("enum", [None])):
+            return "(" + " | ".join(json.dumps(repr(v)) for v in schema["enum"]) + ")"
+        if kind == "string" and isinstance(schema.get("maxLength"), int):
+            return f"/'([^'\\\\\\n]|\\\\.){{0,{schema['maxLength']}}}'/"
+        return {"string": "PSTR", "integer": "PINT", "number": "PNUM", "boolean": '("True" | "False")'}.get(
+            kind, _json(schema))
+
+    def read(self, text, tools):
+        out = []
+        for body in re.findall(r"<\|tool_call_start\|>(.*?)(?:<\|tool_call_end\|>|$)", text, flags=re.S):
+            with warnings.catch_warnings():  # (a model's "\\Z" in a string is an invalid escape to Python)
+                warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+                calls = ast.parse(body.strip(), mode="eval").body
+            for call in calls.elts if isinstance(calls, ast.List) else [calls]:
+                if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+                    raise ValueError("not a call")
+                out.append((call.func.id, {kw.arg: _literal(kw.value) for kw in call.keywords}))
+        return out
+
+    def write(self, name, arguments):
+        args = ", ".join(f"{k}={repr(v) if isinstance(v, str) else json.dumps(v) if isinstance(v, dict) else v}"
+                         for k, v in arguments.items())
+        return f"{self.open}[{name}({args})]{self.close}"
+
+
+def _literal(node):
+    """A Python literal, or JSON's true/false/null written as names."""
+    if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[node.id]
+    return ast.literal_eval(node)
+
+
+def _sequence(a: str, b: str, items: list[tuple[str, str]], required: set, sep: str) -> list[str]:
+    """Rules for items in order, the optional ones left out with their separator: a_j (nothing written yet) and
+    b_j (something written, a separator first) derive the items from the j-th on."""
+    rules = []
+    for j, (key, item) in enumerate(items):
+        last = j + 1 == len(items)
+        if key in required:
+            first = item if last else f"{item} {b}_{j + 1}"
+            then = f"{sep} {item}" if last else f"{sep} {item} {b}_{j + 1}"
+        else:
+            first = f"({item})?" if last else f"{item} {b}_{j + 1} | {a}_{j + 1}"
+            then = f"({sep} {item})?" if last else f"({sep} {item})? {b}_{j + 1}"
+        rules += [f"{a}_{j}: {first}", f"{b}_{j}: {then}"]
+    return rules
 
 
 class Llama3(Format):
@@ -389,8 +451,8 @@ FORMATS: list[tuple[tuple[str, ...], Format | str]] = [
     (("[TOOL_CALLS]", "[ARGS]"), Mistral()),
     (("[TOOL_CALLS]",), "Mistral Nemo ([TOOL_CALLS][{...}])"),
     (("<|channel|>",), "gpt-oss (harmony)"),
-    (("List of tools: [",), "LFM2 (<|tool_call_start|>)"),
-    (("<|tool_list_start|>",), "LFM2 (<|tool_call_start|>)"),
+    (("List of tools: [",), Lfm2()),
+    (("<|tool_list_start|>",), Lfm2()),
     (("<|tool_call>",), Gemma4()),
     (("<tool_call>", "<function=", "<parameter="), QwenXml()),
     (("<tool_call>",), Hermes()),
@@ -408,8 +470,8 @@ def tool_format(template: str | None) -> Format:
         if template and all(m in template for m in markers):
             if isinstance(fmt, str):
                 raise EngineError(f"This model writes tool calls in the {fmt} format, which SpecChat does not read "
-                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite, Ministral 3, Gemma 4 or "
-                                  "Llama 3.x families, or one whose template knows no tools.")
+                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite, Ministral 3, Gemma 4, LFM2 "
+                                  "or Llama 3.x families, or one whose template knows no tools.")
             return fmt
     return Hermes()
 
@@ -424,7 +486,10 @@ def prepare_messages(messages: list[dict], tools: list[Tool], template: str | No
         m = dict(m)
         calls = m.pop("tool_calls", None) or []
         if knows_tools(template):
-            if calls:
+            if calls and "tool_calls" not in template:  # (LFM2.5-Instruct's lists tools but writes no calls)
+                own = tool_format(template)
+                m["content"] += "".join(own.write(c["name"], c["arguments"]) for c in calls)
+            elif calls:
                 m["tool_calls"] = [{"id": c["id"], "type": "function",
                                     "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
             out.append(m)
