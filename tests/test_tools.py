@@ -3,6 +3,7 @@ its parser, and conversations with tools rendered through real templates (llama.
 from __future__ import annotations
 
 import json
+import re
 
 import llama_sdist
 import pytest
@@ -10,8 +11,8 @@ import pytest
 from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import (Gemma4, Hermes, Lfm2, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab, prepare_messages,
-                              tool_format)
+from app.engine.tools import (Gemma4, GptOss, Hermes, Lfm2, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab,
+                              prepare_messages, tool_format)
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
@@ -27,10 +28,17 @@ def vocab(starter_engine):
     return starter_engine.model
 
 
-def accepts(model, grammar, text: str) -> tuple[bool, bool]:
-    """(every token of ``text`` allowed, the grammar satisfied after them)."""
+def accepts(model, grammar, text: str, special: tuple[str, ...] = ()) -> tuple[bool, bool]:
+    """(every token of ``text`` allowed, the grammar satisfied after them). With ``special`` (a tiny model's
+    SentencePiece vocabulary, which would put a space before the text after each special token): those markers
+    are their tokens, and the rest is spelled in byte tokens, as the model may spell it."""
     c = Constraint(grammar, model)
-    ids = model.tokenize(text, add_special=False, parse_special=False)
+    if special:
+        ids = []
+        for part in re.split("(" + "|".join(map(re.escape, special)) + ")", text):
+            ids += [model.special_token(part)] if part in special else [3 + b for b in part.encode()]  # <0xNN>
+    else:
+        ids = model.tokenize(text, add_special=False, parse_special=False)
     n = c.valid_prefix(ids)
     for tok in ids[:n]:
         c.commit(tok)
@@ -97,9 +105,7 @@ def test_a_template_without_tools_is_taught_them_and_gets_calls_and_results_as_t
         "role": "user", "content": "<tool_response>\n22 C, sunny\n</tool_response>"}
 
 
-@pytest.mark.parametrize("family, words", [
-                                           ("openai-gpt-oss-120b", "gpt-oss"),
-                                           ("mistralai-Mistral-Nemo-Instruct-2407", "Mistral Nemo"),
+@pytest.mark.parametrize("family, words", [("mistralai-Mistral-Nemo-Instruct-2407", "Mistral Nemo"),
                                            ("Mistral-Small-3.2-24B-Instruct-2506", "Mistral Small 3.2")])
 def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family, words):
     with pytest.raises(EngineError, match=words):
@@ -282,3 +288,79 @@ def test_the_lfm2_grammar(vocab):
     assert accepts(vocab, g, call.replace(")]", "), get_time(zone='UTC')]")) == (True, True)
     assert not accepts(vocab, g, call.replace("days=3", "days='3'"))[0]
     assert not accepts(vocab, g, call.replace("city='Rome', ", ""))[0]  # city is required
+
+
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>")
+
+
+def test_gpt_oss_writes_calls_as_harmony_messages_and_they_are_read_back():
+    template = llama_sdist.templates()["openai-gpt-oss-120b"]
+    fmt = tool_format(template)
+    assert isinstance(fmt, GptOss)
+    messages, variables = prepare_messages(HISTORY, [WEATHER], template)
+    text = render_chat(template, messages, **variables)
+    call = '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>'
+    assert fmt.write("get_weather", {"city": "Rome"}) == call and call in text
+    assert '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"22 C, sunny"<|end|>' in text
+    said = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city":"Rome"}')
+    content, calls = fmt.parse(said, [WEATHER])
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Rome"})]
+    other = 'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'  # its other spelling
+    assert json.loads(fmt.parse("<|start|>assistant " + other, [WEATHER])[1][0].arguments) == {"city": "Oslo"}
+    answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny."
+    assert fmt.parse(answer, [WEATHER]) == ("It is sunny.", [])
+    assert fmt.visible(answer[:-3]) == "It is sun"  # what a stream shows so far: the final channel only
+
+
+def test_gpt_oss_replays_several_calls_as_one_call_each_with_its_result():
+    template = llama_sdist.templates()["openai-gpt-oss-120b"]
+    two = [HISTORY[0], {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "aaaaaaaa1", "name": "get_weather", "arguments": {"city": "Rome"}},
+        {"id": "bbbbbbbb2", "name": "get_weather", "arguments": {"city": "Oslo"}}]},
+        {"role": "tool", "tool_call_id": "bbbbbbbb2", "content": "5 C"},
+        {"role": "tool", "tool_call_id": "aaaaaaaa1", "content": "22 C"}]
+    messages, variables = prepare_messages(two, [WEATHER], template)
+    assert [(m["role"], m.get("content")) for m in messages[1:]] == [
+        ("assistant", ""), ("tool", "22 C"), ("assistant", ""), ("tool", "5 C")]
+    text = render_chat(template, messages, **variables)
+    assert text.index('"Rome"') < text.index('"22 C"') < text.index('"Oslo"') < text.index('"5 C"')
+
+
+def test_gpt_oss_grammar_and_a_call_exact_under_speculation(tmp_path_factory):
+    from tiny_gguf import write_model
+
+    from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
+
+    d = tmp_path_factory.mktemp("harmony-vocab")
+    kw = {"control": HARMONY, "extra_pieces": ("▁",), "chat_template": llama_sdist.templates()["openai-gpt-oss-120b"]}
+    target = write_model(d / "t.gguf", seed=1, **kw)
+    draft = write_model(d / "d.gguf", seed=3, base_seed=1, noise=0.02, **kw)
+    engine = Engine(ModelSettings(target, n_ctx=2048), ModelSettings(draft, n_ctx=2048))
+    tool = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                                    "required": ["city"], "additionalProperties": False})
+    try:
+        model = engine.model
+        _, auto, fmt, shown = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("auto"))
+        assert shown == {model.special_token(t) for t in HARMONY[:5]}
+
+        def allowed(text):
+            return accepts(model, auto, text, special=HARMONY)
+
+        answer = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi"
+        assert allowed(answer) == (True, True)
+        call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Rome"}'
+        assert allowed(call) == (True, True) and allowed(call[:-2]) == (True, False)
+        assert not allowed("<|channel|>commentary to=functions.get_time")[0]  # not one of the tools
+        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("required"))
+        runs = {}
+        for drafter, dp in (("none", DraftParams(draft_max=0)), ("model", DraftParams(draft_max=6, draft_p_min=0))):
+            params = GenerationParams(max_tokens=80, sampling=SamplingParams(temperature=0.0), draft=dp,
+                                      grammar=grammar, shown=shown)
+            runs[drafter] = [ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0]
+    finally:
+        engine.close()
+    plain, spec = runs["none"], runs["model"]
+    assert plain.finish_reason == "stop" and spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
+    content, calls = fmt.parse(plain.text, [tool])
+    assert [c.name for c in calls] == ["get_weather"] and isinstance(json.loads(calls[0].arguments)["city"], str)

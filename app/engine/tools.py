@@ -119,6 +119,15 @@ class Format:
     def read(self, text: str, tools: list[Tool]) -> list[tuple[str, dict]]:
         raise NotImplementedError
 
+    def visible(self, text: str) -> str:
+        """What a stream shows of the answer so far: the text before a call (and before what may begin one)."""
+        at = text.find(self.open)
+        if at >= 0:
+            return text[:at]
+        keep = next((n for n in range(min(len(self.open) - 1, len(text)), 0, -1) if self.open.startswith(text[-n:])),
+                    0)
+        return text[: len(text) - keep]
+
     def write(self, name: str, arguments: dict) -> str:
         raise NotImplementedError
 
@@ -411,6 +420,60 @@ def _sequence(a: str, b: str, items: list[tuple[str, str]], required: set, sep: 
     return rules
 
 
+class GptOss(Format):
+    """gpt-oss's harmony messages: a call is a commentary message addressed ``to=functions.NAME`` with JSON after
+    ``<|message|>``, ended by ``<|call|>`` (an end of generation); the answer is the ``final`` channel's message,
+    the reasoning the ``analysis`` channel's. One call per answer, as its template renders only the first."""
+
+    name = "gpt-oss (harmony)"
+    open = " to=functions."
+    markers = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>")
+    parallel = False
+
+    def grammar(self, tools, choice, vocab, thinking=False):
+        """Any harmony messages, or messages up to ``to=functions.`` and then one call: the function's name, the
+        content type either way gpt-oss writes it, and the arguments of its schema."""
+        lit = vocab.lit
+        usable = [t for t in tools if choice.name in (None, t.name)]
+        fns = [f"f{i}: {json.dumps(t.name)} tail {lit('<|message|>')} {_json(t.parameters)}"
+               for i, t in enumerate(usable)]
+        rules = [
+            "fn: " + " | ".join(f"f{i}" for i in range(len(usable))),
+            f'tail: " " {lit("<|constrain|>")} "json" | {lit("<|channel|>")} "commentary" '
+            f'(" json" | " " {lit("<|constrain|>")} "json")',
+            "sp: " + " | ".join(lit(m) for m in self.markers),
+            "free: FT? (sp FT?)*",
+            "lead: (FT? sp)* lt",
+            f"lt[suffix={json.dumps(self.open)}]: /(.|\\n)*/",
+            f"FT: /(.|\\n)+/ & ~/(.|\\n)*{re.escape(self.open.strip())}(.|\\n)*/",
+        ]
+        # (required: the call at once, on the commentary channel)
+        start = (f'start: {lit("<|channel|>")} "commentary to=functions." fn' if choice.mode == "required"
+                 else "start: free | lead fn")
+        return Grammar.lark("\n".join([start, *fns, *rules]), "tools")
+
+    def parse(self, text, tools):
+        final = self.visible(text)
+        found = re.search(r"to=functions\.([^\s<]+).*?<\|message\|>(.*)$", text, flags=re.S)
+        if not found:
+            return final, []
+        try:
+            args = json.loads(found.group(2))
+        except json.JSONDecodeError:
+            return final, []
+        return final, [ToolCall(call_id(), found.group(1), json.dumps(args, ensure_ascii=False))]
+
+    @staticmethod
+    def visible(text: str) -> str:
+        """What the person is shown: the final channel's message (so far)."""
+        found = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|end\|>|<\|return\|>|$)", text, flags=re.S)
+        return found.group(1) if found else ""
+
+    def write(self, name, arguments):
+        return (f"<|start|>assistant to=functions.{name}<|channel|>commentary json<|message|>"
+                f"{json.dumps(arguments, ensure_ascii=False)}<|call|>")
+
+
 class Llama3(Format):
     """``{"name": NAME, "parameters": {...}}`` as the whole answer, one call (Llama 3.1/3.2/3.3): no marker, so
     with ``auto`` nothing is constrained and the answer is read afterwards, as llama.cpp does."""
@@ -450,7 +513,7 @@ FORMATS: list[tuple[tuple[str, ...], Format | str]] = [
     (("[TOOL_CALLS]", "[CALL_ID]"), "Mistral Small 3.2 ([TOOL_CALLS]name[CALL_ID]id[ARGS])"),
     (("[TOOL_CALLS]", "[ARGS]"), Mistral()),
     (("[TOOL_CALLS]",), "Mistral Nemo ([TOOL_CALLS][{...}])"),
-    (("<|channel|>",), "gpt-oss (harmony)"),
+    (("<|channel|>",), GptOss()),
     (("List of tools: [",), Lfm2()),
     (("<|tool_list_start|>",), Lfm2()),
     (("<|tool_call>",), Gemma4()),
@@ -470,8 +533,8 @@ def tool_format(template: str | None) -> Format:
         if template and all(m in template for m in markers):
             if isinstance(fmt, str):
                 raise EngineError(f"This model writes tool calls in the {fmt} format, which SpecChat does not read "
-                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite, Ministral 3, Gemma 4, LFM2 "
-                                  "or Llama 3.x families, or one whose template knows no tools.")
+                                  "yet: use a model of the Qwen2.5/Qwen3/Qwen3.5/Granite, Ministral 3, Gemma 4, LFM2, "
+                                  "gpt-oss or Llama 3.x families, or one whose template knows no tools.")
             return fmt
     return Hermes()
 
@@ -481,6 +544,8 @@ def prepare_messages(messages: list[dict], tools: list[Tool], template: str | No
     (templates write them with tojson or iterate them). A template that knows no tools gets them taught in the
     system message, earlier calls written into the assistant's text and results as user turns (Hermes)."""
     taught = Hermes()
+    if template and "tool_calls[0]" in template:  # (gpt-oss's renders only an answer's first call)
+        messages = _one_call_each(messages)
     out = []
     for m in messages:
         m = dict(m)
@@ -509,3 +574,26 @@ def prepare_messages(messages: list[dict], tools: list[Tool], template: str | No
         else:
             out.insert(0, {"role": "system", "content": teach})
     return out, {}
+
+
+def _one_call_each(messages: list[dict]) -> list[dict]:
+    """An answer with several calls as answers of one call each, every one followed by its result."""
+    out, i = [], 0
+    while i < len(messages):
+        m, calls = messages[i], messages[i].get("tool_calls") or []
+        j = i + 1
+        if m["role"] != "assistant" or len(calls) < 2:
+            out.append(m)
+            i = j
+            continue
+        while j < len(messages) and messages[j]["role"] == "tool":
+            j += 1
+        results = messages[i + 1:j]
+        by_id = {r.get("tool_call_id"): r for r in results}
+        for k, call in enumerate(calls):
+            out.append({**m, "content": m["content"] if k == 0 else "", "tool_calls": [call]})
+            result = by_id.get(call["id"]) or (results[k] if k < len(results) else None)
+            if result is not None:
+                out.append(result)
+        i = j
+    return out

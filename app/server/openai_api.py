@@ -240,7 +240,7 @@ class OpenAIServer:
         ``timings_per_token``), usage when asked, then ``[DONE]``. Closing the connection cancels the generation."""
         chat = meta["chat"]
         stats = Stats()
-        held = _Held(meta["tools"].open) if meta["tools"] else None  # text that may begin a call waits
+        held = _Held(meta["tools"]) if meta["tools"] else None  # text that may begin a call waits
 
         def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
                   calls: list | None = None) -> str:
@@ -278,8 +278,8 @@ class OpenAIServer:
             finish = "length" if done.finish_reason == "length" else "stop"
             if held is not None:
                 content, calls = meta["tools"].parse(done.text, meta["offered"])
-                if not calls and held.text:  # no call after all: the held text is content
-                    yield chunk(held.text)
+                if held.rest(content or ""):  # what waited and is content after all
+                    yield chunk(held.rest(content or ""))
                 for i, call in enumerate(calls):  # each call: its id and name, then its arguments
                     yield chunk(None, calls=[{"index": i, "id": call.id, "type": "function",
                                               "function": {"name": call.name, "arguments": ""}}])
@@ -316,28 +316,22 @@ async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> No
 
 
 class _Held:
-    """Streams text up to where a tool call may begin (the marker, or the start of it at the end of what came so
-    far); from the marker on, the text waits for the answer's end, where it is read as calls."""
+    """Streams what the tool format shows of the answer so far (``Format.visible``: the text before a call, or
+    before what may begin one; gpt-oss's final channel); the rest waits for the answer's end, where it is read."""
 
-    def __init__(self, marker: str):
-        self.marker = marker
-        self.text = ""  # waiting
-        self.calling = False
+    def __init__(self, fmt):
+        self.fmt = fmt
+        self.raw = ""
+        self.sent = 0  # characters of the visible text streamed
 
     def feed(self, text: str) -> str:
-        if self.calling:
-            self.text += text
-            return ""
-        text = self.text + text
-        at = text.find(self.marker)
-        if at >= 0:
-            self.calling = True
-            self.text = text[at:]
-            return text[:at]
-        keep = next((n for n in range(min(len(self.marker) - 1, len(text)), 0, -1)
-                     if self.marker.startswith(text[-n:])), 0)
-        self.text = text[len(text) - keep:] if keep else ""
-        return text[: len(text) - keep]
+        self.raw += text
+        shown = self.fmt.visible(self.raw)
+        new, self.sent = shown[self.sent:], max(self.sent, len(shown))
+        return new
+
+    def rest(self, content: str) -> str:
+        return content[self.sent:]
 
 
 def _call(call) -> dict:
