@@ -179,3 +179,19 @@ class SamplesQ:
         from app.engine.sampling import sample
 
         return Draft(tokens=[sample(self.q, rng)], probs=[self.q])
+
+
+def test_a_draft_that_ends_the_answer_early_leaves_the_grammar_where_the_target_is(starter_engine):
+    """A draft closing the object and ending the answer (`"}` then the end token) is valid wherever a string value
+    is open, and the target rejects it there. The end token must not be fed to the grammar while drafting: rolling
+    it back took one token too many (llguidance keeps no history entry for it), the grammar fell a token behind the
+    target, and the answer went wrong (a json_object answer that did not parse, from adaptive drafting)."""
+    ids = starter_engine.chat_tokens([{"role": "user", "content": "Name three colours of the rainbow."}])
+    model = starter_engine.model
+    grammar = Grammar.json_object()
+    plain = run(starter_engine, ids, "none", grammar, max_tokens=80, draft_max=0)
+    drafter = Proposes(model.tokenize('"}', add_special=False) + [model.eos])
+    spec = run(starter_engine, ids, drafter, grammar, max_tokens=80, draft_max=4, draft_p_min=0.0)
+    assert drafter.calls > 3 and spec.stats.n_drafted > spec.stats.n_accepted  # proposed, and turned down
+    assert spec.token_ids == plain.token_ids
+    assert plain.finish_reason == "length" or isinstance(json.loads(plain.text), dict)

@@ -46,6 +46,7 @@ class Constraint:
         from llguidance import LLMatcher
 
         self.n_vocab = model.n_vocab
+        self.eog = frozenset(model.eog_tokens)
         self.tokenizer = _tokenizer(model)
         self.matcher = LLMatcher(self.tokenizer, grammar.definition, log_level=0)
         self.seconds = 0.0
@@ -158,14 +159,17 @@ def constrained_draft(drafter: Drafter, constraint: Constraint, history: list[in
                 out.first_s += d.first_s
                 out.n_first += d.n_first
             ok = constraint.valid_prefix(d.tokens)
-            take = ok if sp.greedy or ok == len(d.tokens) else ok + 1
+            # An end of generation ends the draft, and is never fed to the grammar: llguidance keeps no history
+            # entry for it, so rolling it back would take one token too many.
+            end = next((i for i, tok in enumerate(d.tokens[:ok]) if tok in constraint.eog), None)
+            take = end + 1 if end is not None else ok if sp.greedy or ok == len(d.tokens) else ok + 1
             for i in range(take):
                 _append(out, d.tokens[i], d.probs[i] if d.probs else None,
                         d.signals[i] if d.signals else None, forced=False)
-            for tok in d.tokens[:ok]:
+            for tok in d.tokens[: ok if end is None else end]:
                 constraint.commit(tok)
                 consumed += 1
-            if ok < len(d.tokens):
+            if ok < len(d.tokens) or end is not None:
                 break
     finally:
         constraint.rollback(consumed)
