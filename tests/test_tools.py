@@ -112,6 +112,37 @@ def test_formats_not_read_yet_are_refused_by_name_not_answered_in_another(family
         tool_format(llama_sdist.templates()[family])
 
 
+CITY = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                                "required": ["city"], "additionalProperties": False})
+
+
+def tiny_pair(tmp_path_factory, family: str, **special):
+    """A tiny target and a close draft whose vocabularies hold the given markers (``user_defined=``/``control=``)
+    as special tokens, with ``family``'s template. (A space piece of its own, as real SentencePiece vocabularies
+    have: without it a space is spelled in the bytes of "▁".)"""
+    from tiny_gguf import write_model
+
+    from app.engine import Engine, ModelSettings
+
+    d = tmp_path_factory.mktemp("tool-vocab")
+    kw = {**special, "extra_pieces": ("▁",), "chat_template": llama_sdist.templates()[family]}
+    target = write_model(d / "t.gguf", seed=1, **kw)
+    draft = write_model(d / "d.gguf", seed=3, base_seed=1, noise=0.02, **kw)
+    return Engine(ModelSettings(target, n_ctx=2048), ModelSettings(draft, n_ctx=2048))
+
+
+def greedy_off_and_on(engine, ids, grammar, shown):
+    """The answer with speculation off, and with the draft model (6 tokens a round)."""
+    from app.engine import Done, DraftParams, GenerationParams, SamplingParams
+
+    runs = []
+    for drafter, dp in (("none", DraftParams(draft_max=0)), ("model", DraftParams(draft_max=6, draft_p_min=0))):
+        params = GenerationParams(max_tokens=80, sampling=SamplingParams(temperature=0.0), draft=dp, grammar=grammar,
+                                  shown=shown)
+        runs.append([ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0])
+    return runs
+
+
 @pytest.mark.parametrize("family, tokens, kind", [
     ("Qwen-Qwen2.5-7B-Instruct", ("<tool_call>", "</tool_call>"), "user_defined"),
     ("mistralai-Ministral-3-14B-Reasoning-2512", ("[TOOL_CALLS]", "[ARGS]"), "control"),
@@ -122,34 +153,18 @@ def test_markers_held_as_one_special_token_call_exactly_under_speculation(tmp_pa
     """Qwen's vocabularies hold <tool_call> as one user-defined token, Mistral's [TOOL_CALLS] and [ARGS] as control
     tokens: llguidance reads them as tokens, never as text, so the grammar names them by id, and the answer's text
     writes them out to be read. Tiny models with such vocabularies and the family's template."""
-    from tiny_gguf import write_model
-
-    from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
-
-    d = tmp_path_factory.mktemp("tool-vocab")
-    kw = {kind: tokens, "extra_pieces": ("▁",),  # (a space of its own, as real SentencePiece vocabularies
-          "chat_template": llama_sdist.templates()[family]}  # have: without it a space is the bytes of "▁")
-    target = write_model(d / "t.gguf", seed=1, **kw)
-    draft = write_model(d / "d.gguf", seed=3, base_seed=1, noise=0.02, **kw)
-    engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
-    tool = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
-                                    "required": ["city"], "additionalProperties": False})
+    engine = tiny_pair(tmp_path_factory, family, **{kind: tokens})
     try:
         marker = engine.model.special_token(tokens[0])
         assert marker is not None and engine.model.special_token("get_weather") is None
-        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("required", parallel=False))
+        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [CITY], ToolChoice("required", parallel=False))
         assert shown == {engine.model.special_token(t) for t in tokens}
-        runs = {}
-        for drafter, dp in (("none", DraftParams(draft_max=0)), ("model", DraftParams(draft_max=6, draft_p_min=0))):
-            params = GenerationParams(max_tokens=80, sampling=SamplingParams(temperature=0.0), draft=dp,
-                                      grammar=grammar, shown=shown)
-            runs[drafter] = [ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0]
+        plain, spec = greedy_off_and_on(engine, ids, grammar, shown)
     finally:
         engine.close()
-    plain, spec = runs["none"], runs["model"]
     assert plain.finish_reason == "stop" and plain.token_ids[0] == marker  # the token, not its letters
     assert spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
-    content, calls = fmt.parse(plain.text, [tool])
+    content, calls = fmt.parse(plain.text, [CITY])
     assert content == "" and [c.name for c in calls] == ["get_weather"] and plain.text.startswith(tokens[0])
     assert isinstance(json.loads(calls[0].arguments)["city"], str)
 
@@ -328,20 +343,10 @@ def test_gpt_oss_replays_several_calls_as_one_call_each_with_its_result():
 
 
 def test_gpt_oss_grammar_and_a_call_exact_under_speculation(tmp_path_factory):
-    from tiny_gguf import write_model
-
-    from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
-
-    d = tmp_path_factory.mktemp("harmony-vocab")
-    kw = {"control": HARMONY, "extra_pieces": ("▁",), "chat_template": llama_sdist.templates()["openai-gpt-oss-120b"]}
-    target = write_model(d / "t.gguf", seed=1, **kw)
-    draft = write_model(d / "d.gguf", seed=3, base_seed=1, noise=0.02, **kw)
-    engine = Engine(ModelSettings(target, n_ctx=2048), ModelSettings(draft, n_ctx=2048))
-    tool = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
-                                    "required": ["city"], "additionalProperties": False})
+    engine = tiny_pair(tmp_path_factory, "openai-gpt-oss-120b", control=HARMONY)
     try:
         model = engine.model
-        _, auto, fmt, shown = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("auto"))
+        _, auto, fmt, shown = engine.tool_prompt(HISTORY[:1], [CITY], ToolChoice("auto"))
         assert shown == {model.special_token(t) for t in HARMONY[:5]}
 
         def allowed(text):
@@ -352,15 +357,10 @@ def test_gpt_oss_grammar_and_a_call_exact_under_speculation(tmp_path_factory):
         call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Rome"}'
         assert allowed(call) == (True, True) and allowed(call[:-2]) == (True, False)
         assert not allowed("<|channel|>commentary to=functions.get_time")[0]  # not one of the tools
-        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [tool], ToolChoice("required"))
-        runs = {}
-        for drafter, dp in (("none", DraftParams(draft_max=0)), ("model", DraftParams(draft_max=6, draft_p_min=0))):
-            params = GenerationParams(max_tokens=80, sampling=SamplingParams(temperature=0.0), draft=dp,
-                                      grammar=grammar, shown=shown)
-            runs[drafter] = [ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0]
+        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [CITY], ToolChoice("required"))
+        plain, spec = greedy_off_and_on(engine, ids, grammar, shown)
     finally:
         engine.close()
-    plain, spec = runs["none"], runs["model"]
     assert plain.finish_reason == "stop" and spec.token_ids == plain.token_ids and spec.stats.n_forced > 0
-    content, calls = fmt.parse(plain.text, [tool])
+    content, calls = fmt.parse(plain.text, [CITY])
     assert [c.name for c in calls] == ["get_weather"] and isinstance(json.loads(calls[0].arguments)["city"], str)

@@ -213,16 +213,16 @@ def _aggregate(rows: list[dict]) -> dict:
         "draft_ms_per_token": ms * sum(r["_split"][0] for r in rows),
         "verify_ms_per_token": ms * sum(r["_split"][1] for r in rows),
         # under a schema: draft tokens the grammar forced, and the time in the grammar per token made
-        "forced": sum(r.get("_forced", [0, 0])[0] for r in rows),
-        "forced_accepted": sum(r.get("_forced", [0, 0])[1] for r in rows),
+        "forced": sum(r["_forced"][0] for r in rows),
+        "forced_accepted": sum(r["_forced"][1] for r in rows),
         "grammar_us_per_token_off": _per_token_us(rows, 0),
         "grammar_us_per_token_on": _per_token_us(rows, 1),
     }
 
 
 def _per_token_us(rows: list[dict], mode: int) -> float:
-    tokens = sum(r["_decode_tokens"][mode] + r["_runs"][mode] for r in rows if "_grammar_seconds" in r)
-    secs = sum(r["_grammar_seconds"][mode] for r in rows if "_grammar_seconds" in r)
+    tokens = sum(r["_decode_tokens"][mode] + r["_runs"][mode] for r in rows)
+    secs = sum(r["_grammar_seconds"][mode] for r in rows)
     return 1e6 * secs / tokens if tokens else 0.0
 
 

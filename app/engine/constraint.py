@@ -96,7 +96,10 @@ class Constraint:
 
     # --- state ------------------------------------------------------------------------------------------------
     def commit(self, token: int) -> None:
-        """Advance past a token the target chose (always one the mask allowed)."""
+        """Advance past a token the target chose (always one the mask allowed). An end of generation is not fed
+        to the grammar: nothing follows it, and llguidance keeps no history entry for it to roll back."""
+        if token in self.eog:
+            return
         t0 = time.perf_counter()
         self.matcher.consume_token(token)
         self.seconds += time.perf_counter() - t0

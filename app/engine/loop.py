@@ -74,7 +74,7 @@ def speculative_generate(
 
     def pick(logits) -> int:
         tok = greedy_of(logits) if sp.greedy else sample(dist_of(logits), rng)
-        if constraint and not model.is_eog(tok):
+        if constraint:
             constraint.commit(tok)
         return tok
 
@@ -162,7 +162,7 @@ def speculative_generate(
                 else:
                     q = draft.probs[i] if draft.probs else None
                     ok, tok = accept_or_resample(dist_of(logits), q, d, rng)
-                if constraint and not model.is_eog(tok):
+                if constraint:
                     constraint.commit(tok)
                 pending.append(tok)
                 if not ok:

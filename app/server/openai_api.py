@@ -278,8 +278,9 @@ class OpenAIServer:
             finish = "length" if done.finish_reason == "length" else "stop"
             if held is not None:
                 content, calls = meta["tools"].parse(done.text, meta["offered"])
-                if held.rest(content or ""):  # what waited and is content after all
-                    yield chunk(held.rest(content or ""))
+                rest = held.rest(content)
+                if rest:  # what waited and is content after all
+                    yield chunk(rest)
                 for i, call in enumerate(calls):  # each call: its id and name, then its arguments
                     yield chunk(None, calls=[{"index": i, "id": call.id, "type": "function",
                                               "function": {"name": call.name, "arguments": ""}}])
