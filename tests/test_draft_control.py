@@ -210,3 +210,17 @@ def test_near_ties_the_target_rejects_are_tried_only_a_few_times():
     # target step here): the prior (0.5, weight 8) falls under that bar after 13 rejections, and then none is
     # proposed any more.
     assert first <= 14 and second == 0
+
+
+def test_acceptance_is_the_drafters_own_not_that_of_the_tokens_a_grammar_forced():
+    """Under a grammar a draft holds forced keys and brackets, nearly always accepted, and the drafter's own tokens
+    between them. Only the drafter's count: here it proposes two tokens after four forced ones, the first accepted
+    and the second not, so its acceptance is one in two, not five in six."""
+    c = DraftLength(ADAPTIVE)
+    for _ in range(20):
+        c.update(6, 5, 0.0, verify(7), forced=[True] * 4 + [False] * 2)
+    assert abs(c.acceptance() - 0.5) < 1e-9
+    plain = DraftLength(ADAPTIVE)
+    for _ in range(20):
+        plain.update(6, 5, 0.0, verify(7))
+    assert abs(plain.acceptance() - 5 / 6) < 1e-9

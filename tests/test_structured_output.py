@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from app.engine import Done, DraftParams, EngineError, GenerationParams, SamplingParams
-from app.engine.drafters import Draft
+from app.engine.drafters import Draft, stop_at
 from app.engine.grammar import Grammar
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "hobbies"],
@@ -63,9 +63,10 @@ class Proposes:
     def begin(self, prompt_ids):
         pass
 
-    def propose(self, history, n_max, sp, rng, gate=None):
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None):
         self.calls += 1
         tokens = list(self.tokens[:n_max])
+        tokens = tokens[: stop_at(tokens, stop)]
         return Draft(tokens=tokens, probs=None if sp.greedy else [None] * len(tokens))
 
 
@@ -89,6 +90,55 @@ def test_forbidden_and_end_of_generation_draft_tokens_are_rejected_not_fed_to_th
         assert done.finish_reason in ("stop", "length")
         if done.finish_reason == "stop":
             jsonschema.validate(json.loads(done.text), PERSON)
+
+
+def test_a_drafters_run_ends_where_the_grammar_starts_forcing_and_the_forced_tokens_come_free(starter_engine):
+    """A drafter proposing the right JSON is stopped after `",`: from there the grammar forces ` "age": `, whose
+    tokens join the draft as forced (a draft model would pay a step for each). Called again after them, it proposes
+    the same text, which the grammar forbids where the integer goes: greedy, that run is cut."""
+    from app.engine.constraint import Constraint, constrained_draft
+    from app.engine.sampling import make_rng
+
+    model = starter_engine.model
+    grammar = Grammar.json_schema(PERSON)
+    constraint = Constraint(grammar, model)
+    for tok in model.tokenize('{"name": "', add_special=False):
+        constraint.commit(tok)
+    proposes = Proposes(model.tokenize('Ann", "age": 30, "hobbies": []}', add_special=False))
+    pieces = lambda ids: [model.piece(t).decode() for t in ids]  # noqa: E731
+    assert pieces(proposes.tokens[:2]) == ["Ann", '",']
+    draft = constrained_draft(proposes, constraint, [], n_max=8, limit=20, sp=SamplingParams(temperature=0.0),
+                              rng=make_rng(0), gate=None)
+    n = len(draft.tokens)
+    assert pieces(draft.tokens[:2]) == ["Ann", '",'] and draft.forced[:2] == [False, False]
+    assert "".join(pieces(draft.tokens[2:])) == ' "age": ' and draft.forced[2:] == [True] * (n - 2)
+    assert proposes.calls == 2
+    # the grammar is left where it was: the rest of the object, from the name on, still completes it
+    assert constraint.valid_prefix(proposes.tokens) == len(proposes.tokens)
+
+
+def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
+    """A lookup keyed on forced tokens finds the structure that repeats at every key: after ` "age": ` it would
+    propose the `30` of an earlier object. It drafts only where nothing was forced before it in the round."""
+    from app.engine.constraint import Constraint, constrained_draft
+    from app.engine.drafters import NgramDrafter
+    from app.engine.sampling import make_rng
+
+    model = starter_engine.model
+    constraint = Constraint(Grammar.json_schema(PERSON), model)
+    answer = model.tokenize('{"name": "Ann",', add_special=False)
+    for tok in answer:
+        constraint.commit(tok)
+    history = model.tokenize('Like {"name": "Bo", "age": 30, "hobbies": []} ', add_special=False) + answer
+    ngram = NgramDrafter()
+    ngram.begin(history)
+    draft = constrained_draft(ngram, constraint, history, n_max=8, limit=20, sp=SamplingParams(temperature=0.0),
+                              rng=make_rng(0), gate=None)
+    text = lambda ids: "".join(model.piece(t).decode() for t in ids)  # noqa: E731
+    assert text(draft.tokens) == ' "age": ' and all(draft.forced)
+    # (asked, the lookup would have gone on with the earlier object's age)
+    looked_up = ngram.propose(history + draft.tokens, 8, SamplingParams(temperature=0.0), make_rng(0)).tokens
+    assert text(looked_up).startswith("30")
 
 
 def test_an_answer_cut_by_max_tokens_inside_the_structure_ends_as_length(starter_engine):
@@ -175,10 +225,13 @@ class SamplesQ:
     def begin(self, prompt_ids):
         pass
 
-    def propose(self, history, n_max, sp, rng, gate=None):
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None):
         from app.engine.sampling import sample
 
-        return Draft(tokens=[sample(self.q, rng)], probs=[self.q])
+        tok = sample(self.q, rng)
+        if stop:
+            stop(tok)
+        return Draft(tokens=[tok], probs=[self.q])
 
 
 def test_a_draft_that_ends_the_answer_early_leaves_the_grammar_where_the_target_is(starter_engine):

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .drafters import Draft, Gate
+from .drafters import Draft, Gate, Stop
 from .errors import EngineError
 from .gguf_file import metadata
 from .llama import Context, Model
@@ -73,7 +73,7 @@ class AssistantDrafter(MtpDrafter):
         pass  # its memory is the target's: clearing it would clear the target's cache
 
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
-                gate: Gate | None = None) -> Draft:
+                gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending, at n_past
         hidden = self.target.hidden
         h = hidden.get(n_past - 1)
@@ -86,5 +86,5 @@ class AssistantDrafter(MtpDrafter):
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1,
                       first_s=time.perf_counter() - t0, n_first=1)
-        self._chain(draft, n_max, sp, rng, gate, lambda i: n_past)
+        self._chain(draft, n_max, sp, rng, gate, stop, lambda i: n_past)
         return draft

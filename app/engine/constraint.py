@@ -69,7 +69,8 @@ class Constraint:
 
     def allows(self, token: int) -> bool:
         t0 = time.perf_counter()
-        ok = self.matcher.validate_tokens([token]) == 1
+        # (validate_tokens answers 0 for an end of generation even where the mask allows it)
+        ok = self.matcher.is_accepting() if token in self.eog else self.matcher.validate_tokens([token]) == 1
         self.seconds += time.perf_counter() - t0
         return ok
 
@@ -122,6 +123,13 @@ class Constraint:
         self.seconds += time.perf_counter() - t0
         return n
 
+    def forces(self) -> bool:
+        """Does the grammar force what comes next?"""
+        t0 = time.perf_counter()
+        forced = bool(self.matcher.compute_ff_bytes())
+        self.seconds += time.perf_counter() - t0
+        return forced
+
     def rollback(self, n: int) -> None:
         if n:
             t0 = time.perf_counter()
@@ -133,17 +141,32 @@ def constrained_draft(drafter: Drafter, constraint: Constraint, history: list[in
                       sp: SamplingParams, rng: np.random.Generator, gate: Gate | None) -> Draft:
     """A draft under a grammar: the tokens it forces, then what the drafter proposes after them (up to ``n_max``
     of its own), then the tokens forced after those, and so on; forced tokens cost no draft step and do not count
-    against ``n_max``, only against ``limit`` (the batch). Heads that draft from the target's own state draft only
-    where nothing is forced before them.
+    against ``n_max``, only against ``limit`` (the batch). A drafter whose ``AFTER_FORCED`` is false drafts only where
+    nothing is forced before it in the round.
 
-    The drafter's tokens are cut where the grammar stops allowing them: greedy, before the first it forbids (the
-    target would reject it); sampling, after it (the target rejects it and draws from the residual: cutting before
-    it would make the output depend on a rejection that never happened, and the distribution would no longer be
-    the target's). The grammar is left where it was.
+    The grammar follows the drafter token by token and ends its run where it forbids a token, and where it starts
+    forcing (its tokens come free, where a draft model would pay a step for each). A token it forbids is kept or
+    cut: greedy, cut (the target would reject it); sampling, kept (the target rejects it and draws from the
+    residual: cutting it would make the output depend on a rejection that never happened, and the distribution
+    would no longer be the target's). The grammar is left where it was.
     """
     out = Draft(probs=None if sp.greedy else [], signals=[] if gate else None)
     consumed = own = calls = 0
-    from_target = getattr(drafter, "FROM_TARGET", False)
+    after_forced = getattr(drafter, "AFTER_FORCED", True)
+    allowed: list[bool] = []  # per token of the drafter's current run: did the grammar allow it
+
+    def stop(tok: int) -> bool:
+        nonlocal consumed
+        ok = constraint.allows(tok)
+        allowed.append(ok)
+        # An end of generation ends the draft, and is never fed to the grammar: llguidance keeps no history entry
+        # for it, so rolling it back would take one token too many.
+        if not ok or tok in constraint.eog:
+            return True
+        constraint.commit(tok)
+        consumed += 1
+        return constraint.forces()
+
     try:
         while len(out.tokens) < limit:
             forced = constraint.forced()[: limit - len(out.tokens)]
@@ -152,27 +175,24 @@ def constrained_draft(drafter: Drafter, constraint: Constraint, history: list[in
                 consumed += 1
                 _append(out, tok, None, None, forced=True)
             budget = min(n_max - own, limit - len(out.tokens))
-            if budget <= 0 or (calls and not forced) or (from_target and out.tokens):
+            if budget <= 0 or (calls and not forced) or (out.tokens and not after_forced):
                 break
-            d = drafter.propose(history + out.tokens, budget, sp, rng, gate)
+            allowed.clear()
+            d = drafter.propose(history + out.tokens, budget, sp, rng, gate, stop)
             calls += 1
             own += len(d.tokens)
             if d.n_evals:
                 out.n_evals += d.n_evals - (1 if out.n_evals else 0)  # later calls' first steps: marginal ones
                 out.first_s += d.first_s
                 out.n_first += d.n_first
-            ok = constraint.valid_prefix(d.tokens)
-            # An end of generation ends the draft, and is never fed to the grammar: llguidance keeps no history
-            # entry for it, so rolling it back would take one token too many.
-            end = next((i for i, tok in enumerate(d.tokens[:ok]) if tok in constraint.eog), None)
-            take = end + 1 if end is not None else ok if sp.greedy or ok == len(d.tokens) else ok + 1
-            for i in range(take):
+            n = len(d.tokens)
+            assert len(allowed) == n, f"{drafter.name} drafter: each token it proposes goes to stop(), in order"
+            forbidden = n and not allowed[-1]
+            keep = n - 1 if forbidden and sp.greedy else n
+            for i in range(keep):
                 _append(out, d.tokens[i], d.probs[i] if d.probs else None,
                         d.signals[i] if d.signals else None, forced=False)
-            for tok in d.tokens[: ok if end is None else end]:
-                constraint.commit(tok)
-                consumed += 1
-            if ok < len(d.tokens) or end is not None:
+            if forbidden or (n and d.tokens[-1] in constraint.eog):
                 break
     finally:
         constraint.rollback(consumed)

@@ -253,7 +253,9 @@ class DraftLength:
 
     # --- feedback -------------------------------------------------------------------------------------------
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
-               signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0) -> None:
+               signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0,
+               forced: list[bool] | None = None) -> None:
+        """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's)."""
         d = self.DECAY
         self._bars = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
@@ -264,9 +266,15 @@ class DraftLength:
                 for counts in (self._buckets[b], self._outcomes[b]):
                     counts[0] += i < n_accepted
                     counts[1] += 1
-        if n_drafted:
-            examined = n_accepted + (1 if n_accepted < n_drafted else 0)
-            self._succ = d * self._succ + n_accepted
+        # Acceptance is the drafter's: tokens a grammar forced are judged too, but say nothing of it (counted in,
+        # the grammar's runs, 90% accepted, would set how far the drafter drafts through free text).
+        examined = n_accepted + (1 if n_accepted < n_drafted else 0)
+        forced = forced[:n_drafted] if forced else []
+        own = n_drafted - sum(forced)
+        own_accepted = n_accepted - sum(forced[:n_accepted])
+        examined -= sum(forced[:examined])
+        if own:
+            self._succ = d * self._succ + own_accepted
             self._seen = d * self._seen + examined
             self._examined += examined
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
@@ -276,8 +284,8 @@ class DraftLength:
             self._t_draft.add((draft_s - first_s) / (n_evals - 1))
         elif n_evals == 1 and not self._t_draft.known and self._rounds >= 3:
             self._t_draft.add(draft_s, provisional=True)
-        elif n_drafted and not n_evals:
-            self._t_draft.add(draft_s / n_drafted)
+        elif own and not n_evals:
+            self._t_draft.add(draft_s / own)
         if n_evals and n_first:
             self._t_catch_up.add(first_s / n_first)
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)

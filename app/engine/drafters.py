@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -38,21 +38,35 @@ class Gate(Protocol):
         """Pay for one more draft step, to see the token after the last one taken?"""
 
 
+Stop = Callable[[int], bool]  # a grammar's say in a draft: end it after this token?
+
+
+def stop_at(tokens: list[int], stop: Stop | None) -> int:
+    """How many of ``tokens`` a draft keeps: through the first one ``stop`` ends it after."""
+    if stop is not None:
+        for i, tok in enumerate(tokens):
+            if stop(tok):
+                return i + 1
+    return len(tokens)
+
+
 class Drafter(Protocol):
     name: str
     SIGNAL_EDGES: tuple[float, ...]  # buckets of the confidence signal, for the adaptive controller
     SIGNAL_PRIOR: tuple[float, ...]  # expected acceptance per bucket before any measurement
+    # (optional) AFTER_FORCED = False: under a grammar, never drafts after tokens it forced earlier in the round
 
     def begin(self, prompt_ids: list[int]) -> None:
         """A generation starts from this prompt (the drafter may prefill or index it)."""
 
     def propose(
         self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
-        gate: Gate | None = None,
+        gate: Gate | None = None, stop: Stop | None = None,
     ) -> Draft:
         """Up to ``n_max`` tokens that may follow ``history``. If ``gate`` is given, ask it to take each token
         (passing its confidence signal) and, where drafting costs a step, whether to look further; report the
-        signals in ``Draft.signals``."""
+        signals in ``Draft.signals``. If ``stop`` is given, pass it each token proposed, in order, and end the draft
+        after the first for which it answers True."""
 
 
 class NoDrafter:
@@ -65,7 +79,7 @@ class NoDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         pass
 
-    def propose(self, history, n_max, sp, rng, gate=None) -> Draft:
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
         return Draft()
 
 
@@ -87,7 +101,7 @@ class ModelDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         prefill_draft(self.ctx, prompt_ids)
 
-    def propose(self, history, n_max, sp, rng, gate=None) -> Draft:
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
         ctx = self.ctx
         first_s, n_first = catch_up(ctx, history)
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
@@ -95,7 +109,7 @@ class ModelDrafter:
                       n_first=n_first)
         for i in range(n_max):
             tok = next_draft_token(draft, ctx.logits(-1), sp, rng, self.p_min, gate)
-            if tok is None or i + 1 == n_max or (gate and not gate.look_further()):
+            if tok is None or (stop and stop(tok)) or i + 1 == n_max or (gate and not gate.look_further()):
                 break
             ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
             draft.n_evals += 1
@@ -152,6 +166,10 @@ class NgramDrafter:
     name = "ngram"
     SIGNAL_EDGES = (2.5, 3.5)  # length of the matched n-gram
     SIGNAL_PRIOR = (0.6, 0.8, 0.9)
+    # Not after tokens a grammar forced: a lookup keyed on them (`": "` and a key) finds the structure that repeats
+    # at every key and proposes what followed the last one (3 of 21 such first tokens accepted on the JSON bench,
+    # against 11 of 14 at the start of a round).
+    AFTER_FORCED = False
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         self.n_min, self.n_max = n_min, n_max
@@ -171,7 +189,7 @@ class NgramDrafter:
                     self._index[tuple(history[j + 1 - n : j + 1])] = j + 1
         self._indexed = max(self._indexed, len(history) - 1)
 
-    def propose(self, history, n_max, sp, rng, gate=None) -> Draft:
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
         self._extend_index(history)
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(history) < n:
@@ -180,12 +198,14 @@ class NgramDrafter:
             if start is not None:
                 tokens = history[start : start + n_max]
                 if gate is None:
-                    return Draft(tokens=list(tokens))
+                    return Draft(tokens=tokens[: stop_at(tokens, stop)])
                 draft = Draft(signals=[])
                 for tok in tokens:  # (looking further costs nothing here)
                     if not gate.take(n):
                         break
                     draft.tokens.append(tok)
                     draft.signals.append(n)
+                    if stop and stop(tok):
+                        break
                 return draft
         return Draft()

@@ -184,7 +184,7 @@ def speculative_generate(
             stats.verify_seconds += t2 - t1
             if not replaying:  # a replay round's cost is not a plain step's
                 control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s,
-                               draft.n_first)
+                               draft.n_first, draft.forced)
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"

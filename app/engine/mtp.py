@@ -20,7 +20,7 @@ import time
 import llama_cpp.llama_cpp as ll
 import numpy as np
 
-from .drafters import Draft, Gate, ModelDrafter, next_draft_token
+from .drafters import Draft, Gate, ModelDrafter, Stop, next_draft_token
 from .errors import EngineError
 from .events import method_name
 from .llama import Context, _failure, _FloatRow, common_prefix, logits_row
@@ -34,7 +34,7 @@ class MtpDrafter:
     N_BATCH = 64  # catch-up rows per decode (a prompt's rows come in such chunks)
     SHIFT = 0  # the row for the token at p sits at position p + SHIFT of this context's cache
     SEED_ALONE = False  # decode the pending token's row on its own (for a graph that computes every row's logits)
-    FROM_TARGET = True  # drafts from the target's own state for history[-1]: never after tokens it has not seen
+    AFTER_FORCED = False  # drafts from the target's own state for history[-1]: never after tokens it has not seen
 
     def __init__(self, target: Context, p_min: float = 0.0):
         model = target.model
@@ -93,7 +93,7 @@ class MtpDrafter:
         return inputs
 
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
-                gate: Gate | None = None) -> Draft:
+                gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending
         store = self._inputs()
         keep = common_prefix(self._held, history[:n_past])
@@ -124,7 +124,7 @@ class MtpDrafter:
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
                       n_first=len(rows))
         try:
-            self._chain(draft, n_max, sp, rng, gate, lambda k: n_past + 1 + k + self.SHIFT)
+            self._chain(draft, n_max, sp, rng, gate, stop, lambda k: n_past + 1 + k + self.SHIFT)
         finally:
             ll.llama_memory_seq_rm(self.mem, 0, n_past + self.SHIFT, -1)  # drafted rows: the target's replace them
             for p in [p for p in store if p != n_past - 1]:  # the next round needs the pending row's input only
@@ -132,12 +132,12 @@ class MtpDrafter:
         return draft
 
     def _chain(self, draft: Draft, n_max: int, sp: SamplingParams, rng: np.random.Generator, gate: Gate | None,
-               position) -> None:
+               stop: Stop | None, position) -> None:
         """Draft from the row just decoded, each further token fed back with the layer's own hidden state, at
         ``position(i)`` for the i-th."""
         for i in range(n_max):
             tok = next_draft_token(draft, self._logits(), sp, rng, self.p_min, gate)
-            if tok is None or i + 1 == n_max or (gate and not gate.look_further()):
+            if tok is None or (stop and stop(tok)) or i + 1 == n_max or (gate and not gate.look_further()):
                 break
             self._decode([(position(i), tok, self._own_hidden())], output_last=True)
             draft.n_evals += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .drafters import Draft, Gate, ModelDrafter, catch_up, prefill_draft
+from .drafters import Draft, Gate, ModelDrafter, Stop, catch_up, prefill_draft, stop_at
 from .llama import Context, Model, common_prefix
 from .sampling import SamplingParams, draft_pick
 
@@ -61,7 +61,7 @@ class TextDrafter:
         prefill_draft(self.ctx, self._draft_ids())
 
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
-                gate: Gate | None = None) -> Draft:
+                gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         ctx = self.ctx
         self._sync(history)
         first_s, n_first = catch_up(ctx, self._draft_ids())
@@ -77,6 +77,7 @@ class TextDrafter:
             ctx.decode([tok], n_logits=1, n_speculative=1)
             draft.n_evals += 1
         draft.tokens = self._retokenize(b"".join(self.draft.piece(t) for t in tokens))[:n_max]
+        draft.tokens = draft.tokens[: stop_at(draft.tokens, stop)]  # (the target's tokens are known only here)
         return draft
 
     def _retokenize(self, text: bytes) -> list[int]:
