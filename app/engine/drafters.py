@@ -54,7 +54,7 @@ class Drafter(Protocol):
     name: str
     SIGNAL_EDGES: tuple[float, ...]  # buckets of the confidence signal, for the adaptive controller
     SIGNAL_PRIOR: tuple[float, ...]  # expected acceptance per bucket before any measurement
-    # (optional) AFTER_FORCED = False: under a grammar, never drafts after tokens it forced earlier in the round
+    # (optional) AFTER_FORCED = False: under a grammar, never drafts after tokens the grammar forced in the round
 
     def begin(self, prompt_ids: list[int]) -> None:
         """A generation starts from this prompt (the drafter may prefill or index it)."""
