@@ -199,6 +199,21 @@ def test_the_xml_grammar_types_each_parameter(vocab):
     assert accepts(vocab, auto, "Checking.\n\n" + XML_CALL) == (True, True)
 
 
+def test_the_xml_grammar_keeps_raw_strings_to_their_schema(vocab):
+    """String values are written raw, so the JSON schema's string rules are applied to the raw text: an enum's
+    values only, and lengths counted in characters."""
+    unit = Tool("convert", "", {"type": "object", "required": ["unit", "code"], "additionalProperties": False,
+                                "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                                               "code": {"type": "string", "minLength": 2, "maxLength": 3}}})
+    g = QwenXml().grammar([unit], ToolChoice("required"), TEXT_MARKERS)
+    call = lambda u, c: QwenXml().write("convert", {"unit": u, "code": c})  # noqa: E731
+    assert accepts(vocab, g, call("celsius", "FR")) == (True, True)
+    assert accepts(vocab, g, call("fahrenheit", "a\nb")) == (True, True)  # a newline is a character like any
+    assert not accepts(vocab, g, call("Celsius", "FR"))[0]
+    assert not accepts(vocab, g, call("celsius", "FRAN"))[0]
+    assert not accepts(vocab, g, call("celsius", "F"))[0]
+
+
 def test_llama3_writes_a_bare_json_call_read_back_and_constrained_only_when_required():
     template = llama_sdist.templates()["meta-llama-Llama-3.1-8B-Instruct"]
     fmt = tool_format(template)

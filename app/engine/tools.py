@@ -185,7 +185,7 @@ class QwenXml(Format):
             for j, key in enumerate(required + [k for k in props if k not in required]):
                 head = json.dumps(f"<parameter={key}>\n")
                 if props[key].get("type") == "string":  # raw text up to the closing tag
-                    rules.append(f'v{i}_{j}[suffix="\\n</parameter>\\n"]: /(.|\\n)*/')
+                    rules.append(f"v{i}_{j}{_raw_string(props[key])}")
                     part = f"{head} v{i}_{j}"
                 else:
                     rules.append(f"v{i}_{j}: {_json(props[key])}")
@@ -212,6 +212,21 @@ class QwenXml(Format):
         params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
                          for k, v in arguments.items())
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+def _raw_string(schema: dict) -> str:
+    """The Lark rule body (after its name) for a string parameter written raw, up to Qwen's closing tag: one of its
+    ``enum``/``const`` values, or any text within its ``minLength``/``maxLength`` (counted in characters, as JSON
+    Schema counts them; the text is the value, JSON's escapes do not apply)."""
+    close = json.dumps("\n</parameter>\n")
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
+        return f": ({' | '.join(json.dumps(v) for v in values)}) {close}"
+    lo, hi = schema.get("minLength"), schema.get("maxLength")
+    lo = lo if isinstance(lo, int) and lo > 0 else 0
+    hi = hi if isinstance(hi, int) and hi >= lo else None
+    count = "*" if not lo and hi is None else f"{{{lo},{'' if hi is None else hi}}}"
+    return f"[suffix={close}]: /(.|\\n){count}/"
 
 
 class Mistral(Format):
