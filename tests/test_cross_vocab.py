@@ -4,6 +4,8 @@ Tiny fixtures: the target, and drafts computing nearly the same text function in
 pieces at other token ids, and in one also pieces the target lacks (so its tokenizer merges "the" and "cat" where
 the target's spells them in bytes).
 """
+from dataclasses import replace
+
 import pytest
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, Round, SamplingParams
@@ -106,3 +108,17 @@ def test_sampled_output_keeps_the_target_distribution(xv):
     spec, drafted = samples(engine, [1, 300, 301, 302], drafter, draft_max=3, draft_p_min=0.0)
     assert drafted > 500
     compare(plain, spec)
+
+
+def test_greedy_output_under_a_grammar_is_identical_with_a_draft_of_another_vocabulary(xv):
+    """The target's tokens of the draft's text go to the grammar one by one, as any drafter's."""
+    from app.engine.grammar import Grammar
+
+    engine, ctxs = xv
+    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat and the dog ran to"}])
+    params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=0.0), grammar=Grammar.lark(
+        r"start: /([^xyz]{1,6}xyz)+/", "test"), draft=DraftParams(draft_max=6, draft_p_min=0.0))
+    plain = list(engine.generate(ids, replace(params, draft=DraftParams(draft_max=0)), "none"))[-1]
+    spec = list(engine.generate(ids, params, TextDrafter(ctxs["merges"], engine.model)))[-1]
+    assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 60
+    assert spec.stats.n_forced > 0 and spec.stats.n_drafted > spec.stats.n_forced

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from app.engine import Engine, EngineError, ModelSettings
-from drafter_checks import run, samples_the_target_distribution, second_turn_stays_exact
+from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
+                            second_turn_stays_exact)
 from tiny_eagle3 import write_eagle3_head, write_eagle3_pair
 
 
@@ -191,3 +192,7 @@ def test_a_build_without_the_staging_api_is_refused_clearly(pair, monkeypatch):
     monkeypatch.setattr(llama, "_ext", llama.functools.cache(llama._ext.__wrapped__))
     with pytest.raises(EngineError, match="does not export llama_get_embeddings_layer_inp, which an EAGLE-3 head"):
         Engine(ModelSettings(pair[0], n_ctx=256), ModelSettings(pair[1], n_ctx=256))
+
+
+def test_head_drafting_under_a_grammar_stays_exact(engine):
+    greedy_under_a_grammar_stays_exact(engine, "eagle3")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from app.engine import Engine, EngineError, ModelSettings
-from drafter_checks import run, samples_the_target_distribution, second_turn_stays_exact
+from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
+                            second_turn_stays_exact)
 from tiny_gemma4 import write_gemma4_pair
 
 
@@ -121,3 +122,7 @@ def test_a_gemma4_target_given_alone_drafts_with_the_assistant_downloaded_beside
     assert found.returncode == 0 and off.returncode == 0, found.stderr + off.stderr
     found, off = json.loads(found.stdout), json.loads(off.stdout)
     assert found["drafter"] == "assistant" and found["n_drafted"] > 0 and found["token_ids"] == off["token_ids"]
+
+
+def test_assistant_drafting_under_a_grammar_stays_exact(engine):
+    greedy_under_a_grammar_stays_exact(engine, "model")

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from app.engine import Engine, EngineError, GenerationParams, ModelSettings
-from drafter_checks import run, samples_the_target_distribution, second_turn_stays_exact
+from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
+                            second_turn_stays_exact)
 from tiny_recurrent import write_recurrent
 
 
@@ -205,3 +206,7 @@ def test_a_catalog_pair_without_a_draft_pulls_one_file_and_drafts_with_its_mtp_l
         no_traffic_beyond_loopback(env)
     finally:
         hub.close()
+
+
+def test_mtp_drafting_under_a_grammar_stays_exact(engine):
+    greedy_under_a_grammar_stays_exact(engine, "mtp")
