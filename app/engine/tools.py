@@ -48,6 +48,10 @@ class ToolChoice:
     name: str | None = None  # a named function (mode "required")
     parallel: bool = True
 
+    def usable(self, tools: list[Tool]) -> list[Tool]:
+        """The tools a call may name: the named function's, or all."""
+        return [t for t in tools if self.name in (None, t.name)]
+
 
 def call_id() -> str:
     """Nine letters and digits: the length Mistral's templates require of an id (others ignore ids)."""
@@ -83,7 +87,7 @@ class Format:
     def grammar(self, tools: list[Tool], choice: ToolChoice, vocab: Vocab, thinking: bool = False) -> Grammar | None:
         """``thinking``: the prompt leaves the model inside an open reasoning block (Qwen3.5's template opens
         <think>): a required call comes after what it writes first."""
-        usable = [t for t in tools if choice.name in (None, t.name)]
+        usable = choice.usable(tools)
         calls, rules = self.calls(usable, choice.parallel and self.parallel, vocab)
         op = vocab.lit(self.open)
         if choice.mode == "required" and not thinking:  # the call from the first token
@@ -449,7 +453,7 @@ class GptOss(Format):
         """Any harmony messages, or messages up to ``to=functions.`` and then one call: the function's name, the
         content type either way gpt-oss writes it, and the arguments of its schema."""
         lit = vocab.lit
-        usable = [t for t in tools if choice.name in (None, t.name)]
+        usable = choice.usable(tools)
         fns = [f"f{i}: {json.dumps(t.name)} tail {lit('<|message|>')} {_json(t.parameters)}"
                for i, t in enumerate(usable)]
         rules = [
@@ -500,7 +504,7 @@ class Llama3(Format):
     def grammar(self, tools, choice, vocab, thinking=False):
         if choice.mode != "required":
             return None
-        usable = [t for t in tools if choice.name in (None, t.name)]
+        usable = choice.usable(tools)
         call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "parameters": t.parameters},
                            "required": ["name", "parameters"], "additionalProperties": False} for t in usable]}
         return Grammar.lark(f"start: call\ncall: {_json(call)}", "tools")

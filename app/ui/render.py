@@ -293,13 +293,18 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
     return f'<table class="spec-hw">{body}</table>'
 
 
+def _client(base: str, key: bool, *imports: str) -> list[str]:
+    """The lines every API example starts with: its imports, and an OpenAI client for this server."""
+    names = [*imports, *(["os"] if key else [])]
+    api_key = 'os.environ["SPECCHAT_API_KEY"]' if key else '"none"'
+    return [*([f"import {', '.join(names)}"] if names else []), "from openai import OpenAI",
+            f'client = OpenAI(base_url="{base}", api_key={api_key})']
+
+
 def schema_example(base: str, model: str, key: bool) -> str:
     """Python asking for an answer that follows a JSON schema (OpenAI's response_format)."""
-    api_key = 'os.environ["SPECCHAT_API_KEY"]' if key else '"none"'
     return "\n".join([
-        "import json" + (", os" if key else ""),
-        "from openai import OpenAI",
-        f'client = OpenAI(base_url="{base}", api_key={api_key})',
+        *_client(base, key, "json"),
         'schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},',
         '          "country": {"type": "string", "maxLength": 40}},',
         '          "required": ["city", "country"], "additionalProperties": False}',
@@ -312,11 +317,8 @@ def schema_example(base: str, model: str, key: bool) -> str:
 
 def tools_example(base: str, model: str, key: bool) -> str:
     """Python offering the model a tool (OpenAI's tools) and reading the call it makes."""
-    api_key = 'os.environ["SPECCHAT_API_KEY"]' if key else '"none"'
     return "\n".join([
-        *(["import os"] if key else []),
-        "from openai import OpenAI",
-        f'client = OpenAI(base_url="{base}", api_key={api_key})',
+        *_client(base, key),
         'weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",',
         '    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},',
         '                   "required": ["city"], "additionalProperties": False}}}',
@@ -334,11 +336,8 @@ def api_panel(info: dict, pair: str | None) -> str:
     model = pair or "MODEL"
     curl = (f"curl {base}/chat/completions{key} -H 'Content-Type: application/json' \\\n"
             f"  -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
-    api_key = 'os.environ["SPECCHAT_API_KEY"]' if info["key"] else '"none"'
     py = "\n".join([
-        *(["import os"] if info["key"] else []),
-        "from openai import OpenAI",
-        f'client = OpenAI(base_url="{base}", api_key={api_key})',
+        *_client(base, info["key"]),
         f'r = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}])',
         'print(r.choices[0].message.content, r.model_extra["timings"])  # draft_n, draft_n_accepted, ...',
     ])
