@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
 from app.engine.engine import chat_prompt  # noqa: E402
 from app.engine.llama import Model  # noqa: E402
-from app.engine.text_drafter import TextDrafter  # noqa: E402
+from app.engine.drafters import TextDrafter  # noqa: E402
 
 
 class OwnTemplateDrafter(TextDrafter):

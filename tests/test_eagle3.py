@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from app.engine.llama.heads import Capture
+
 from app.engine import Engine, EngineError, ModelSettings
 from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
@@ -170,12 +172,12 @@ def test_a_turn_after_speculation_off_starts_the_heads_cache_over(engine, monkey
     again the positions after what its cache holds have none; it starts over from those kept (llama.cpp requires
     each row to follow the last it holds), and the output stays exact."""
     ctx = engine.target.ctx
-    monkeypatch.setattr(type(ctx), "HIDDEN_BYTES", 4 * 3 * engine.model.n_embd * ctx.n_batch)
+    monkeypatch.setattr(Capture, "MAX_BYTES", 4 * 3 * engine.model.n_embd * ctx.n_batch)
     ids = prompt(engine)
     engine.reset()
     run(engine, ids, "eagle3", max_tokens=8)
     plain = run(engine, ids, "none", max_tokens=700)
-    assert len(ctx.layer_inputs) <= ctx.n_batch < 700
+    assert len(ctx.captures[0].rows) <= ctx.n_batch < 700
     longer = ids + plain.token_ids
     spec = run(engine, longer, "eagle3", max_tokens=40, draft_max=4, draft_p_min=0.0)
     assert spec.stats.prompt_cached > 700 and spec.stats.n_accepted > 0
@@ -186,10 +188,10 @@ def test_a_turn_after_speculation_off_starts_the_heads_cache_over(engine, monkey
 def test_a_build_without_the_staging_api_is_refused_clearly(pair, monkeypatch):
     """The layer-input calls are C++ names outside llama.cpp's stable API: a build that lacks them gets a clear
     error at load time, not a crash."""
-    from app.engine import llama
+    from app.engine.llama import backend
 
-    monkeypatch.setitem(llama._EXT, "llama_get_embeddings_layer_inp", ("Xgone", "Xgone", [], None))
-    monkeypatch.setattr(llama, "_ext", llama.functools.cache(llama._ext.__wrapped__))
+    monkeypatch.setitem(backend._EXT, "llama_get_embeddings_layer_inp", ("Xgone", "Xgone", [], None))
+    monkeypatch.setattr(backend, "ext", backend.functools.cache(backend.ext.__wrapped__))
     with pytest.raises(EngineError, match="does not export llama_get_embeddings_layer_inp, which an EAGLE-3 head"):
         Engine(ModelSettings(pair[0], n_ctx=256), ModelSettings(pair[1], n_ctx=256))
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from app.engine.llama.heads import Capture
 from app.engine import Engine, EngineError, GenerationParams, ModelSettings
 from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
@@ -66,11 +67,11 @@ def test_hidden_states_stay_bounded_while_another_drafter_runs(engine, monkeypat
     not consumed, so the oldest go (and MTP drafting afterwards is still exact)."""
     ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat"}])
     ctx = engine.target.ctx
-    monkeypatch.setattr(type(ctx), "HIDDEN_BYTES", 4 * engine.model.n_embd * ctx.n_batch)
+    monkeypatch.setattr(Capture, "MAX_BYTES", 4 * engine.model.n_embd * ctx.n_batch)
     engine.reset()
     run(engine, ids, "mtp", max_tokens=8)
     plain = run(engine, ids, "none", max_tokens=600)
-    assert len(ctx.hidden) <= ctx.n_batch < len(ids) + 600
+    assert len(ctx.captures[0].rows) <= ctx.n_batch < len(ids) + 600
     # The same conversation goes on with MTP: the MTP cache holds the first positions, the states after them are
     # gone, so it starts over from the ones kept (positions must follow each other in llama.cpp's cache)
     longer = ids + plain.token_ids

@@ -8,7 +8,7 @@ from app.cli import main
 from app.engine.compat import compatibility_problems
 from app.engine.gguf_file import read_info
 from app.engine.llama import Model, devices
-from app.engine.memory import ALL, GIB, Gpu, Load, estimate, recommend_offload
+from app.engine.fit import ALL, GIB, Gpu, Load, estimate, recommend_offload
 from app.models.check import _family, check_files, suggest_drafts
 
 VARIANTS = ["draft", "close_draft", "other_text", "other_size", "other_type", "other_bos"]

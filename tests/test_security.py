@@ -129,9 +129,9 @@ def test_a_client_that_hangs_up_before_a_whole_answer_stops_its_generation(guard
 
 
 def test_turns_on_the_engine_are_first_come_first_served_and_a_cancelled_waiter_leaves_the_line():
-    from app.engine.turns import Turns
+    from app.engine.fair_lock import FairLock
 
-    turns, order, cancels = Turns(), [], [threading.Event() for _ in range(5)]
+    turns, order, cancels = FairLock(), [], [threading.Event() for _ in range(5)]
 
     def wait(i):
         if turns.acquire(cancels[i]):

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from app.engine import Done, DraftParams, EngineError, GenerationParams, SamplingParams
-from app.engine.drafters import Draft, stop_at
+from app.engine.drafters import Draft, Drafter, stop_at
 from app.engine.grammar import Grammar
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "hobbies"],
@@ -51,7 +51,7 @@ def test_unconstrained_the_starter_does_not_answer_in_json(starter_engine):
         jsonschema.validate(json.loads(done.text), PERSON)
 
 
-class Proposes:
+class Proposes(Drafter):
     """A drafter that proposes given tokens whatever the history (to put a forbidden token before the grammar)."""
 
     name = "fixed"
@@ -96,7 +96,7 @@ def test_a_drafters_run_ends_where_the_grammar_starts_forcing_and_the_forced_tok
     """A drafter proposing the right JSON is stopped after `",`: from there the grammar forces ` "age": `, whose
     tokens join the draft as forced (a draft model would pay a step for each). Called again after them, it proposes
     the same text, which the grammar forbids where the integer goes: greedy, that run is cut."""
-    from app.engine.constraint import Constraint, constrained_draft
+    from app.engine.constraint import Constrained, Constraint
     from app.engine.sampling import make_rng
 
     model = starter_engine.model
@@ -107,8 +107,8 @@ def test_a_drafters_run_ends_where_the_grammar_starts_forcing_and_the_forced_tok
     proposes = Proposes(model.tokenize('Ann", "age": 30, "hobbies": []}', add_special=False))
     pieces = lambda ids: [model.piece(t).decode() for t in ids]  # noqa: E731
     assert pieces(proposes.tokens[:2]) == ["Ann", '",']
-    draft = constrained_draft(proposes, constraint, [], n_max=8, limit=20, sp=SamplingParams(temperature=0.0),
-                              rng=make_rng(0), gate=None)
+    draft = Constrained(proposes, constraint).draft_round([], n_max=8, limit=20, sp=SamplingParams(temperature=0.0),
+                                                         rng=make_rng(0), gate=None)
     n = len(draft.tokens)
     assert pieces(draft.tokens[:2]) == ["Ann", '",'] and draft.forced[:2] == [False, False]
     assert "".join(pieces(draft.tokens[2:])) == ' "age": ' and draft.forced[2:] == [True] * (n - 2)
@@ -120,7 +120,7 @@ def test_a_drafters_run_ends_where_the_grammar_starts_forcing_and_the_forced_tok
 def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
     """A lookup keyed on forced tokens finds the structure that repeats at every key: after ` "age": ` it would
     propose the `30` of an earlier object. It drafts only where nothing was forced before it in the round."""
-    from app.engine.constraint import Constraint, constrained_draft
+    from app.engine.constraint import Constrained, Constraint
     from app.engine.drafters import NgramDrafter
     from app.engine.sampling import make_rng
 
@@ -132,8 +132,8 @@ def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
     history = model.tokenize('Like {"name": "Bo", "age": 30, "hobbies": []} ', add_special=False) + answer
     ngram = NgramDrafter()
     ngram.begin(history)
-    draft = constrained_draft(ngram, constraint, history, n_max=8, limit=20, sp=SamplingParams(temperature=0.0),
-                              rng=make_rng(0), gate=None)
+    draft = Constrained(ngram, constraint).draft_round(history, n_max=8, limit=20,
+                                                      sp=SamplingParams(temperature=0.0), rng=make_rng(0), gate=None)
     text = lambda ids: "".join(model.piece(t).decode() for t in ids)  # noqa: E731
     assert text(draft.tokens) == ' "age": ' and all(draft.forced)
     # (asked, the lookup would have gone on with the earlier object's age)
@@ -208,7 +208,7 @@ def test_sampled_output_under_a_grammar_follows_the_target_distribution(tiny_eng
     compare(plain, spec)
 
 
-class SamplesQ:
+class SamplesQ(Drafter):
     """Drafts one letter sampled from a fixed distribution q (and reports q, as a draft model does)."""
 
     name = "fixed-q"

@@ -1,4 +1,4 @@
-from app.engine.text import TextStream
+from app.engine.text_stream import TextStream
 
 
 def test_multibyte_characters_arrive_whole():

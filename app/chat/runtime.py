@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from ..engine import DRAFTERS, DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
+from ..engine import DRAFTERS, OFF, DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from .keys import key_for, save_key
 from .remote import RemoteServer, ServerSpec
@@ -220,7 +220,7 @@ class Runtime:
         if (server := self.remote) is not None:  # the server applies its template; any drafter means "speculate"
             live = Live()
             kwargs = _template_kwargs(settings)
-            run = lambda c: server.generate(messages, params, settings.drafter != "none", c, kwargs)  # noqa: E731
+            run = lambda c: server.generate(messages, params, settings.drafter != OFF, c, kwargs)  # noqa: E731
             for _ in _stream(run, cancel, interval, live):
                 yield live
             return
@@ -240,7 +240,7 @@ class Runtime:
         empty cache, so neither reuses the other's prompt evaluation. With a server: its speculation-off twin, or the
         same server asked for speculation off (``speculative.n_max: 0``), then on; the outputs compared as text."""
         params = settings.generation()
-        if settings.drafter == "none":
+        if settings.drafter == OFF:
             raise EngineError("Comparing needs a drafter: choose one in Settings (speculation is off).")
         if self.remote is not None:
             yield from self._compare_remote(messages, params, _template_kwargs(settings), cancel or threading.Event(),
@@ -251,7 +251,7 @@ class Runtime:
         ids = engine.chat_tokens(messages, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
         cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
-        for phase, kind in (("off", "none"), ("on", drafter)):
+        for phase, kind in (("off", OFF), ("on", drafter)):
             cmp.phase = phase
             live = getattr(cmp, phase)
             engine.reset()

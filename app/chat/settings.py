@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from ..engine import DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
+from ..engine import DRAFT_MODEL, DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
 from ..models.loader import LoadSpec
 from ..paths import config_dir
 from .store import load_json, save_json
@@ -15,7 +15,7 @@ LOAD_SPECS = ("models", "server")  # the fields that are what to load, not how t
 @dataclass(frozen=True)
 class Settings:
     system_prompt: str = ""
-    drafter: str = "model"  # model | ngram | none
+    drafter: str = DRAFT_MODEL  # a method of the drafter registry
     temperature: float = 0.0
     top_k: int = 40
     top_p: float = 0.95

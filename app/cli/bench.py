@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from ..engine import Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
+from ..engine import DRAFT_MODEL, OFF, Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
 from ..engine.grammar import Grammar
 
 
@@ -79,7 +79,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     encoded = [engine.chat_tokens([{"role": "user", "content": p["prompt"]}]) if p["chat"]
                else engine.tokenize(p["prompt"]) for p in prompts]
     warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
-    _run(engine, encoded[0], "none", warm)
+    _run(engine, encoded[0], OFF, warm)
     _run(engine, encoded[0], drafter, warm)
     costs = []
     state: dict[str, dict] = {}  # recurrent models, speculation on: snapshots, saves, restores, replays
@@ -92,7 +92,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
             order = [("off", off), ("on", on)] if (i + r) % 2 == 0 else [("on", on), ("off", off)]
             for mode, sink in order:
                 params = replace(off_params if mode == "off" else on_params, grammar=grammar)
-                sink.append(_run(engine, ids, "none" if mode == "off" else drafter, params,
+                sink.append(_run(engine, ids, OFF if mode == "off" else drafter, params,
                                  state if mode == "on" else None))
         row = _row(p, off, on)
         rows.append(row)
@@ -108,7 +108,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     overall = _aggregate(rows)
     mean_costs = Costs.mean(costs)
     ceiling = None
-    if drafter == "model":  # n-gram proposals come and go with the text: its ceiling is not a round's cost
+    if drafter == DRAFT_MODEL:  # n-gram proposals come and go with the text: its ceiling is not a round's cost
         best, k = mean_costs.ceiling(dp.draft_max)
         ceiling = {"speedup": best, "draft_length": k, "reached": overall["speedup"] / best}
     return {

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
-from ..engine.engine import HEADS
+from ..engine.drafters import OFF, registry
 from ..engine import SamplingParams, TextDelta, batch_invariant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
@@ -227,16 +227,14 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     spec = load_spec(args)
     resolved = resolve(spec)
     # default: the pair's draft model, else the target's own MTP layers, else prompt lookup
-    drafter = args.drafter or ("model" if resolved.draft else "mtp" if read_info(resolved.target).nextn_layers
-                               else "ngram")
-    if drafter in ("model", "eagle3") and not resolved.draft:
-        what = "a draft model: add --draft PATH" if drafter == "model" else "an EAGLE-3 head: add --draft HEAD.gguf"
-        raise EngineError(f"--drafter {drafter} needs {what}, or use --drafter ngram.")
+    drafter = args.drafter or registry.default_method(bool(resolved.draft), bool(read_info(resolved.target).nextn_layers))
+    if (what := registry.method(drafter).draft_file) and not resolved.draft:
+        raise EngineError(f"--drafter {drafter} needs {what}, or use --drafter {registry.default_method(False, False)}.")
     dp = draft_params(args, resolved.draft_params)
-    # (a head is the draft file for "model" and for its own kind, as in llama.cpp's --spec-type draft-mtp -md FILE)
-    head = HEADS.get(read_info(resolved.draft).architecture) if resolved.draft else None
-    engine = load_engine(spec, resolved, with_draft=drafter == "model" or bool(head and drafter == head[1]))
-    if drafter != "none" and not batch_invariant():
+    # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
+    head_arch = read_info(resolved.draft).architecture if resolved.draft else None
+    engine = load_engine(spec, resolved, with_draft=registry.needs_draft_file(drafter, head_arch))
+    if drafter != OFF and not batch_invariant():
         print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
               "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "
               "leave GGML_CPU_TILED_MM unset for exact output.", file=sys.stderr)
@@ -350,7 +348,7 @@ def cmd_bench(args) -> int:
 
         return bench_remote(args, prompts)
     engine, drafter, dp = build_engine(args)
-    if drafter == "none":
+    if drafter == OFF:
         raise EngineError("bench compares speculation on and off: choose --drafter model or ngram.")
     report = run_bench(engine, drafter, dp, prompts, args.max_tokens, args.repeats,
                        progress=None if args.json else sys.stderr)
@@ -369,7 +367,7 @@ def cmd_chat(args) -> int:
 
         server = RemoteServer(ServerSpec(args.server, args.server_api_key or None, args.model, args.method))
         params = _generation_params(args, DraftParams())
-        answer = lambda msgs, cancel: server.generate(msgs, params, args.drafter != "none", cancel)  # noqa: E731
+        answer = lambda msgs, cancel: server.generate(msgs, params, args.drafter != OFF, cancel)  # noqa: E731
         summary = remote_summary
     else:
         if not (args.pair or args.target):

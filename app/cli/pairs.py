@@ -6,7 +6,7 @@ import sys
 
 from ..models import downloads, hub
 from ..models.catalog import get_pair
-from ..engine import EngineError
+from ..engine import DRAFT_MODEL, EngineError
 
 
 def cmd_list(args) -> int:
@@ -182,7 +182,7 @@ def _measure(target, draft, args) -> str:
     try:
         print(f"measuring: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, greedy, "
               "speculation off and on…", file=sys.stderr, flush=True)
-        o = run_bench(engine, "model", DraftParams(), MEASURE_PROMPTS, args.measure)["overall"]
+        o = run_bench(engine, DRAFT_MODEL, DraftParams(), MEASURE_PROMPTS, args.measure)["overall"]
         mode = "drafted as text" if engine.cross_vocab else "drafted in the target's tokens"
     finally:
         engine.close()

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from ..chat.remote import RemoteError, RemoteServer, ServerSpec
-from ..engine import Done, GenerationParams, SamplingParams, TextDelta
+from ..engine import OFF, Done, GenerationParams, SamplingParams, TextDelta
 
 # `specchat generate --json` fields, in a local run's order; None where the server reports nothing.
 JSON_FIELDS = ("text", "token_ids", "n_tokens", "n_drafted", "n_accepted", "acceptance_rate", "tokens_per_second",
@@ -50,7 +50,7 @@ def generate_remote(args, prompt: str) -> int:
     server = _server(args)
     try:
         engine = server.identify()
-        done = _answer(server, _messages(args, prompt), _params(args), args.drafter != "none",
+        done = _answer(server, _messages(args, prompt), _params(args), args.drafter != OFF,
                        None if args.json else sys.stdout)
     finally:
         server.close()

@@ -1,15 +1,17 @@
 """SpecChat's speculative decoding engine over llama.cpp. No UI code may be imported below this package."""
 from .costs import Costs
 from .draft_control import DraftParams
-from .engine import DRAFTERS, SPEC_TYPES, Engine, chat_prompt, drafter_for, prompt_tokens
+from .drafters import DRAFT_MODEL, DRAFTERS, METHODS, OFF, SPEC_TYPES, drafter_for
+from .drafters import label as method_name
+from .engine import Engine, chat_prompt, prompt_tokens
 from .errors import EngineError, ModelsUnloaded
-from .events import Done, Event, Round, Stats, TextDelta, method_name
+from .events import Done, Event, Round, Stats, TextDelta
 from .llama import Model, ModelSettings, batch_invariant, quantize, supports_gpu_offload, system_info
 from .loop import GenerationParams
 from .sampling import SamplingParams
 
 __all__ = [
-    "Costs", "DRAFTERS", "SPEC_TYPES", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams",
+    "Costs", "DRAFT_MODEL", "DRAFTERS", "METHODS", "OFF", "SPEC_TYPES", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams",
     "Model", "ModelsUnloaded", "ModelSettings", "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant",
     "chat_prompt", "drafter_for", "method_name", "prompt_tokens", "quantize", "supports_gpu_offload", "system_info",
 ]

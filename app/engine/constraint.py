@@ -137,11 +137,11 @@ class Constraint:
             self.seconds += time.perf_counter() - t0
 
 
-def constrained_draft(drafter: Drafter, constraint: Constraint, history: list[int], n_max: int, limit: int,
-                      sp: SamplingParams, rng: np.random.Generator, gate: Gate | None) -> Draft:
-    """A draft under a grammar: the tokens it forces, then what the drafter proposes after them (up to ``n_max``
-    of its own), then the tokens forced after those, and so on; forced tokens cost no draft step and do not count
-    against ``n_max``, only against ``limit`` (the batch). A drafter whose ``AFTER_FORCED`` is false drafts only where
+class Constrained(Drafter):
+    """A drafter under a grammar: the grammar's part of a round, behind the drafter seam. Its draft: the tokens the
+    grammar forces, then what the drafter proposes after them (up to ``n_max`` of its own), then the tokens forced
+    after those, and so on; forced tokens cost no draft step and do not count against ``n_max``, only against
+    ``limit`` (the batch). A drafter whose ``AFTER_FORCED`` is false drafts only where
     nothing is forced before it in the round.
 
     The grammar follows the drafter token by token and ends its run where it forbids a token, and where it starts
@@ -150,53 +150,65 @@ def constrained_draft(drafter: Drafter, constraint: Constraint, history: list[in
     residual: cutting it would make the output depend on a rejection that never happened, and the distribution
     would no longer be the target's). The grammar is left where it was.
     """
-    out = Draft(probs=None if sp.greedy else [], signals=[] if gate else None)
-    consumed = own = calls = 0
-    after_forced = getattr(drafter, "AFTER_FORCED", True)
-    allowed: list[bool] = []  # per token of the drafter's current run: did the grammar allow it
 
-    def stop(tok: int) -> bool:
-        nonlocal consumed
-        ok = constraint.allows(tok)
-        allowed.append(ok)
-        # An end of generation ends the draft, and is never fed to the grammar: llguidance keeps no history entry
-        # for it, so rolling it back would take one token too many.
-        if not ok or tok in constraint.eog:
-            return True
-        constraint.commit(tok)
-        consumed += 1
-        return constraint.forces()
+    def __init__(self, drafter: Drafter, constraint: Constraint):
+        self.drafter, self.constraint = drafter, constraint
+        self.name, self.label = drafter.name, drafter.label
+        self.SIGNAL_EDGES, self.SIGNAL_PRIOR = drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR
 
-    try:
-        while len(out.tokens) < limit:
-            forced = constraint.forced()[: limit - len(out.tokens)]
-            for tok in forced:
-                constraint.commit(tok)
-                consumed += 1
-                _append(out, tok, None, None, forced=True)
-            budget = min(n_max - own, limit - len(out.tokens))
-            if budget <= 0 or (calls and not forced) or (out.tokens and not after_forced):
-                break
-            allowed.clear()
-            d = drafter.propose(history + out.tokens, budget, sp, rng, gate, stop)
-            calls += 1
-            own += len(d.tokens)
-            if d.n_evals:
-                out.n_evals += d.n_evals - (1 if out.n_evals else 0)  # later calls' first steps: marginal ones
-                out.first_s += d.first_s
-                out.n_first += d.n_first
-            n = len(d.tokens)
-            assert len(allowed) == n, f"{drafter.name} drafter: each token it proposes goes to stop(), in order"
-            forbidden = n and not allowed[-1]
-            keep = n - 1 if forbidden and sp.greedy else n
-            for i in range(keep):
-                _append(out, d.tokens[i], d.probs[i] if d.probs else None,
-                        d.signals[i] if d.signals else None, forced=False)
-            if forbidden or (n and d.tokens[-1] in constraint.eog):
-                break
-    finally:
-        constraint.rollback(consumed)
-    return out
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.drafter.begin(prompt_ids)
+
+    def draft_round(self, history: list[int], n_max: int, limit: int, sp: SamplingParams,
+                    rng: np.random.Generator, gate: Gate | None) -> Draft:
+        drafter, constraint = self.drafter, self.constraint
+        out = Draft(probs=None if sp.greedy else [], signals=[] if gate else None)
+        consumed = own = calls = 0
+        after_forced = drafter.AFTER_FORCED
+        allowed: list[bool] = []  # per token of the drafter's current run: did the grammar allow it
+
+        def stop(tok: int) -> bool:
+            nonlocal consumed
+            ok = constraint.allows(tok)
+            allowed.append(ok)
+            # An end of generation ends the draft, and is never fed to the grammar: llguidance keeps no history entry
+            # for it, so rolling it back would take one token too many.
+            if not ok or tok in constraint.eog:
+                return True
+            constraint.commit(tok)
+            consumed += 1
+            return constraint.forces()
+
+        try:
+            while len(out.tokens) < limit:
+                forced = constraint.forced()[: limit - len(out.tokens)]
+                for tok in forced:
+                    constraint.commit(tok)
+                    consumed += 1
+                    _append(out, tok, None, None, forced=True)
+                budget = min(n_max - own, limit - len(out.tokens))
+                if budget <= 0 or (calls and not forced) or (out.tokens and not after_forced):
+                    break
+                allowed.clear()
+                d = drafter.propose(history + out.tokens, budget, sp, rng, gate, stop)
+                calls += 1
+                own += len(d.tokens)
+                if d.n_evals:
+                    out.n_evals += d.n_evals - (1 if out.n_evals else 0)  # later calls' first steps: marginal ones
+                    out.first_s += d.first_s
+                    out.n_first += d.n_first
+                n = len(d.tokens)
+                assert len(allowed) == n, f"{drafter.name} drafter: each token it proposes goes to stop(), in order"
+                forbidden = n and not allowed[-1]
+                keep = n - 1 if forbidden and sp.greedy else n
+                for i in range(keep):
+                    _append(out, d.tokens[i], d.probs[i] if d.probs else None,
+                            d.signals[i] if d.signals else None, forced=False)
+                if forbidden or (n and d.tokens[-1] in constraint.eog):
+                    break
+        finally:
+            constraint.rollback(consumed)
+        return out
 
 
 def _append(draft: Draft, tok: int, q: Dist | None, signal: float | None, forced: bool) -> None:

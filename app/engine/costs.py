@@ -14,6 +14,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .llama import Context
+from .speedup import best_draft_length
 
 POSITION = 128  # scratch tokens cached before timing: a short chat's worth of attention
 
@@ -52,12 +53,8 @@ class Costs:
         """(best speedup over plain decoding, the draft length reaching it) if every draft token were accepted:
         max over k of (k + 1) tokens per round / round time, times one plain step. No drafter with these costs
         can do better; rejections only lower it."""
-        best, best_k = 1.0, 0
-        for k in range(1, draft_max + 1):
-            speedup = (k + 1) * self.verify(1) / (self.draft(k) + self.verify(k + 1))
-            if speedup > best:
-                best, best_k = speedup, k
-        return best, best_k
+        k, rate = best_draft_length(self.verify, self.draft, range(1, draft_max + 1))
+        return (rate * self.verify(1) if k else 1.0), k
 
     def as_dict(self) -> dict:
         out = {"verify_ms": {n: s * 1e3 for n, s in sorted(self.verify_s.items())}}

@@ -32,6 +32,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from .errors import EngineError
+from .speedup import best_draft_length
 
 MAX_DRAFT = 64  # the target's batch holds draft_max + 1 outputs; keeps the logits buffer small
 
@@ -237,13 +238,8 @@ class DraftLength:
     def _best(self, acceptance: float | None = None) -> tuple[int, float]:
         """The draft length that makes tokens fastest at this acceptance (0: plain decoding), and that rate."""
         a = min(self.acceptance() if acceptance is None else acceptance, 0.999)
-        best_k, best_rate = 0, 1.0 / self._verify_time(1)
-        for k in range(max(1, self.p.draft_min), self.p.draft_max + 1):
-            tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
-            rate = tokens / (k * self._t_draft.value + self._verify_time(k + 1))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate
+        return best_draft_length(self._verify_time, lambda k: k * self._t_draft.value,
+                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), a)
 
     def _best_saving(self) -> float:
         """Seconds per token drafting saves at best (every draft token accepted), by the measured costs. A draft
@@ -252,6 +248,12 @@ class DraftLength:
         return self._verify_time(1) - 1.0 / self._best(0.999)[1]
 
     # --- feedback -------------------------------------------------------------------------------------------
+    def record(self, draft, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        """One round, as the loop saw it: the ``Draft`` it verified, how many of its tokens, how many accepted, and
+        the seconds spent drafting and verifying."""
+        self.update(n_drafted, n_accepted, draft_s, verify_s, draft.signals, draft.n_evals, draft.first_s,
+                    draft.n_first, draft.forced)
+
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
                signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0,
                forced: list[bool] | None = None) -> None:

@@ -3,15 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-# How each drafter is named where people read it: Stats, Compare, the API's model list. Other names (a server's
-# method) are shown as they are.
-METHOD_NAMES = {"model": "draft model", "model (as text)": "draft model (as text)",
-                "mtp": "MTP", "assistant": "Gemma 4 assistant", "eagle3": "EAGLE-3", "ngram": "n-gram lookup",
-                "none": "off"}
-
-
-def method_name(drafter: str) -> str:
-    return METHOD_NAMES.get(drafter, drafter)
+from .drafters.registry import label
 
 
 @dataclass
@@ -40,7 +32,7 @@ class Stats:
 
     @property
     def method(self) -> str:
-        return method_name(self.drafter)
+        return label(self.drafter)
 
     @property
     def acceptance_rate(self) -> float:

@@ -11,15 +11,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from .constraint import Constraint, constrained_draft
+import numpy as np
+
+from .constraint import Constrained, Constraint
 from .draft_control import MAX_DRAFT, DraftLength, DraftParams
-from .drafters import Draft, Drafter, NoDrafter
+from .drafters import Draft, Drafter
 from .errors import EngineError
 from .events import Done, Event, Round, Stats, TextDelta
 from .grammar import Grammar
-from .llama import Cancelled, Context
+from .llama import Cancelled, Context, Model
 from .sampling import SamplingParams, accept_or_resample, distribution, greedy_token, make_rng, sample
-from .text import TextStream
+from .text_stream import TextStream
 
 
 @dataclass(frozen=True)
@@ -45,17 +47,11 @@ def speculative_generate(
     params: GenerationParams,
     cancel: threading.Event | None = None,
 ) -> Iterator[Event]:
-    model = target.model
     sp = params.sampling
     rng = make_rng(sp.seed)
-    control = DraftLength(
-        params.draft, getattr(drafter, "SIGNAL_EDGES", ()), getattr(drafter, "SIGNAL_PRIOR", (0.9,))
-    )
+    control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR)
     gate = control if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
-    stream = TextStream(params.stop)
-    out_ids: list[int] = []
-    flags: list[bool] = []
     if not prompt_ids:
         raise EngineError("The prompt is empty.")
     if len(prompt_ids) >= target.n_ctx:
@@ -63,141 +59,167 @@ def speculative_generate(
             f"The prompt is {len(prompt_ids)} tokens but the context holds {target.n_ctx}. "
             "Shorten the prompt or raise the context size (--ctx)."
         )
-
-    constraint = Constraint(params.grammar, model) if params.grammar else None
-    if constraint:  # the target's choices under the grammar's mask, the grammar advanced past each one chosen
-        greedy_of = constraint.greedy
-        dist_of = lambda logits: constraint.distribution(logits, sp)  # noqa: E731
-    else:
-        greedy_of = greedy_token
-        dist_of = lambda logits: distribution(logits, sp)  # noqa: E731
-
-    def pick(logits) -> int:
-        tok = greedy_of(logits) if sp.greedy else sample(dist_of(logits), rng)
-        if constraint:
-            constraint.commit(tok)
-        return tok
-
+    choose = Choice(target.model, params, rng)
+    if choose.constraint and drafter.speculates:  # forced tokens join the draft
+        drafter = Constrained(drafter, choose.constraint)
+    out = Output(target.model, params, list(prompt_ids))
+    finish = None
     t_start = time.perf_counter()
     target.set_cancel(cancel)
     try:
-        # --- prefill: reuse the cached prefix, evaluate the rest, sample the first token -----------------------
-        n_cached = target.reuse_prefix(prompt_ids)
-        if n_cached == len(prompt_ids):
-            target.truncate(n_cached - 1)
-        stats.prompt_cached = target.n_held  # (recurrent state may have gone back to a checkpoint before it)
-        stats.prompt_tokens = len(prompt_ids) - stats.prompt_cached
-        target.prefill(prompt_ids[len(target.tokens) :])
+        _prefill(target, prompt_ids, stats)
         drafter.begin(prompt_ids)
-        history = list(prompt_ids)
-        pending = [pick(target.logits(-1))]
-        pending_flags = [False]
+        pending, accepted = [choose.pick(target.logits(-1))], 0
         t_first = time.perf_counter()
         stats.time_to_first_token_s = t_first - t_start
-        finish = None
-
         while True:
-            # --- commit the tokens this round produced, checking stop conditions token by token -------------
-            emitted: list[int] = []
-            for tok, from_draft in zip(pending, pending_flags):
-                if model.is_eog(tok):
-                    finish = "stop"
-                    break
-                history.append(tok)
-                out_ids.append(tok)
-                flags.append(from_draft)
-                emitted.append(tok)
-                text = stream.feed(model.piece_text(tok) if tok in params.shown else model.piece(tok))
-                if text:
-                    yield TextDelta(text, emitted, from_draft)
-                    emitted = []
-                if stream.stopped:
-                    finish = "stop"
-                    break
-                if len(out_ids) >= params.max_tokens:
-                    finish = "length"
-                    break
-            stats.n_tokens = len(out_ids)
+            yield from out.commit(pending, accepted)
+            stats.n_tokens = len(out.ids)
             stats.decode_seconds = time.perf_counter() - t_first
-            if len(target.tokens) > len(history):  # stopped inside an accepted draft
-                target.truncate(len(history))
+            if len(target.tokens) > len(out.history):  # stopped inside an accepted draft
+                target.truncate(len(out.history))
+            room = min(target.n_ctx - len(out.history), params.max_tokens - len(out.ids))  # [last, d1..dk] must fit
+            finish = out.finish or ("cancelled" if cancel is not None and cancel.is_set() else None) or (
+                "length" if room < 0 else None)
             if finish:
                 break
-            if cancel is not None and cancel.is_set():
-                finish = "cancelled"
-                break
-            room = target.n_ctx - len(history)  # the batch [last, d1..dk] must fit in the context
-            if room < 0:
-                finish = "length"
-                break
-
-            # --- draft ----------------------------------------------------------------------------------------
             # After recurrent state went back to a saved one, this round replays the accepted tokens and drafts
             # nothing (as llama-server does): the state saved before the next draft then holds all of them.
             replaying = target.n_pending > 0
-            n_max = 0 if replaying else min(control.next(), room, params.max_tokens - len(out_ids))
+            limit = 0 if replaying else min(MAX_DRAFT, room)
             t0 = time.perf_counter()
-            if constraint and not replaying and not isinstance(drafter, NoDrafter):  # forced tokens join the draft
-                limit = min(MAX_DRAFT, room, params.max_tokens - len(out_ids))
-                draft = constrained_draft(drafter, constraint, history, n_max, limit, sp, rng, gate)
-                n_max = limit
-            else:
-                draft = drafter.propose(history, n_max, sp, rng, gate) if n_max > 0 else Draft()
-            k = _usable(draft, n_max, params.draft.draft_min, model)
+            draft = drafter.draft_round(out.history, 0 if replaying else min(control.next(), room), limit, sp, rng,
+                                        gate)
+            k = _usable(draft, limit, params.draft.draft_min, target.model)
             t1 = time.perf_counter()
-
-            # --- verify [last, d1..dk] in one target batch ----------------------------------------------------
-            target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1, n_speculative=k)
-            pending, pending_flags = [], []
-            accepted = 0
-            for i in range(k + 1):
-                logits = target.logits(i)
-                if i == k:  # every draft token accepted: the target's own next token comes free
-                    pending.append(pick(logits))
-                    break
-                d = draft.tokens[i]
-                if sp.greedy:
-                    tok = greedy_of(logits)
-                    ok = tok == d
-                else:
-                    q = draft.probs[i] if draft.probs else None
-                    ok, tok = accept_or_resample(dist_of(logits), q, d, rng)
-                if constraint:
-                    constraint.commit(tok)
-                pending.append(tok)
-                if not ok:
-                    break
-                accepted += 1
-            pending_flags = [True] * accepted + [False]
-            target.truncate(len(history) + accepted)  # drop the rejected draft positions
+            pending, accepted = _verify(target, out.history, draft, k, choose, sp, rng)
             t2 = time.perf_counter()
-
-            stats.n_rounds += 1
-            stats.n_drafted += k
-            stats.n_accepted += accepted
-            if draft.forced:
-                stats.n_forced += sum(draft.forced[:k])
-                stats.n_forced_accepted += sum(draft.forced[:accepted])
-            if constraint:
-                stats.grammar_seconds = constraint.seconds
-            stats.draft_seconds += t1 - t0
-            stats.verify_seconds += t2 - t1
+            _count(stats, draft, k, accepted, t1 - t0, t2 - t1, choose.constraint)
             if not replaying:  # a replay round's cost is not a plain step's
-                control.update(k, accepted, t1 - t0, t2 - t1, draft.signals, draft.n_evals, draft.first_s,
-                               draft.n_first, draft.forced)
+                control.record(draft, k, accepted, t1 - t0, t2 - t1)
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"
     finally:
         target.set_cancel(None)
 
-    tail = stream.flush()
+    tail = out.stream.flush()
     if tail:
         yield TextDelta(tail, [], False)
-    stats.n_tokens = len(out_ids)
+    stats.n_tokens = len(out.ids)
+    if choose.constraint:
+        stats.grammar_seconds = choose.constraint.seconds
+    yield Done(finish or "stop", out.stream.text, out.ids, stats, out.flags)
+
+
+def _prefill(target: Context, prompt_ids: list[int], stats: Stats) -> None:
+    """Reuse the cached prefix and evaluate the rest, the last token with logits."""
+    n_cached = target.reuse_prefix(prompt_ids)
+    if n_cached == len(prompt_ids):
+        target.truncate(n_cached - 1)
+    stats.prompt_cached = target.n_held  # (recurrent state may have gone back to a checkpoint before it)
+    stats.prompt_tokens = len(prompt_ids) - stats.prompt_cached
+    target.prefill(prompt_ids[len(target.tokens) :])
+
+
+class Choice:
+    """The target's choice of a token from its logits: greedy or sampled, under the grammar's mask where one
+    constrains the answer (the grammar advanced past each token chosen)."""
+
+    def __init__(self, model: Model, params: GenerationParams, rng: np.random.Generator):
+        self.sp, self.rng = params.sampling, rng
+        self.constraint = Constraint(params.grammar, model) if params.grammar else None
+
+    def greedy(self, logits: np.ndarray) -> int:
+        return self.constraint.greedy(logits) if self.constraint else greedy_token(logits)
+
+    def distribution(self, logits: np.ndarray):
+        return self.constraint.distribution(logits, self.sp) if self.constraint else distribution(logits, self.sp)
+
+    def commit(self, tok: int) -> int:
+        if self.constraint:
+            self.constraint.commit(tok)
+        return tok
+
+    def pick(self, logits: np.ndarray) -> int:
+        return self.commit(self.greedy(logits) if self.sp.greedy else sample(self.distribution(logits), self.rng))
+
+
+def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: Choice, sp: SamplingParams,
+            rng: np.random.Generator) -> tuple[list[int], int]:
+    """Verify [last, d1..dk] in one target batch: the tokens the round commits (the accepted draft tokens, then the
+    target's own) and how many draft tokens were accepted. Rejected positions leave the cache at once."""
+    target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1, n_speculative=k)
+    pending = []
+    for i in range(k + 1):
+        logits = target.logits(i)
+        if i == k:  # every draft token accepted: the target's own next token comes free
+            pending.append(choose.pick(logits))
+            break
+        d = draft.tokens[i]
+        if sp.greedy:
+            tok = choose.greedy(logits)
+            ok = tok == d
+        else:
+            q = draft.probs[i] if draft.probs else None
+            ok, tok = accept_or_resample(choose.distribution(logits), q, d, rng)
+        pending.append(choose.commit(tok))
+        if not ok:
+            break
+    accepted = len(pending) - 1
+    target.truncate(len(history) + accepted)  # drop the rejected draft positions
+    return pending, accepted
+
+
+def _count(stats: Stats, draft: Draft, k: int, accepted: int, draft_s: float, verify_s: float,
+           constraint: Constraint | None) -> None:
+    stats.n_rounds += 1
+    stats.n_drafted += k
+    stats.n_accepted += accepted
+    if draft.forced:
+        stats.n_forced += sum(draft.forced[:k])
+        stats.n_forced_accepted += sum(draft.forced[:accepted])
     if constraint:
         stats.grammar_seconds = constraint.seconds
-    yield Done(finish or "stop", stream.text, out_ids, stats, flags)
+    stats.draft_seconds += draft_s
+    stats.verify_seconds += verify_s
+
+
+class Output:
+    """The answer as it is committed: the history the drafters see, the tokens and their provenance, the text with
+    its stop strings, and why it ended (an end-of-generation token, a stop string, --max-tokens)."""
+
+    def __init__(self, model: Model, params: GenerationParams, history: list[int]):
+        self.model, self.params, self.history = model, params, history
+        self.ids: list[int] = []
+        self.flags: list[bool] = []  # per token: from an accepted draft
+        self.stream = TextStream(params.stop)
+        self.finish: str | None = None
+
+    def commit(self, pending: list[int], accepted: int) -> Iterator[TextDelta]:
+        """Commit a round's tokens (its first ``accepted`` came from the draft), checking the stop conditions token
+        by token; text as it becomes whole."""
+        emitted: list[int] = []
+        for i, tok in enumerate(pending):
+            from_draft = i < accepted
+            if self.model.is_eog(tok):
+                self.finish = "stop"
+                return
+            self.history.append(tok)
+            self.ids.append(tok)
+            self.flags.append(from_draft)
+            emitted.append(tok)
+            shown = self.model.piece_text(tok) if tok in self.params.shown else self.model.piece(tok)
+            text = self.stream.feed(shown)
+            if text:
+                yield TextDelta(text, emitted, from_draft)
+                emitted = []
+            if self.stream.stopped:
+                self.finish = "stop"
+                return
+            if len(self.ids) >= self.params.max_tokens:
+                self.finish = "length"
+                return
 
 
 def _usable(draft: Draft, n_max: int, draft_min: int, model) -> int:

@@ -10,11 +10,13 @@ from . import size_ratio
 from .catalog import load_catalog, local_path, status
 from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
-from ..engine.eagle3 import LAYER_INPUT_ARCHS
-from ..engine.engine import DEFAULT_CTX
+from ..engine.drafters import HEADS, METHODS
+from ..engine.pair import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, read_info
 from ..engine.llama import ModelSettings, gpus
-from ..engine.memory import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
+from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
+
+SPEC_TYPE_OF = {m.name: m.spec_types[0] for m in METHODS}  # llama.cpp's name for each method
 
 
 @dataclass
@@ -105,28 +107,16 @@ def own_drafting(info: GgufInfo) -> str:
             "draft model)") if n else ""
 
 
-def assistant_note(r: PairReport) -> str:
-    """A Gemma 4 assistant as the draft: it reads the target's cache, so it pairs with a Gemma 4 target only (the
-    engine checks the sizes when it loads)."""
-    if r.target.architecture != "gemma4":
-        return f"not usable: the draft is Gemma 4's assistant, which drafts only for a Gemma 4 target, not " \
-               f"{r.target.architecture}"
+def head_note(r: PairReport, head) -> str:
+    """A head as the draft (Gemma 4's assistant, EAGLE-3: the drafter registry's ``HEADS``): it drafts from the
+    target's own state, so it suits only some targets (the engine checks the sizes when it loads)."""
+    if problem := head.target_problem(r.target.architecture):
+        return f"not usable: the draft is {head.DESCRIBED}, {problem}"
     if not r.compatible:
-        return "not usable: the draft is Gemma 4's assistant, but " + "; ".join(r.problems)
-    return ("compatible: the draft is Gemma 4's assistant, drafting from the target's own cache (llama.cpp: "
-            "--spec-type draft-mtp -md FILE)")
-
-
-def eagle3_note(r: PairReport) -> str:
-    """An EAGLE-3 head as the draft: it reads three of the target's layers, which llama.cpp exposes only for some
-    architectures (the engine checks the sizes when it loads)."""
-    if r.target.architecture not in LAYER_INPUT_ARCHS:
-        return (f"not usable: the draft is an EAGLE-3 head, and llama.cpp exposes the layers it reads only for "
-                f"{', '.join(LAYER_INPUT_ARCHS)} targets, not {r.target.architecture}")
-    if not r.compatible:
-        return "not usable: the draft is an EAGLE-3 head, but " + "; ".join(r.problems)
-    return ("compatible: the draft is an EAGLE-3 head, drafting from the target's own features (llama.cpp: "
-            "--spec-type draft-eagle3 -md FILE)")
+        return f"not usable: the draft is {head.DESCRIBED}, but " + "; ".join(r.problems)
+    spec_type = SPEC_TYPE_OF[head.METHOD]
+    return (f"compatible: the draft is {head.DESCRIBED}, drafting from {head.READS} (llama.cpp: --spec-type {spec_type} "
+            "-md FILE)")
 
 
 def describe(r: PairReport) -> list[str]:
@@ -139,10 +129,8 @@ def describe(r: PairReport) -> list[str]:
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
     if own := own_drafting(r.target):
         lines.append(own)
-    if r.draft and r.draft.architecture == "gemma4-assistant":
-        lines.append(assistant_note(r))
-    elif r.draft and r.draft.architecture == "eagle3":
-        lines.append(eagle3_note(r))
+    if r.draft and (head := HEADS.get(r.draft.architecture)):
+        lines.append(head_note(r, head))
     elif r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
                      f"{AS_TEXT}: " + "; ".join(r.problems))

@@ -5,7 +5,7 @@ Search and file listing go through huggingface_hub's ``HfApi`` (so ``HF_ENDPOINT
 as everywhere else). The advice comes in two strengths: by name (same model family, from the repo and file names
 and the Hub's GGUF metadata), and by header: the first megabytes of both files, read with HTTP Range requests,
 judged by llama.cpp's own pair rule, exactly as the files will be judged once on disk. A draft that fails the rule
-still drafts, as text (``engine.text_drafter``); for a target with no draft of its own vocabulary, the catalog's
+still drafts, as text (``engine.drafters.cross_vocab``); for a target with no draft of its own vocabulary, the catalog's
 small drafts of other families are offered, ranked by size ratio (``size_ratio``).
 """
 from __future__ import annotations

@@ -68,16 +68,15 @@ def resolve(spec: LoadSpec) -> Resolved:
 def find_assistant(target: Path) -> Path | None:
     """Gemma 4's assistant for a Gemma 4 target given alone, where it was downloaded: beside the target or in its
     MTP/ folder (as unsloth's repos ship it), made for the target's hidden size. Judged from the headers."""
+    from ..engine.drafters.gemma4_assistant import AssistantDrafter
     from ..engine.gguf_file import metadata
 
     try:
         kv = metadata(target)
-        if kv.get("general.architecture") != "gemma4":
+        if AssistantDrafter.target_problem(kv.get("general.architecture")):  # (not a Gemma 4 target)
             return None
         for path in sorted([*target.parent.glob("*.gguf"), *target.parent.glob("MTP/*.gguf")]):
-            other = metadata(path)
-            if (other.get("general.architecture") == "gemma4-assistant"
-                    and other.get("gemma4-assistant.embedding_length_out") == kv.get("gemma4.embedding_length")):
+            if AssistantDrafter.made_for(kv, metadata(path)):
                 return path
     except (OSError, ValueError, EngineError):
         return None  # (an unreadable file is not an assistant; the target's own problems surface when it loads)

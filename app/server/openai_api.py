@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
-from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta, method_name
+from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from .requests import ApiError, Job, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
@@ -110,16 +110,7 @@ class OpenAIServer:
         return {"object": "list", "data": data}
 
     def _speculation(self) -> str:
-        engine, drafter = self.runtime.engine, self.defaults().drafter
-        drafter = drafter if drafter in engine.drafters else engine.drafters[0]
-        if engine.head and drafter in ("model", engine.head[1]):
-            return f"{method_name(engine.head[0])} {engine.draft_model.path.name}"
-        if drafter == "model":
-            return f"draft model {engine.draft.model.path.name}"
-        if drafter == "mtp":
-            n = engine.target.model.n_nextn
-            return f"MTP ({n} layer{'s' * (n > 1)} of the model's own)"
-        return method_name(drafter)
+        return self.runtime.engine.speculation(self.defaults().drafter)
 
     async def chat_completions(self, request: Request):
         return await self._answer(request, chat=True)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from ..chat.settings import Settings
-from ..engine import DRAFTERS, EngineError, GenerationParams, drafter_for
+from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
 from ..engine.grammar import Grammar
 from ..engine.tools import Tool, ToolChoice
 
@@ -235,7 +235,7 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     if drafter not in DRAFTERS:
         raise ApiError(400, f"'drafter' must be one of {', '.join(DRAFTERS)}.", param="drafter")
     if s.draft_max == 0:  # llama-server's way to turn speculation off for one request
-        drafter, s = "none", replace(s, draft_min=0)
+        drafter, s = OFF, replace(s, draft_min=0)
     try:
         params = replace(s.generation(), stop=tuple(stop or ()), grammar=_grammar(body))
     except EngineError as exc:

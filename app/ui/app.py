@@ -20,7 +20,7 @@ from ..chat.keys import key_for
 from ..chat.remote import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
-from ..engine import EngineError, Stats
+from ..engine import METHODS, EngineError, Stats
 from ..models import hardware
 from ..models.loader import LoadSpec
 from ..resources import resource
@@ -482,8 +482,7 @@ class SpecChatUI:
                     api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
             with gr.Sidebar(label="Settings", open=False, position="right", width=360):
                 gr.Markdown("### Speculation")
-                drafter = gr.Radio([("Draft model", "model"), ("MTP layers", "mtp"), ("EAGLE-3 head", "eagle3"),
-                                    ("N-gram lookup", "ngram"), ("Off", "none")], value=s.drafter, label="Drafter",
+                drafter = gr.Radio([(m.choice, m.name) for m in METHODS], value=s.drafter, label="Drafter",
                                    elem_id="drafter")
                 draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
                 draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")

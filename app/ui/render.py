@@ -6,7 +6,7 @@ import html
 import time
 
 from ..chat import thinking
-from ..engine import Stats, method_name
+from ..engine import OFF, Stats, method_name
 
 
 def _pct(x: float) -> str:
@@ -30,7 +30,7 @@ def stats_title(stats: Stats, finish: str | None) -> str:
     """The one-line summary each finished answer keeps."""
     end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped",
            "interrupted": " · interrupted", "error": " · the stream stopped"}.get(finish or "", "")
-    if stats.drafter == "none":
+    if stats.drafter == OFF:
         return f"⚡ {_rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
     return (f"⚡ {_rate(stats)} tok/s · acceptance {_figure(stats, 'acceptance_rate', _pct(stats.acceptance_rate))} · "
             f"{_figure(stats, 'mean_accepted_per_round', f'{stats.mean_accepted_per_round:.2f}')} accepted/round · "

@@ -19,12 +19,13 @@ import time
 
 import numpy as np
 
-from .drafters import Draft, Gate, Stop
-from .errors import EngineError
-from .gguf_file import metadata
-from .llama import Context, Model
+from ..errors import EngineError
+from ..gguf_file import metadata
+from ..llama import Context, Model
+from ..llama.heads import HiddenStates, captured
+from ..sampling import SamplingParams
+from .base import Draft, Gate, Stop
 from .mtp import MtpDrafter
-from .sampling import SamplingParams
 
 ARCH = "gemma4-assistant"
 TARGET_ARCH = "gemma4"
@@ -60,14 +61,30 @@ def _last(value):
 
 class AssistantDrafter(MtpDrafter):
     name = "assistant"
+    label = "Gemma 4 assistant"
+    # As a head given for the draft (-md): its file's architecture, the method that picks it besides the draft
+    # model's (llama.cpp: --spec-type draft-mtp -md FILE), and how the pair check names it
+    ARCH, METHOD = ARCH, MtpDrafter.name
+    DESCRIBED, READS = "Gemma 4's assistant", "the target's own cache"
+
+    @staticmethod
+    def target_problem(arch: str) -> str:
+        """Why a target of this architecture cannot have this head, as a clause ('' if it can)."""
+        return "" if arch == TARGET_ARCH else f"which drafts only for a Gemma 4 target, not {arch}"
+
+    @staticmethod
+    def made_for(target: dict, other: dict) -> bool:
+        """Is the file whose metadata is ``other`` an assistant for the target whose metadata is ``target``?"""
+        return (target.get("general.architecture") == TARGET_ARCH and other.get("general.architecture") == ARCH
+                and other.get(f"{ARCH}.embedding_length_out") == target.get(f"{TARGET_ARCH}.embedding_length"))
     N_BATCH = 1  # one row per step
 
     def __init__(self, target: Context, assistant: Model, p_min: float = 0.0):
         if problems := assistant_problems(target.model, assistant):
             raise EngineError(f"{assistant.path.name} cannot draft for {target.model.path.name}: "
                               + "; ".join(problems) + ".")
-        self._open(target, assistant, target.model.n_embd, p_min)
-        target.keep_hidden()
+        self._open(target, assistant, target.model.n_embd, p_min, mtp_type=True)
+        self.capture = captured(target, HiddenStates)
 
     def clear(self) -> None:
         pass  # its memory is the target's: clearing it would clear the target's cache
@@ -75,14 +92,14 @@ class AssistantDrafter(MtpDrafter):
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending, at n_past
-        hidden = self.target.hidden
+        hidden = self.capture.rows
         h = hidden.get(n_past - 1)
         for p in [p for p in hidden if p != n_past - 1]:  # no other row is ever needed again
             del hidden[p]
         if h is None:  # (a cached prompt prefix after a reset: the target's state before it is gone)
             return Draft()
         t0 = time.perf_counter()
-        self._decode([(n_past, history[-1], h)], output_last=True)
+        self.ctx.decode([(n_past, history[-1], h)], output_last=True)
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1,
                       first_s=time.perf_counter() - t0, n_first=1)

@@ -2,7 +2,7 @@
 
 The draft continues the conversation in its own tokens: it sees the committed text (the target's tokens rendered
 with their special tokens, so chat markers the draft also knows become its own) tokenized in its vocabulary; this
-measured better than the conversation in the draft's own chat template (tests/perf_cross_vocab_template.py). Its
+measured better than the conversation in the draft's own chat template (bench/perf_cross_vocab_template.py). Its
 proposal goes back as text, re-tokenized in the target's vocabulary together with a short look-behind of committed
 text, so a word split across the boundary is handled: only tokens past the look-behind's own tokenization are
 proposed, and none when the proposal would change a committed token (as transformers'
@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .drafters import Draft, Gate, ModelDrafter, Stop, catch_up, prefill_draft, stop_at
-from .llama import Context, Model, common_prefix
-from .sampling import SamplingParams, draft_pick
+from ..llama import Context, Model, common_prefix
+from ..sampling import SamplingParams, draft_pick
+from .base import Draft, Drafter, Gate, Stop, stop_at
+from .draft_model import ModelDrafter, catch_up, prefill_draft
 
 
-class TextDrafter:
+class TextDrafter(Drafter):
     name = "model (as text)"
+    label = "draft model (as text)"
     SIGNAL_EDGES = ModelDrafter.SIGNAL_EDGES
     SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
     LOOK_BEHIND = 4  # committed target tokens re-tokenized with each proposal

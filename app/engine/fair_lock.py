@@ -9,7 +9,7 @@ import threading
 from collections import deque
 
 
-class Turns:
+class FairLock:
     def __init__(self):
         self._cond = threading.Condition(threading.Lock())
         self._line: deque[object] = deque()

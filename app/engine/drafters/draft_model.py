@@ -1,0 +1,90 @@
+"""A draft model: a small GGUF with the target's vocabulary drafts autoregressively in a context of its own
+(llama.cpp's ``draft-simple``). Its helpers (prefill, catch-up, one greedy or sampled step) serve the draft of
+another vocabulary and the heads too."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..llama import Context
+from ..sampling import SamplingParams, distribution, draft_pick, sample
+from .base import Draft, Drafter, Gate
+
+
+class ModelDrafter(Drafter):
+    """A small GGUF model with the target's vocabulary drafts autoregressively in its own context.
+
+    Greedy drafting stops early when the draft's top probability falls under ``p_min`` (llama.cpp's
+    ``--draft-p-min``): a token it is unsure of is likely to be rejected and costs a draft step for nothing.
+    """
+
+    name = "model"
+    label = "draft model"
+    SIGNAL_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0)  # top-1 minus top-2 logit
+    SIGNAL_PRIOR = (0.5, 0.9, 0.95, 0.98, 0.99, 0.995)
+
+    def __init__(self, ctx: Context, p_min: float = 0.0):
+        self.ctx = ctx
+        self.p_min = p_min
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        prefill_draft(self.ctx, prompt_ids)
+
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
+        ctx = self.ctx
+        first_s, n_first = catch_up(ctx, history)
+        gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
+        draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
+                      n_first=n_first)
+        for i in range(n_max):
+            tok = next_draft_token(draft, ctx.logits(-1), sp, rng, self.p_min, gate)
+            if tok is None or (stop and stop(tok)) or i + 1 == n_max or (gate and not gate.look_further()):
+                break
+            ctx.decode([tok], n_logits=1, n_speculative=1)  # the next round drops what the target rejects
+            draft.n_evals += 1
+        return draft
+
+
+def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: np.random.Generator, p_min: float,
+                     gate: Gate | None) -> int | None:
+    """A draft model's step: its greedy pick (judged by --draft-p-min and the gate, with the logit gap recorded as
+    the signal) or a sample from its distribution (recorded as q); appended to ``draft``. None: stop here."""
+    if sp.greedy:
+        tok, confident, gap = draft_pick(logits, p_min)
+        if not confident:
+            return None
+        if gate:
+            if not gate.take(gap):
+                return None
+            draft.signals.append(gap)
+    else:
+        q = distribution(logits, sp)
+        if p_min > 0.0 and q.max() < p_min:
+            return None
+        tok = sample(q, rng)
+        draft.probs.append(q)
+    draft.tokens.append(tok)
+    return tok
+
+
+def prefill_draft(ctx: Context, ids: list[int]) -> None:
+    """Prefill all but the last token (the first propose() evaluates it with logits) and checkpoint there (a
+    recurrent draft keeps its state here, for Regenerate and for a next turn that changes the answer)."""
+    n = ctx.reuse_prefix(ids[:-1])
+    ctx.decode(ids[n:-1], n_logits=0)
+    ctx.checkpoint()
+
+
+def catch_up(ctx: Context, ids: list[int]) -> tuple[float, int]:
+    """Bring a draft context to ``ids`` (keeping the cached prefix) with fresh logits for the last token; returns
+    the seconds this first call took and the tokens it evaluated."""
+    n = ctx.reuse_prefix(ids)
+    if n == len(ids):  # everything cached, but fresh logits are needed for the last token
+        ctx.truncate(n - 1)
+        n -= 1
+    t0 = time.perf_counter()
+    ctx.decode(ids[n:], n_logits=1)
+    return time.perf_counter() - t0, len(ids) - n
+
+

@@ -1,0 +1,142 @@
+"""The drafting methods, in one table: what each is called (by SpecChat, by llama.cpp's ``--spec-type``, in the UI),
+what a pair needs for it, and how it is made. The CLI's choices, the API's ``drafter`` and ``speculative.type``, the
+UI's list, the pair check and the names in Stats all read this table: a new method is a module and a row here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from ..errors import EngineError
+from ..llama import Context, Model
+from .base import Drafter, NoDrafter
+from .cross_vocab import TextDrafter
+from .draft_model import ModelDrafter
+from .eagle3 import Eagle3Drafter
+from .gemma4_assistant import AssistantDrafter
+from .mtp import MtpDrafter
+from .ngram import NgramDrafter
+
+
+class Pair(Protocol):
+    """What a method is made from: the engine's loaded pair."""
+
+    target_ctx: Context
+    draft_ctx: Context | None  # a draft model's own context
+    cross_vocab: bool  # the draft model's vocabulary is not the target's: it drafts as text
+    head: MtpDrafter | None  # a head given as the draft file (Gemma 4's assistant, EAGLE-3)
+
+    def mtp(self) -> MtpDrafter:
+        """The target's own MTP layers' drafter (made once, on first use)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # --drafter, the API's "drafter", Stats
+    choice: str  # its label in the UI's list
+    spec_types: tuple[str, ...]  # llama.cpp's --spec-type names for it
+    lacking: str  # why a pair without it cannot use it ({target}: the target's file name)
+    draft_file: str  # what it needs given as the draft file (-md), in words; "" if none
+    usable: Callable[[Model, Drafter | None, bool], bool]  # (target, head, has a draft model) -> can this pair
+    make: Callable[[Pair, float], Drafter]  # (pair, --draft-p-min) -> its drafter
+
+
+def _head_for(name: str) -> Callable[[Model, Drafter | None, bool], bool]:
+    return lambda target, head, draft: head is not None and head.METHOD == name
+
+
+def _model(pair: Pair, p_min: float) -> Drafter:
+    if pair.head is not None:  # a head is the draft file for "model" as well as for its own method
+        return pair.head
+    if pair.cross_vocab:
+        return TextDrafter(pair.draft_ctx, pair.target_ctx.model, p_min)
+    return ModelDrafter(pair.draft_ctx, p_min)
+
+
+def _own_layers(pair: Pair, p_min: float) -> Drafter:
+    head = pair.head
+    return head if head is not None and head.METHOD == MtpDrafter.name else pair.mtp()
+
+
+METHODS: tuple[Method, ...] = (
+    Method(ModelDrafter.name, "Draft model", ("draft-simple",), "This pair has no draft model",
+           "a draft model: add --draft PATH", lambda target, head, draft: draft or head is not None, _model),
+    Method(MtpDrafter.name, "MTP layers", ("draft-mtp",),
+           "{target} has no MTP (next-token-prediction) layers to draft with", "",
+           lambda target, head, draft: target.n_nextn > 0 or _head_for(MtpDrafter.name)(target, head, draft),
+           _own_layers),
+    Method(Eagle3Drafter.name, "EAGLE-3 head", ("draft-eagle3",),
+           "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)",
+           "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, p_min: pair.head),
+    Method(NgramDrafter.name, "N-gram lookup",
+           ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"), "", "",
+           lambda *_: True, lambda pair, p_min: NgramDrafter()),
+    Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, p_min: NoDrafter()),
+)
+BY_NAME = {m.name: m for m in METHODS}
+DRAFTERS = tuple(BY_NAME)  # the names a person or a request may choose
+OFF = NoDrafter.name
+DRAFT_MODEL = ModelDrafter.name
+# llama.cpp's types that SpecChat does not run yet
+NOT_YET = ("draft-dflash", "draft-dspark")
+SPEC_TYPES = {t: m.name for m in METHODS for t in m.spec_types}
+# Draft files that are not models of their own but heads drafting through the target's context, by architecture
+HEADS: dict[str, type[MtpDrafter]] = {cls.ARCH: cls for cls in (AssistantDrafter, Eagle3Drafter)}
+# How each drafter's name reads (Stats, Compare, the API's model list); a server's own method shows as it is
+LABELS = {cls.name: cls.label for cls in (ModelDrafter, TextDrafter, MtpDrafter, AssistantDrafter, Eagle3Drafter,
+                                          NgramDrafter, NoDrafter)}
+
+
+def label(drafter: str) -> str:
+    return LABELS.get(drafter, drafter)
+
+
+def method(name: str) -> Method:
+    if name not in BY_NAME:
+        raise EngineError(f"Unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}.")
+    return BY_NAME[name]
+
+
+def drafter_for(spec_type: str) -> str:
+    """The method a llama.cpp speculative type names."""
+    if isinstance(spec_type, str) and spec_type in NOT_YET:
+        runs = ", ".join(m.spec_types[0] for m in METHODS[:-1])
+        raise EngineError(f"{spec_type} is not available in SpecChat yet: use {runs}.")
+    if not isinstance(spec_type, str) or spec_type not in SPEC_TYPES:
+        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join([*SPEC_TYPES, *NOT_YET])}.")
+    return SPEC_TYPES[spec_type]
+
+
+def default_method(has_draft: bool, has_mtp_layers: bool) -> str:
+    """The pair's draft model (or head), else the target's own MTP layers, else prompt lookup."""
+    return ModelDrafter.name if has_draft else MtpDrafter.name if has_mtp_layers else NgramDrafter.name
+
+
+def needs_draft_file(name: str, head_arch: str | None) -> bool:
+    """Does this method load the pair's draft file (a draft model, or a head that answers to it)?"""
+    head = HEADS.get(head_arch) if head_arch else None
+    return name == ModelDrafter.name or (head is not None and head.METHOD == name)
+
+
+def usable(target: Model, head: Drafter | None, has_draft_model: bool) -> tuple[str, ...]:
+    """The methods this pair can use, its default first (the table's order)."""
+    return tuple(m.name for m in METHODS if m.usable(target, head, has_draft_model))
+
+
+def refusal(name: str, target: Model, usable_names: tuple[str, ...]) -> str:
+    """A clear refusal for a method this pair cannot use, naming those it can."""
+    why = method(name).lacking.format(target=target.path.name)
+    choices = [f"{label(d)} ({d})" for d in usable_names if d != OFF]
+    return f"{why}: choose {' or '.join(choices)}, or turn speculation off ({OFF})."
+
+
+def speculation(name: str, target: Model, head: Drafter | None, draft: Model | None) -> str:
+    """How a pair speculates with this method, in words (the API's model list shows it)."""
+    if head is not None and name in (ModelDrafter.name, head.METHOD):
+        return f"{label(head.name)} {head.model.path.name}"
+    if name == ModelDrafter.name and draft is not None:
+        return f"{label(name)} {draft.path.name}"
+    if name == MtpDrafter.name:
+        n = target.n_nextn
+        return f"{label(name)} ({n} layer{'s' * (n > 1)} of the model's own)"
+    return label(name)

@@ -1,0 +1,122 @@
+"""A loaded pair: the target's model and context, and what drafts for it (a draft model with a context of its own,
+or a head drafting through the target's), loaded in the order llama.cpp needs and judged before weights are read."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compat import compatibility_problems
+from .draft_control import MAX_DRAFT
+from .drafters import HEADS
+from .drafters.mtp import MtpDrafter
+from .errors import EngineError
+from .fit import Load, check_fits
+from .gguf_file import read_info
+from .llama import Context, Model, ModelSettings, default_threads, gpus
+
+DEFAULT_CTX = 4096
+
+
+@dataclass
+class Loaded:
+    model: Model
+    ctx: Context
+
+
+class LoadedPair:
+    """The models and contexts of one pair (the drafter registry's ``Pair``). ``close`` frees them, heads first."""
+
+    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None):
+        settings = [s for s in (target, draft) if s is not None]
+        for s in settings:
+            for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
+                if value < 0:
+                    raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
+            if s.n_checkpoints < 0:
+                raise EngineError(f"Invalid --ctx-checkpoints {s.n_checkpoints}: use 0 (none) or more.")
+        # Why the draft cannot share the target's token ids (llama.cpp's pair rule); then it drafts as text.
+        self.cross_vocab: list[str] = []
+        if draft is not None:  # judged from vocabularies alone, before spending time and memory on weights
+            t_vocab, d_vocab = Model(target.path, vocab_only=True), Model(draft.path, vocab_only=True)
+            try:
+                self.cross_vocab = compatibility_problems(t_vocab, d_vocab)
+            finally:
+                t_vocab.close()
+                d_vocab.close()
+        head_class = HEADS.get(read_info(draft.path).architecture) if draft is not None else None
+        if head_class and self.cross_vocab:
+            raise EngineError(f"{draft.path.name} cannot draft for {target.path.name}: "
+                              + "; ".join(self.cross_vocab) + ".")
+        self.head: MtpDrafter | None = None
+        self._mtp: MtpDrafter | None = None  # the target's own MTP layers' drafter, made on first use
+        models: list[Model] = []
+        contexts: list[Context] = []
+        try:
+            for s in settings:  # weights are memory-mapped: opening them is cheap
+                models.append(Model(s.path, n_gpu_layers=s.n_gpu_layers))
+            # The draft shares the target's context size: it must hold the same conversation.
+            n_ctx = target.n_ctx or min(models[0].n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
+            check_fits([Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers,
+                             m.recurrent_bytes, n_rs, s.n_checkpoints)
+                        for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))], gpus())
+            # The draft needs one output, and no recurrent-state snapshots: it drafts one token per decode, and
+            # llama.cpp snapshots only the positions of the last decode (a rejected draft restores a saved state).
+            with_context = models[:1] if head_class else models
+            for m, s, n_out, n_rs in zip(with_context, settings, (MAX_DRAFT + 1, 1), (target.n_rs_seq, 0)):
+                contexts.append(Context(m, n_ctx, s.n_threads or default_threads(), s.n_batch, n_out, n_rs,
+                                        s.n_checkpoints))
+            if head_class:  # before the target decodes anything (Gemma 4's assistant resets the target's cache)
+                self.head = head_class(contexts[0], models[1])
+        except Exception:
+            if self.head:  # it reads the target's context: it goes first
+                self.head.close()
+            for c in contexts:  # contexts before their models
+                c.close()
+            for m in models:
+                m.close()
+            raise
+        loaded = [Loaded(m, c) for m, c in zip(models, contexts)]
+        self.target = loaded[0]
+        self.draft = loaded[1] if len(loaded) > 1 else None  # a draft model with a context of its own
+        self.settings = settings
+
+    @property
+    def target_ctx(self) -> Context:
+        return self.target.ctx
+
+    @property
+    def draft_ctx(self) -> Context | None:
+        return self.draft.ctx if self.draft else None
+
+    @property
+    def draft_model(self) -> Model | None:
+        """The pair's second model: a draft model, or a head (Gemma 4's assistant, EAGLE-3)."""
+        return self.draft.model if self.draft else self.head.model if self.head else None
+
+    def mtp(self) -> MtpDrafter:
+        if self._mtp is None:  # (its context and cache live as long as the target's)
+            self._mtp = MtpDrafter(self.target.ctx)
+        return self._mtp
+
+    def heads(self) -> list[MtpDrafter]:
+        """The drafters that read the target's context, made so far."""
+        return [h for h in (self._mtp, self.head) if h]
+
+    def clear(self) -> None:
+        """Forget the cached conversation in every cache."""
+        for loaded in (self.target, self.draft):
+            if loaded:
+                loaded.ctx.truncate(0)
+        if self._mtp:
+            self._mtp.clear()
+
+    def close(self) -> None:
+        for head in self.heads():  # they read the target's context: they go first
+            head.close()
+        if self.head:
+            self.head.model.close()
+        self._mtp = self.head = None
+        for loaded in (self.draft, self.target):
+            if loaded:
+                loaded.ctx.close()
+                loaded.model.close()
+        self.draft = self.target = None
