@@ -155,16 +155,16 @@ def test_a_schema_or_grammar_that_cannot_be_used_is_a_400_and_the_server_keeps_s
 
 
 @pytest.mark.parametrize("name", ["schema", "tools"])
-def test_the_examples_of_the_readme_and_the_api_tab_work_as_written(server, capsys, monkeypatch, name):
-    """The README's examples are the API tab's for `specchat serve --pair starter --port 8080`; run here against the
+def test_the_examples_of_the_api_docs_and_the_api_tab_work_as_written(server, capsys, monkeypatch, name):
+    """docs/api.md's examples are the API tab's for `specchat serve --pair starter --port 8080`; run here against the
     test server (its own port, and a key: the tab's examples read it when one is set)."""
     from pathlib import Path
 
     from app.ui import render
 
     example = getattr(render, f"{name}_example")
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    block = readme.split(f"<!-- {name}-example -->\n```python\n", 1)[1].split(f"```\n<!-- /{name}-example -->")[0]
+    docs = (Path(__file__).parent.parent / "docs" / "api.md").read_text(encoding="utf-8")
+    block = docs.split(f"<!-- {name}-example -->\n```python\n", 1)[1].split(f"```\n<!-- /{name}-example -->")[0]
     assert block.rstrip() == example("http://127.0.0.1:8080/v1", "starter", key=False)
     monkeypatch.setenv("SPECCHAT_API_KEY", KEY)
     code = compile(example(server, "starter", key=True), f"{name}_example", "exec")
