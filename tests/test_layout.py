@@ -99,3 +99,42 @@ def test_the_checker_catches_wrong_arrows():
 def test_every_module_says_what_it_is_for(path):
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
     assert doc and doc.strip(), f"{path.relative_to(APP)} has no opening docstring"
+
+
+# --- sizes and names (issue "A house that shows its parts") ----------------------------------------------------------
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 100
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(APP)))
+def test_modules_and_functions_stay_small(path):
+    source = path.read_text(encoding="utf-8")
+    assert source.count("\n") <= MAX_MODULE_LINES, f"{path.relative_to(APP)} is over {MAX_MODULE_LINES} lines"
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.relative_to(APP)}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+def test_only_the_llama_package_imports_llama_cpp():
+    outside = [str(p.relative_to(APP)) for p in modules() if "llama" not in p.relative_to(APP).parts[:2]
+               and any(top == "llama_cpp" for _, top, _ in imports(p.read_text(encoding="utf-8"), dotted(p)))]
+    assert outside == [], f"llama_cpp imported outside app/engine/llama/: {outside}"
+
+
+def string_constants(path: Path) -> set[str]:
+    return {n.value for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_a_drafting_method_is_named_in_its_module_and_the_registry_only():
+    """Each method's name and llama.cpp types, as literals, live in at most two files: the method's module and the
+    registry. (The names of the draft model's method and of speculation off, "model" and "none", are also plain
+    words of other fields — an OpenAI "model", tool_choice "none" — so only the distinctive names are counted.)"""
+    from app.engine.drafters import METHODS
+
+    names = {m.name for m in METHODS} - {"model", "none"}
+    names |= {t for m in METHODS for t in m.spec_types if t != "none"}
+    constants = {p: string_constants(p) for p in modules()}
+    spread = {name: sorted(str(p.relative_to(APP)) for p, c in constants.items() if name in c) for name in names}
+    assert {n: files for n, files in spread.items() if len(files) > 2} == {}
+    assert all(files for files in spread.values()), "a method's name is not in its module: the check lost track"

@@ -37,11 +37,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--draft", "-md", "--spec-draft-model", type=Path,
                      help="draft GGUF file (of another tokenizer: drafts as text)")
     src.add_argument("--drafter", choices=DRAFTERS,
-                     help="model (default with a draft), mtp (the target's own MTP layers; default without one where "
-                          "the target has them), ngram (prompt lookup), none")
+                     help="; ".join(f"{m.name}: {m.choice}" for m in registry.METHODS)
+                     + " (default: the pair's draft model, else the target's own MTP layers, else n-gram lookup)")
     src.add_argument("--spec-type", dest="drafter", type=spec_type, metavar="TYPE",
-                     help="--drafter by llama.cpp's names: draft-simple (model), draft-mtp (mtp), ngram-simple and "
-                          "the other ngram-* (ngram), none")
+                     help="--drafter by llama.cpp's names: " + "; ".join(
+                         f"{', '.join(m.spec_types)} ({m.name})" for m in registry.METHODS))
     src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
     src.add_argument("--threads-draft", "-td", "--spec-draft-threads", dest="threads_draft", type=int, default=0,

@@ -126,7 +126,7 @@ class Engine:
         self,
         prompt_ids: list[int],
         params: GenerationParams | None = None,
-        drafter: str | Drafter = "model",
+        drafter: str | Drafter = ModelDrafter.name,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Stream events for one generation. Validates everything before the first token is computed.

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .drafters.registry import label
+from .drafters.registry import OFF, label
 
 
 @dataclass
 class Stats:
     """Running, measured numbers for one generation (never estimated)."""
 
-    drafter: str = "none"
+    drafter: str = OFF
     prompt_tokens: int = 0  # tokens the target had to evaluate for the prompt (after prefix reuse)
     prompt_cached: int = 0  # prompt tokens reused from the previous turn's KV cache
     n_tokens: int = 0  # generated tokens committed to the output
