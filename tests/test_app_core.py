@@ -12,7 +12,7 @@ from app.models.loader import LoadSpec
 from app.paths import config_dir
 from app.chat.runtime import Runtime
 from app.chat.settings import Settings, load_settings, save_settings
-from app.chat.store import load_json, save_json
+from app.chat.json_files import load_json, save_json
 from app.chat.streaming import Generation
 from app.ui import render
 
