@@ -13,9 +13,9 @@ from typing import Callable, Iterator
 from ..engine import DRAFTERS, DraftParams, Engine, EngineError, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from .comparison import Comparison
-from .keys import key_for, save_key
 from .live_answer import Live
 from .remote import RemoteServer, ServerSpec
+from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation
 from .thinking import OPEN, opens_thinking
