@@ -341,7 +341,7 @@ def test_each_engines_own_per_request_figures(engine):
 
 
 def test_sglang_meta_info_alone_gives_drafts_from_verify_steps_and_accept_rate():
-    from app.chat.remote import _take_figures
+    from app.chat.remote_server import _take_figures
     from app.engine import Stats
 
     stats = Stats(unreported=("n_drafted", "n_accepted", "n_rounds"))

@@ -14,7 +14,7 @@ from ..engine import DRAFTERS, DraftParams, Engine, EngineError, supports_gpu_of
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from .comparison import Comparison
 from .live_answer import Live
-from .remote import RemoteServer, ServerSpec
+from .remote_server import RemoteServer, ServerSpec
 from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation

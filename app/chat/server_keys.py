@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..paths import config_dir
 from .json_files import load_json, save_json
-from .remote import base_url
+from .remote_server import base_url
 
 FILE = "server-keys.json"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
-from ..chat.remote import RemoteServer, ServerSpec, base_url
+from ..chat.remote_server import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
 from ..chat.server_keys import key_for
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
