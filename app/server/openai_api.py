@@ -24,7 +24,7 @@ from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta, method_name
-from .requests import ApiError, Job, parse
+from .request_body import ApiError, Job, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
 
