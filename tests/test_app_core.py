@@ -12,7 +12,7 @@ from app.models.loader import LoadSpec
 from app.paths import config_dir
 from app.chat.runtime import Runtime
 from app.chat.settings import Settings, load_settings, save_settings
-from app.chat.store import load_json, save_json
+from app.chat.json_files import load_json, save_json
 from app.chat.streaming import Generation
 from app.ui import render
 
@@ -272,7 +272,7 @@ def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
 
 
 def test_compare_marks_the_first_differing_token(runtime):
-    from app.chat.runtime import Comparison
+    from app.chat.comparison import Comparison
     from app.ui import render
 
     cmp = Comparison("p", "model", True)
@@ -288,7 +288,7 @@ def test_compare_marks_the_first_differing_token(runtime):
 
 
 def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):
-    from app.chat.runtime import Comparison
+    from app.chat.comparison import Comparison
     from app.engine import Done, Stats
 
     same, off_tail, on_tail = (tiny_engine.tokenize(t)[1:] for t in ("the cat", " sat", " dog"))

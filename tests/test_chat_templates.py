@@ -88,7 +88,7 @@ def test_specchat_prompt_prints_what_the_model_sees(tmp_path):
 
 def test_the_api_passes_chat_template_kwargs():
     from app.chat.settings import Settings
-    from app.server.requests import ApiError, parse
+    from app.server.request_body import ApiError, parse
 
     job = parse({"messages": MSGS, "chat_template_kwargs": {"enable_thinking": False}}, True, Settings(), ("model", "ngram", "none"))
     assert job.template_variables == {"enable_thinking": False}

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from app.chat.conversations import Conversations, title_from
-from app.chat.store import save_json
+from app.chat.json_files import save_json
 
 
 @pytest.fixture

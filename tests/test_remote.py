@@ -341,7 +341,7 @@ def test_each_engines_own_per_request_figures(engine):
 
 
 def test_sglang_meta_info_alone_gives_drafts_from_verify_steps_and_accept_rate():
-    from app.chat.remote import _take_figures
+    from app.chat.remote_server import _take_figures
     from app.engine import Stats
 
     stats = Stats(unreported=("n_drafted", "n_accepted", "n_rounds"))
@@ -356,7 +356,7 @@ def test_the_apps_runtime_chats_and_compares_through_a_server_and_keeps_its_key_
     figures, Compare off (asked per request) vs on with the outputs compared as text; a wrong URL keeps it."""
     import stat
 
-    from app.chat.keys import FILE, key_for, save_key
+    from app.chat.server_keys import FILE, key_for, save_key
     from app.chat.runtime import Runtime
     from app.chat.settings import Settings
     from app.engine import EngineError
@@ -425,7 +425,7 @@ def test_the_app_started_with_server_connects_and_saves_the_key_owner_only(serve
 
 def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_refused_key(served, tmp_path,
                                                                                          monkeypatch):
-    from app.chat.keys import key_for
+    from app.chat.server_keys import key_for
     from app.chat.runtime import Runtime
     from app.chat.settings import Settings
     from app.engine import EngineError

@@ -16,7 +16,7 @@ import pytest
 from llama_server import llama_server
 from servers import specchat_serve
 
-from app.chat.remote import RemoteServer, ServerSpec
+from app.chat.remote_server import RemoteServer, ServerSpec
 from app.engine import Done, GenerationParams, Round, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent

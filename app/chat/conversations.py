@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..engine import Stats
 from ..paths import data_dir
-from .store import load_json
+from .json_files import load_json
 
 FILE = "conversations.sqlite3"
 LEGACY_HISTORY = "history.json"  # the single conversation of earlier versions, imported once

@@ -1,92 +1,24 @@
-"""The app's core, below any UI: the backend (a loaded pair, or a server that speculates itself), chat answers and
-on/off comparisons as streams of snapshots.
+"""The app's core, below any UI: the ``Runtime`` owns the backend (a loaded pair, or a server that speculates
+itself) and streams chat answers (``live_answer.Live``) and on/off comparisons (``comparison.Comparison``) as
+snapshots.
 
 The Gradio UI (app/ui) only renders what this module yields, whichever backend is behind; tests drive it directly too.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, Iterator
 
-from ..engine import DRAFTERS, OFF, DraftParams, Done, Engine, EngineError, Round, Stats, TextDelta, supports_gpu_offload
+from ..engine import DRAFTERS, OFF, DraftParams, Engine, EngineError, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
-from .keys import key_for, save_key
-from .remote import RemoteServer, ServerSpec
+from .comparison import Comparison
+from .live_answer import Live
+from .remote_server import RemoteServer, ServerSpec
+from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation
 from .thinking import OPEN, opens_thinking
-
-MAX_POINTS = 400  # chart points kept per answer
-
-
-@dataclass
-class Live:
-    """One answer so far: text runs tagged with where they came from, running stats, chart points."""
-
-    segments: list[list] = field(default_factory=list)  # [[text, from_draft], ...], adjacent runs merged
-    stats: Stats = field(default_factory=Stats)
-    points: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, tokens/s, acceptance)
-    done: Done | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(t for t, _ in self.segments)
-
-    def add(self, ev) -> None:
-        if isinstance(ev, TextDelta):
-            if self.segments and self.segments[-1][1] == ev.from_draft:
-                self.segments[-1][0] += ev.text
-            else:
-                self.segments.append([ev.text, ev.from_draft])
-        elif isinstance(ev, (Round, Done)):
-            self.stats = ev.stats
-            if ev.stats.rate_measured:
-                self.points.append((ev.stats.n_tokens, ev.stats.tokens_per_second, ev.stats.acceptance_rate))
-                if len(self.points) > MAX_POINTS:  # keep the chart light on long answers: every other point
-                    self.points = self.points[::2]
-            if isinstance(ev, Done):
-                self.done = ev
-
-
-@dataclass
-class Comparison:
-    """Speculation off, then on, for one prompt."""
-
-    prompt: str
-    drafter: str
-    greedy: bool
-    off: Live = field(default_factory=Live)
-    on: Live = field(default_factory=Live)
-    phase: str = "off"  # off | on | done
-    # Under greedy decoding, where the first differing token sits in each output: ((start, end) off, (start, end) on)
-    diff_spans: tuple[tuple[int, int], tuple[int, int]] | None = None
-    note: str = ""  # e.g. a server that kept drafting with speculation off requested
-    by_text: bool = False  # a server gives no token ids: the outputs are compared character by character
-
-    @property
-    def speedup(self) -> float:
-        a, b = self.off.stats.tokens_per_second, self.on.stats.tokens_per_second
-        return b / a if a > 0 else 0.0
-
-    def locate_difference(self, detokenize: Callable[[list[int]], str]) -> None:
-        """Under greedy decoding, find where the first differing token sits in each output's text."""
-        if not (self.greedy and self.off.done and self.on.done) or (i := self.first_difference()) is None:
-            return
-        if self.by_text:
-            self.diff_spans = ((i, i + 1), (i, i + 1))
-            return
-        start = len(detokenize(self.off.done.token_ids[:i]))  # the same tokens on both sides up to i
-        self.diff_spans = tuple((start, len(detokenize(ids[:i + 1])))
-                                for ids in (self.off.done.token_ids, self.on.done.token_ids))
-
-    def first_difference(self) -> int | None:
-        """Index of the first token (character, for a server) where the outputs differ; None if identical."""
-        a, b = (self.off.text, self.on.text) if self.by_text else (self.off.done.token_ids, self.on.done.token_ids)
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return i
-        return None if len(a) == len(b) else min(len(a), len(b))
 
 
 class Runtime:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from ..engine import DRAFT_MODEL, DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
 from ..models.loader import LoadSpec
 from ..paths import config_dir
-from .store import load_json, save_json
+from .json_files import load_json, save_json
 
 FILE = "settings.json"
 LOAD_SPECS = ("models", "server")  # the fields that are what to load, not how to generate

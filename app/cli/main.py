@@ -362,7 +362,7 @@ def cmd_bench(args) -> int:
 def cmd_chat(args) -> int:
     """A terminal chat with the local engine, or with --server another server's (same loop, same events)."""
     if args.server:
-        from ..chat.remote import RemoteServer, ServerSpec
+        from ..chat.remote_server import RemoteServer, ServerSpec
         from .remote import remote_summary
 
         server = RemoteServer(ServerSpec(args.server, args.server_api_key or None, args.model, args.method))

@@ -1,12 +1,12 @@
 """``specchat generate --server URL`` and ``specchat bench --server URL [--server-off URL2]``: the same commands, with
-the models and the speculation on another server (see app/chat/remote.py)."""
+the models and the speculation on another server (see app/chat/remote_server.py)."""
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import replace
 
-from ..chat.remote import RemoteError, RemoteServer, ServerSpec
+from ..chat.remote_server import RemoteError, RemoteServer, ServerSpec
 from ..engine import OFF, Done, GenerationParams, SamplingParams, TextDelta
 
 # `specchat generate --json` fields, in a local run's order; None where the server reports nothing.

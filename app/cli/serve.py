@@ -13,16 +13,24 @@ import threading
 import time
 import webbrowser
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 # Before Gradio is imported: no analytics or version checks (nothing leaves the machine unasked).
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from ..chat.runtime import Runtime  # noqa: E402
-from ..chat.settings import load_settings, save_settings  # noqa: E402
+from ..chat.settings import Settings, load_settings, save_settings  # noqa: E402
 from ..engine import EngineError  # noqa: E402
 from ..models.loader import LoadSpec  # noqa: E402
 from ..resources import resource  # noqa: E402
+
+if TYPE_CHECKING:  # imported where they are used: FastAPI, Gradio and uvicorn are heavy
+    import uvicorn
+
+    from ..server.guard import Access
+    from ..server.openai_api import OpenAIServer
+    from ..ui.app import SpecChatUI
 
 STARTER = LoadSpec(pair="starter")
 
@@ -65,13 +73,38 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
           server_key: str | None = None, allow_hosts: list[str] | None = None, no_auth: bool = False) -> int:
     """``api_key`` guards this app's own /v1 (and, with ``listen``, everything: one is made up when none is given,
     unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted)."""
-    import uvicorn
-    from fastapi import FastAPI
-
-    from ..server.guard import Access, Guard, lan_address
-    from ..server.openai_api import OpenAIServer
+    from ..server.guard import Access, Guard
 
     runtime = Runtime()
+    settings, notes = start_runtime(runtime, requested, overrides, with_ui, server_key)
+    host = "0.0.0.0" if listen else "127.0.0.1"
+    port = port or free_port(host)
+    api_key, made_up_key = _session_key(listen, api_key, no_auth)
+    access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
+    root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors)
+    server, thread = _start_http(Guard(root, access), host, port)
+    _shut_down_on_signals()
+    try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
+        _announce(runtime, port, with_ui, listen, access, api_key, made_up_key)
+        for note in (ui.notes if ui else notes):  # the pair's, the settings' and the conversations' notes
+            print(f"specchat: note: {note}", file=sys.stderr)
+        if open_browser and with_ui:
+            # this machine's own browser signs in at once
+            first = access.login_url() if listen and api_key else f"http://127.0.0.1:{port}/"
+            threading.Thread(target=webbrowser.open, args=(first,), daemon=True).start()
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        print("\nspecchat: shutting down…", file=sys.stderr)
+    finally:
+        _shut_down(server, thread, api, ui, runtime)
+    return 0
+
+
+def start_runtime(runtime: Runtime, requested: LoadSpec | None, overrides: dict, with_ui: bool,
+                  server_key: str | None) -> tuple[Settings, list[str]]:
+    """Load the pair (or connect to the server) to serve; the settings requests start from (``overrides``: the
+    command's flags, which win) and notes for the person."""
     print("specchat: loading models…", flush=True)
     settings, warning = load_settings()
     notes = [warning] if warning else []
@@ -84,9 +117,11 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     settings = replace(settings, **overrides).loaded(runtime.spec)  # flags win
     if with_ui:
         save_settings(settings.for_pair(None, runtime.drafters))
+    return settings, notes
 
-    host = "0.0.0.0" if listen else "127.0.0.1"
-    port = port or free_port(host)
+
+def _session_key(listen: bool, api_key: str | None, no_auth: bool) -> tuple[str | None, bool]:
+    """The key that guards the app, and whether it was made up here: serving the network, one is needed."""
     made_up_key = listen and not api_key and not no_auth
     if made_up_key:  # as Jupyter does: a random key, printed with the URL that signs in
         api_key = secrets.token_urlsafe(24)
@@ -94,28 +129,44 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         print("specchat: warning: --listen --no-auth serves to your whole network and nobody needs a key: anyone who "
               "can reach this machine can read your conversations and use the models. Leave out --no-auth to "
               "require a key.", file=sys.stderr)
-    access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
+    return api_key, made_up_key
+
+
+def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bool, host: str, port: int,
+             api_key: str | None, cors: list[str] | None) -> tuple[object, OpenAIServer, SpecChatUI | None]:
+    """The ASGI app: the API at /v1 and, ``with_ui``, the Gradio UI at /. Returns it, the API and the UI (or None)."""
+    from fastapi import FastAPI
+
+    from ..server.openai_api import OpenAIServer
+
     # What a request leaves out: the app's settings as last saved by the UI, or this command's.
     defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
     api = OpenAIServer(runtime, defaults)
     root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     root.mount("/v1", api.app(cors))
-    ui = None
-    if with_ui:
-        # Gradio copies files it serves (exports) into its cache: keep that owner-only too, not in a shared /tmp.
-        os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix="specchat-gradio-"))
-        import gradio as gr
+    if not with_ui:
+        return root, api, None
+    # Gradio copies files it serves (exports) into its cache: keep that owner-only too, not in a shared /tmp.
+    os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix="specchat-gradio-"))
+    import gradio as gr
 
-        from ..ui.app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
+    from ..ui.app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
 
-        ui = SpecChatUI(runtime, notes, api_info=lambda: {"base_url": f"http://127.0.0.1:{port}/v1",
-                                                           "key": bool(api_key), "served": list(api.served)})
-        demo = ui.build()
-        demo.queue(default_concurrency_limit=1)
-        root = gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
-                                   theme=theme(), css=css(), footer_links=["api", "settings"],
-                                   favicon_path=str(resource("assets/logo.svg")))
-    server = uvicorn.Server(uvicorn.Config(Guard(root, access), host=host, port=port, log_level="warning",
+    ui = SpecChatUI(runtime, notes, api_info=lambda: {"base_url": f"http://127.0.0.1:{port}/v1",
+                                                       "key": bool(api_key), "served": list(api.served)})
+    demo = ui.build()
+    demo.queue(default_concurrency_limit=1)
+    root = gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
+                               theme=theme(), css=css(), footer_links=["api", "settings"],
+                               favicon_path=str(resource("assets/logo.svg")))
+    return root, api, ui
+
+
+def _start_http(app, host: str, port: int) -> tuple[uvicorn.Server, threading.Thread]:
+    """uvicorn serving ``app`` on a thread, once it listens. Returns the server and its thread."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, lifespan="on", timeout_graceful_shutdown=5))
     server.install_signal_handlers = lambda: None  # ours below; uvicorn's would swallow Ctrl-C
     thread = threading.Thread(target=server.run, daemon=True, name="specchat-http")
@@ -124,46 +175,50 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
         time.sleep(0.05)
     if not server.started:
         raise EngineError(f"Could not serve on {host}:{port} (is the port in use?); choose another with --port.")
-    # Ctrl-C (even where a parent shell started us with SIGINT ignored), SIGTERM and SIGHUP (the terminal of a
-    # desktop launcher closed) all shut down cleanly.
+    return server, thread
+
+
+def _shut_down_on_signals() -> None:
+    """Ctrl-C (even where a parent shell started us with SIGINT ignored), SIGTERM and SIGHUP (the terminal of a
+    desktop launcher closed) all shut down cleanly."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _interrupt)
+
+
+def _announce(runtime: Runtime, port: int, with_ui: bool, listen: bool, access: Access, api_key: str | None,
+              made_up_key: bool) -> None:
+    """Where it runs, and, serving the network, the key made up for the session and the LAN address."""
+    from ..server.guard import lan_address
+
     url = f"http://127.0.0.1:{port}/"
     pair = runtime.spec.describe() if runtime.spec else "none loaded"
     what = "SpecChat is running at" if with_ui else "SpecChat's API is running at"
-    try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
-        print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
-        if listen:
-            lan = lan_address(access.names)
-            if made_up_key:
-                where = [access.login_url(h) for h in ([lan] if lan else []) + ["127.0.0.1"]] if with_ui else []
-                print(f"specchat: the key for this session is {api_key}" + (
-                    " — open " + " or ".join(where) + " to sign in" if where else
-                    " (send it as 'Authorization: Bearer KEY')"), flush=True)
-            if lan:
-                print(f"specchat: on your network: http://{lan}:{port}/", flush=True)
-        for note in (ui.notes if ui else notes):  # the pair's, the settings' and the conversations' notes
-            print(f"specchat: note: {note}", file=sys.stderr)
-        if open_browser and with_ui:
-            first = access.login_url() if listen and api_key else url  # this machine's own browser signs in at once
-            threading.Thread(target=webbrowser.open, args=(first,), daemon=True).start()
-        while thread.is_alive():
-            thread.join(0.5)
-    except KeyboardInterrupt:
-        print("\nspecchat: shutting down…", file=sys.stderr)
-    finally:
-        # Saved files are written atomically, so a stuck shutdown loses nothing: if it takes over 15 s, print
-        # where it is stuck and exit anyway (the timer stays armed through interpreter exit).
-        faulthandler.dump_traceback_later(15, exit=True)
-        if ui:
-            for cancel in list(ui.cancels.values()):  # end answers in progress
-                cancel.set()
-        api.cancel_all()  # and API requests, queued ones included: none of them waits for its turn now
-        server.should_exit = True
-        thread.join(10)
-        if ui:
-            ui.store.close()
-        runtime.close()
-    return 0
+    print(f"{what} {url}{'' if with_ui else 'v1'}  (pair: {pair}; API at {url}v1; Ctrl-C to quit)", flush=True)
+    if listen:
+        lan = lan_address(access.names)
+        if made_up_key:
+            where = [access.login_url(h) for h in ([lan] if lan else []) + ["127.0.0.1"]] if with_ui else []
+            print(f"specchat: the key for this session is {api_key}" + (
+                " — open " + " or ".join(where) + " to sign in" if where else
+                " (send it as 'Authorization: Bearer KEY')"), flush=True)
+        if lan:
+            print(f"specchat: on your network: http://{lan}:{port}/", flush=True)
+
+
+def _shut_down(server: uvicorn.Server, thread: threading.Thread, api: OpenAIServer, ui: SpecChatUI | None,
+               runtime: Runtime) -> None:
+    """End answers and API requests in progress, stop serving, close the conversations and the backend."""
+    # Saved files are written atomically, so a stuck shutdown loses nothing: if it takes over 15 s, print
+    # where it is stuck and exit anyway (the timer stays armed through interpreter exit).
+    faulthandler.dump_traceback_later(15, exit=True)
+    if ui:
+        for cancel in list(ui.cancels.values()):  # end answers in progress
+            cancel.set()
+    api.cancel_all()  # and API requests, queued ones included: none of them waits for its turn now
+    server.should_exit = True
+    thread.join(10)
+    if ui:
+        ui.store.close()
+    runtime.close()

@@ -19,7 +19,7 @@ class LoadSpec:
     ngl: int = 0  # target layers on the GPU (-1: all)
     ngld: int = 0  # draft layers on the GPU
     ctx_checkpoints: int = 8  # recurrent/hybrid models: saved states kept between chat turns
-    # Or an OpenAI-compatible server that speculates itself (its API key lives in app/chat/keys.py, not here).
+    # Or an OpenAI-compatible server that speculates itself (its API key lives in app/chat/server_keys.py, not here).
     server: str | None = None  # base URL
     model: str | None = None  # the server's model id (None: the first it lists)
     server_off: str | None = None  # the same model served without speculation, for Compare's "off" side

@@ -24,7 +24,7 @@ from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
-from .requests import ApiError, Job, parse
+from .request_body import ApiError, Job, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
 
@@ -129,15 +129,7 @@ class OpenAIServer:
                 cancel.set()
 
     async def _answer(self, request: Request, chat: bool):
-        # Only JSON: a web page can send text/plain or a form without asking first, never application/json.
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/json":
-            raise ApiError(415, f"Send the request as JSON (Content-Type: application/json), not {kind or 'nothing'}.",
-                           code="unsupported_media_type")
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "The request body is not valid JSON.") from None
+        body = await _json_body(request)
         engine = self.runtime.engine
         loaded = self._loaded_name()
         if engine is None or loaded is None:
@@ -170,19 +162,7 @@ class OpenAIServer:
                            param="messages" if chat else "prompt", code="context_length_exceeded")
 
         cancel = threading.Event()
-        with self._count_lock:
-            if self.waiting >= self.max_waiting:
-                raise ApiError(503, f"Busy: {self.waiting} requests are queued; try again shortly.", "server_error",
-                               code="queue_full", headers={"Retry-After": "2"})
-            self.waiting += 1
-            self.generations += 1
-            self._cancels.add(cancel)
-
-        def leave() -> None:  # on the worker, when its generation is over, however it ends
-            with self._count_lock:
-                self.waiting -= 1
-                self._cancels.discard(cancel)
-
+        leave = self._enter_queue(cancel)
         batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
         watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
         handed_over = False
@@ -210,6 +190,24 @@ class OpenAIServer:
             if not handed_over:
                 watch.cancel()
                 await batches.aclose()
+
+    def _enter_queue(self, cancel: threading.Event) -> Callable[[], None]:
+        """Count a request in (503 when too many wait); returns what counts it out, called on the worker when its
+        generation is over, however it ends."""
+        with self._count_lock:
+            if self.waiting >= self.max_waiting:
+                raise ApiError(503, f"Busy: {self.waiting} requests are queued; try again shortly.", "server_error",
+                               code="queue_full", headers={"Retry-After": "2"})
+            self.waiting += 1
+            self.generations += 1
+            self._cancels.add(cancel)
+
+        def leave() -> None:
+            with self._count_lock:
+                self.waiting -= 1
+                self._cancels.discard(cancel)
+
+        return leave
 
     def _final(self, meta: dict, done: Done) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
@@ -337,6 +335,19 @@ def _usage(meta: dict, stats: Stats) -> dict:
 
 def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _json_body(request: Request):
+    """The request's JSON body. Only JSON: a web page can send text/plain or a form without asking first, never
+    application/json."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, f"Send the request as JSON (Content-Type: application/json), not {kind or 'nothing'}.",
+                       code="unsupported_media_type")
+    try:
+        return await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "The request body is not valid JSON.") from None
 
 
 def _retry(exc: ModelsUnloaded) -> ApiError:

@@ -1,4 +1,6 @@
 """The Gradio app: thin views over app.chat.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
+The page is built here (header, Settings sidebar, the events); the tabs' layouts come from chat_tab.py,
+compare_tab.py and models_tab.py.
 
 Every handler that touches the engine shares one concurrency slot ("engine"), so two tabs sending at once are
 queued (Gradio shows the queue) rather than interleaved; Stop runs outside the queue so it acts at once.
@@ -16,15 +18,17 @@ from pathlib import Path
 import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
-from ..chat.keys import key_for
-from ..chat.remote import RemoteServer, ServerSpec, base_url
+from ..chat.remote_server import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
+from ..chat.server_keys import key_for
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
 from ..engine import METHODS, EngineError, Stats
 from ..models import hardware
 from ..models.loader import LoadSpec
 from ..resources import resource
 from . import render
+from .chat_tab import ChatTab
+from .compare_tab import CompareTab
 from .models_tab import FILES, SERVER, ModelsView, ready_pairs
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
@@ -407,6 +411,7 @@ class SpecChatUI:
 
     # --- layout ---------------------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
+        """The page: the header, the tabs, the Settings sidebar, then their events."""
         s = Settings()
         with gr.Blocks(title="SpecChat", analytics_enabled=False) as demo:
             history = gr.State([])
@@ -416,62 +421,9 @@ class SpecChatUI:
             header = gr.HTML(render.header(None, self.logo, ready=False))
             with gr.Tabs():
                 with gr.Tab("Chat", id="chat"):
-                    with gr.Row(equal_height=False):
-                        with gr.Column(scale=1, min_width=220, elem_id="conversations"):
-                            new_chat = gr.Button("+ New chat", size="sm", elem_id="new-chat")
-                            search = gr.Textbox(show_label=False, placeholder="Search chats…", lines=1, max_lines=1,
-                                                elem_id="conv-search")
-                            conv_list = gr.Radio([], show_label=False, elem_id="conv-list")
-                            title = gr.Textbox(label="Title (Enter renames)", lines=1, max_lines=1,
-                                               elem_id="conv-title")
-                            with gr.Row():
-                                delete = gr.Button("Delete", size="sm", variant="stop", elem_id="conv-delete")
-                                undo = gr.Button("Undo", size="sm", visible=False, elem_id="conv-undo")
-                                export = gr.Button("Export", size="sm", elem_id="conv-export")
-                            exported = gr.File(label="Markdown and JSON", file_count="multiple", visible=False,
-                                               interactive=False, elem_id="conv-files")
-                        with gr.Column(scale=3):
-                            chatbot = gr.Chatbot(elem_id="chat", height=560, show_label=False,
-                                                 buttons=["copy", "copy_all"], feedback_options=None,
-                                                 placeholder="Ask anything. Tokens the draft model got right "
-                                                             "are counted live on the right.")
-                            notice = gr.HTML(elem_id="notice")
-                            with gr.Row():
-                                # lines=1 with room to grow: Enter sends, Shift+Enter starts a new line
-                                msg = gr.Textbox(show_label=False, placeholder="Message SpecChat… (Enter sends, "
-                                                 "Shift+Enter for a new line)", lines=1, max_lines=12, scale=6,
-                                                 elem_id="msg", autofocus=True)
-                                with gr.Column(scale=1, min_width=110):
-                                    send = gr.Button("Send", variant="primary", elem_id="send")
-                                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
-                            with gr.Row():
-                                regen = gr.Button("Regenerate", size="sm", elem_id="regen")
-                                show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens",
-                                                         elem_id="show-draft")
-                        with gr.Column(scale=1, min_width=300):
-                            live = gr.HTML(render.live_panel(None, [], "idle"), elem_id="live-stats")
-                            system = gr.Textbox(s.system_prompt, label="System prompt", lines=2, elem_id="system")
+                    chat = ChatTab(s)
                 with gr.Tab("Compare", id="compare"):
-                    gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the "
-                                "whole machine; both start from an empty cache. Uses the settings from the Chat tab.")
-                    with gr.Row():
-                        c_prompt = gr.Textbox(label="Prompt (Enter runs, Shift+Enter for a new line)", lines=1,
-                                              max_lines=8, scale=6, elem_id="cmp-prompt")
-                        with gr.Column(scale=1, min_width=110):
-                            c_run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
-                            c_stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
-                    with gr.Row():
-                        c_off = gr.Markdown("**Speculation off**", elem_id="cmp-off", height=360,
-                                            elem_classes=["cmp-pane"])
-                        c_on = gr.Markdown("**Speculation on**", elem_id="cmp-on", height=360,
-                                           elem_classes=["cmp-pane"])
-                    c_summary = gr.HTML(elem_id="cmp-summary")
-                    with gr.Row():
-                        c_chart = gr.HTML(elem_id="cmp-chart")
-                        with gr.Column():
-                            c_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
-                            c_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
-                    c_table = gr.Dataframe(headers=render.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table")
+                    cmp = CompareTab()
                 with gr.Tab("Models", id="models"):
                     self.models.build()
                 with gr.Tab("Hardware", id="hardware"):
@@ -518,66 +470,64 @@ class SpecChatUI:
                     s_test = gr.Button("Test connection", size="sm", elem_id="server-test")
                 load = gr.Button("Load models", variant="primary", elem_id="load")
 
-            by_name = dict(system_prompt=system, drafter=drafter, temperature=temperature, top_k=top_k,
+            by_name = dict(system_prompt=chat.system, drafter=drafter, temperature=temperature, top_k=top_k,
                            top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens, draft_max=draft_max,
                            draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
                            enable_thinking=enable_thinking,
-                           show_draft_tokens=show_draft)
+                           show_draft_tokens=chat.show_draft)
             values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
-
-            m = self.models
-            view = [history, conv, chatbot, live, notice, conv_list, title, undo]  # what _open returns
-            server_fields = [s_url, s_key, s_model, s_off, s_method]
-            demo.load(self.page_load, None,
-                      [*view[:-1], header, hw, pair, target, draft, ctx, ngl, ngld, *server_fields, *values, m.table])
-            respond_out = [history, chatbot, live, notice, msg]
-            submit_out = [msg, history, conv, chatbot, notice, conv_list, title, live]
-            # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
-            for trigger, api in ((send.click, "public"), (msg.submit, "undocumented")):
-                trigger(self.submit, [msg, history, conv, show_draft], submit_out, queue=False,
-                        api_name="submit" if api == "public" else None, api_visibility=api) \
-                    .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden",
-                          api_name="chat" if api == "public" else None, api_visibility=api, **ENGINE)
-            stop.click(self.stop, None, None, queue=False)
-            c_stop.click(self.stop, None, None, queue=False)
-            regen.click(self.regenerate, [history, show_draft], [history, chatbot], queue=False) \
-                .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
-            new_chat.click(self.new_chat, [conv, show_draft], view, queue=False, api_name="new_chat")
-            chatbot.clear(self.new_chat, [conv, show_draft], view, queue=False)  # its bin icon: a fresh chat
-            conv_list.input(self.select, [conv_list, conv, show_draft, search], view, queue=False)
-            search.change(self.search, [search, conv], conv_list, queue=False)
-            title.submit(self.rename, [title, conv, search], [conv_list, notice], queue=False)
-            delete.click(self.delete, [conv, show_draft], [*view, deleted], queue=False)
-            undo.click(self.undelete, [deleted, conv, show_draft], [*view, deleted], queue=False)
-            export.click(self.export, conv, [exported, notice], queue=False)
-            show_draft.change(self.redraw, [history, show_draft], chatbot, queue=False)
-            for trigger, api in ((c_run.click, "public"), (c_prompt.submit, "undocumented")):
-                trigger(self.compare, [c_prompt, rows, *values],
-                        [c_off, c_on, c_summary, rows, c_table, c_chart, c_csv, c_json],
-                        api_name="compare" if api == "public" else None, api_visibility=api, **ENGINE)
-            load.click(self.load_models, [pair, target, draft, ctx, ngl, ngld, *server_fields, *values],
-                       [notice, header, hw, drafter, draft_max, draft_min, draft_p_min, adaptive, s_key], **ENGINE)
+            # What load_models reads before the settings: the pair or files, then the server's fields.
+            to_load = [pair, target, draft, ctx, ngl, ngld, s_url, s_key, s_model, s_off, s_method]
+            view = [history, conv, chat.chatbot, chat.live, chat.notice, chat.conv_list, chat.title, chat.undo]
+            demo.load(self.page_load, None, [*view[:-1], header, hw, *to_load, *values, self.models.table])
+            self._wire_chat(chat, history, conv, values)
+            self._wire_conversations(chat, view, deleted)
+            self._wire_compare(cmp, rows, values)
+            load.click(self.load_models, [*to_load, *values], [chat.notice, header, hw, drafter, draft_max, draft_min,
+                                                              draft_p_min, adaptive, s_key], **ENGINE)
             for trigger in (s_test.click, s_url.submit):
-                trigger(self.test_server, [s_url, s_key, s_model], [pair, s_model, notice])
+                trigger(self.test_server, [s_url, s_key, s_model], [pair, s_model, chat.notice])
             hw_refresh.click(self._hardware, None, hw, queue=False)
             for trigger in (api_tab.select, api_refresh.click):
                 trigger(self._api, None, api_panel, queue=False)
-            # Models: downloads have their own slot, so a chat can go on while a pair comes down.
-            download = dict(concurrency_id="download", concurrency_limit=1, show_progress="hidden")
-            m.download.click(m.pull_pair, [m.pick], [m.progress, m.table, pair], api_name="pull", **download)
-            m.fetch.click(m.pull_file, [m.repo, m.file, m.role, m.hub_target],
-                          [m.progress, m.table, pair, target, draft, m.hub_target], **download)
-            for trigger in (m.find.click, m.query.submit):
-                trigger(m.search_hub, m.query, [m.results, m.files, m.advice])
-            m.results.input(m.pick_repo, m.results, [m.files, m.repo, m.file, m.advice])
-            m.files.input(lambda f: f or gr.skip(), m.files, m.file, queue=False)
-            m.suggest.click(m.suggest_drafts, [m.repo, m.file], [m.drafts, m.advice, m.hub_target, m.role])
-            m.drafts.input(m.pick_draft, m.drafts, [m.repo, m.file, m.role], queue=False)
-            m.stop.click(m.stop_download, None, None, queue=False)
-            m.remove.click(m.remove_pair, [m.pick], [m.progress, m.table, pair], queue=False)
-            m.check.click(m.check_pair, [m.own_target, m.own_draft, m.own_ctx], m.report)
-            m.use.click(m.use_in_chat, [m.own_target, m.own_draft], [pair, target, draft, m.report], queue=False)
+            self.models.wire(pair, target, draft)
         return demo
+
+    def _wire_chat(self, chat: ChatTab, history: gr.State, conv: gr.State, values: list) -> None:
+        """Send (or Enter) stores the message, then the answer streams; Stop, Regenerate, the draft colouring."""
+        respond_out = [history, chat.chatbot, chat.live, chat.notice, chat.msg]
+        submit_out = [chat.msg, history, conv, chat.chatbot, chat.notice, chat.conv_list, chat.title, chat.live]
+        # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
+        for trigger, api in ((chat.send.click, "public"), (chat.msg.submit, "undocumented")):
+            trigger(self.submit, [chat.msg, history, conv, chat.show_draft], submit_out, queue=False,
+                    api_name="submit" if api == "public" else None, api_visibility=api) \
+                .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden",
+                      api_name="chat" if api == "public" else None, api_visibility=api, **ENGINE)
+        chat.stop.click(self.stop, None, None, queue=False)
+        chat.regen.click(self.regenerate, [history, chat.show_draft], [history, chat.chatbot], queue=False) \
+            .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
+        chat.show_draft.change(self.redraw, [history, chat.show_draft], chat.chatbot, queue=False)
+
+    def _wire_conversations(self, chat: ChatTab, view: list, deleted: gr.State) -> None:
+        """The conversation list: new, switch, search, rename, delete and undo, export. ``view``: what _open
+        returns."""
+        conv, show_draft = view[1], chat.show_draft
+        chat.new_chat.click(self.new_chat, [conv, show_draft], view, queue=False, api_name="new_chat")
+        chat.chatbot.clear(self.new_chat, [conv, show_draft], view, queue=False)  # its bin icon: a fresh chat
+        chat.conv_list.input(self.select, [chat.conv_list, conv, show_draft, chat.search], view, queue=False)
+        chat.search.change(self.search, [chat.search, conv], chat.conv_list, queue=False)
+        chat.title.submit(self.rename, [chat.title, conv, chat.search], [chat.conv_list, chat.notice], queue=False)
+        chat.delete.click(self.delete, [conv, show_draft], [*view, deleted], queue=False)
+        chat.undo.click(self.undelete, [deleted, conv, show_draft], [*view, deleted], queue=False)
+        chat.export.click(self.export, conv, [chat.exported, chat.notice], queue=False)
+
+    def _wire_compare(self, cmp: CompareTab, rows: gr.State, values: list) -> None:
+        """Compare (or Enter) runs the prompt off, then on; Stop ends it. ``rows``: the comparisons so far."""
+        cmp.stop.click(self.stop, None, None, queue=False)
+        for trigger, api in ((cmp.run.click, "public"), (cmp.prompt.submit, "undocumented")):
+            trigger(self.compare, [cmp.prompt, rows, *values],
+                    [cmp.off, cmp.on, cmp.summary, rows, cmp.table, cmp.chart, cmp.export_csv, cmp.export_json],
+                    api_name="compare" if api == "public" else None, api_visibility=api, **ENGINE)
 
 
 def theme() -> gr.themes.Base:

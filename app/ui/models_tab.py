@@ -28,7 +28,7 @@ def ready_pairs() -> list[str]:
 
 
 class ModelsView:
-    """Components of the tab (built by ``build``) and their handlers; SpecChatUI wires the events."""
+    """Components of the tab (built by ``build``), their handlers and their events (``wire``)."""
 
     def __init__(self, tab_key: Callable[[gr.Request | None], str], loaded_pair: Callable[[], str | None]):
         self._tab_key = tab_key
@@ -78,6 +78,27 @@ class ModelsView:
             self.check = gr.Button("Check pair", elem_id="own-check")
             self.use = gr.Button("Use in chat", elem_id="own-use")
         self.report = gr.HTML(elem_id="pair-report")
+
+    def wire(self, pair: gr.Dropdown, target: gr.Textbox, draft: gr.Textbox) -> None:
+        """The tab's events, once the chat's pair picker and GGUF paths (Settings → Models) exist: a download or
+        "Use in chat" updates them. Downloads have their own slot, so a chat can go on while a pair comes down."""
+        download = dict(concurrency_id="download", concurrency_limit=1, show_progress="hidden")
+        self.download.click(self.pull_pair, [self.pick], [self.progress, self.table, pair], api_name="pull",
+                            **download)
+        self.fetch.click(self.pull_file, [self.repo, self.file, self.role, self.hub_target],
+                         [self.progress, self.table, pair, target, draft, self.hub_target], **download)
+        for trigger in (self.find.click, self.query.submit):
+            trigger(self.search_hub, self.query, [self.results, self.files, self.advice])
+        self.results.input(self.pick_repo, self.results, [self.files, self.repo, self.file, self.advice])
+        self.files.input(lambda f: f or gr.skip(), self.files, self.file, queue=False)
+        self.suggest.click(self.suggest_drafts, [self.repo, self.file],
+                           [self.drafts, self.advice, self.hub_target, self.role])
+        self.drafts.input(self.pick_draft, self.drafts, [self.repo, self.file, self.role], queue=False)
+        self.stop.click(self.stop_download, None, None, queue=False)
+        self.remove.click(self.remove_pair, [self.pick], [self.progress, self.table, pair], queue=False)
+        self.check.click(self.check_pair, [self.own_target, self.own_draft, self.own_ctx], self.report)
+        self.use.click(self.use_in_chat, [self.own_target, self.own_draft], [pair, target, draft, self.report],
+                       queue=False)
 
     # --- handlers -------------------------------------------------------------------------------------------
     def refresh(self) -> str:

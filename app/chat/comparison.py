@@ -1,0 +1,48 @@
+"""One on/off comparison (``Comparison``): the same prompt answered with speculation off, then on, and where the
+two outputs first differ under greedy decoding."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .live_answer import Live
+
+
+@dataclass
+class Comparison:
+    """Speculation off, then on, for one prompt."""
+
+    prompt: str
+    drafter: str
+    greedy: bool
+    off: Live = field(default_factory=Live)
+    on: Live = field(default_factory=Live)
+    phase: str = "off"  # off | on | done
+    # Under greedy decoding, where the first differing token sits in each output: ((start, end) off, (start, end) on)
+    diff_spans: tuple[tuple[int, int], tuple[int, int]] | None = None
+    note: str = ""  # e.g. a server that kept drafting with speculation off requested
+    by_text: bool = False  # a server gives no token ids: the outputs are compared character by character
+
+    @property
+    def speedup(self) -> float:
+        a, b = self.off.stats.tokens_per_second, self.on.stats.tokens_per_second
+        return b / a if a > 0 else 0.0
+
+    def locate_difference(self, detokenize: Callable[[list[int]], str]) -> None:
+        """Under greedy decoding, find where the first differing token sits in each output's text."""
+        if not (self.greedy and self.off.done and self.on.done) or (i := self.first_difference()) is None:
+            return
+        if self.by_text:
+            self.diff_spans = ((i, i + 1), (i, i + 1))
+            return
+        start = len(detokenize(self.off.done.token_ids[:i]))  # the same tokens on both sides up to i
+        self.diff_spans = tuple((start, len(detokenize(ids[:i + 1])))
+                                for ids in (self.off.done.token_ids, self.on.done.token_ids))
+
+    def first_difference(self) -> int | None:
+        """Index of the first token (character, for a server) where the outputs differ; None if identical."""
+        a, b = (self.off.text, self.on.text) if self.by_text else (self.off.done.token_ids, self.on.done.token_ids)
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return i
+        return None if len(a) == len(b) else min(len(a), len(b))

@@ -1,0 +1,38 @@
+"""One answer as it streams (``Live``): its text in runs tagged by where they came from (draft or target), its
+running figures and the chart's points. The runtime folds the engine's events into it; the UI renders it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine import Done, Round, Stats, TextDelta
+
+MAX_POINTS = 400  # chart points kept per answer
+
+
+@dataclass
+class Live:
+    """One answer so far: text runs tagged with where they came from, running stats, chart points."""
+
+    segments: list[list] = field(default_factory=list)  # [[text, from_draft], ...], adjacent runs merged
+    stats: Stats = field(default_factory=Stats)
+    points: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, tokens/s, acceptance)
+    done: Done | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.segments)
+
+    def add(self, ev) -> None:
+        if isinstance(ev, TextDelta):
+            if self.segments and self.segments[-1][1] == ev.from_draft:
+                self.segments[-1][0] += ev.text
+            else:
+                self.segments.append([ev.text, ev.from_draft])
+        elif isinstance(ev, (Round, Done)):
+            self.stats = ev.stats
+            if ev.stats.rate_measured:
+                self.points.append((ev.stats.n_tokens, ev.stats.tokens_per_second, ev.stats.acceptance_rate))
+                if len(self.points) > MAX_POINTS:  # keep the chart light on long answers: every other point
+                    self.points = self.points[::2]
+            if isinstance(ev, Done):
+                self.done = ev

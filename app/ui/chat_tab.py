@@ -1,0 +1,52 @@
+"""The Chat tab's layout: the conversation list (new, search, title, delete and undo, export), the chat with its
+message box and buttons, and the live panel with the system prompt. Components only: SpecChatUI (app.py) holds the
+handlers and wires the events."""
+from __future__ import annotations
+
+import gradio as gr
+
+from ..chat.settings import Settings
+from . import render
+
+
+class ChatTab:
+    """The tab's components, made where it is constructed (inside the Chat tab), with ``s``'s defaults."""
+
+    def __init__(self, s: Settings):
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=220, elem_id="conversations"):
+                self._conversation_list()
+            with gr.Column(scale=3):
+                self._chat(s)
+            with gr.Column(scale=1, min_width=300):
+                self.live = gr.HTML(render.live_panel(None, [], "idle"), elem_id="live-stats")
+                self.system = gr.Textbox(s.system_prompt, label="System prompt", lines=2, elem_id="system")
+
+    def _conversation_list(self) -> None:
+        self.new_chat = gr.Button("+ New chat", size="sm", elem_id="new-chat")
+        self.search = gr.Textbox(show_label=False, placeholder="Search chats…", lines=1, max_lines=1,
+                                 elem_id="conv-search")
+        self.conv_list = gr.Radio([], show_label=False, elem_id="conv-list")
+        self.title = gr.Textbox(label="Title (Enter renames)", lines=1, max_lines=1, elem_id="conv-title")
+        with gr.Row():
+            self.delete = gr.Button("Delete", size="sm", variant="stop", elem_id="conv-delete")
+            self.undo = gr.Button("Undo", size="sm", visible=False, elem_id="conv-undo")
+            self.export = gr.Button("Export", size="sm", elem_id="conv-export")
+        self.exported = gr.File(label="Markdown and JSON", file_count="multiple", visible=False, interactive=False,
+                                elem_id="conv-files")
+
+    def _chat(self, s: Settings) -> None:
+        self.chatbot = gr.Chatbot(elem_id="chat", height=560, show_label=False, buttons=["copy", "copy_all"],
+                                  feedback_options=None, placeholder="Ask anything. Tokens the draft model got right "
+                                                                     "are counted live on the right.")
+        self.notice = gr.HTML(elem_id="notice")
+        with gr.Row():
+            # lines=1 with room to grow: Enter sends, Shift+Enter starts a new line
+            self.msg = gr.Textbox(show_label=False, placeholder="Message SpecChat… (Enter sends, Shift+Enter for a "
+                                  "new line)", lines=1, max_lines=12, scale=6, elem_id="msg", autofocus=True)
+            with gr.Column(scale=1, min_width=110):
+                self.send = gr.Button("Send", variant="primary", elem_id="send")
+                self.stop = gr.Button("Stop", variant="stop", elem_id="stop")
+        with gr.Row():
+            self.regen = gr.Button("Regenerate", size="sm", elem_id="regen")
+            self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft")
