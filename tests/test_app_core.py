@@ -203,7 +203,7 @@ def _last(it):
 
 # --- thinking --------------------------------------------------------------------------------------------------
 def test_thinking_is_told_apart_from_the_answer():
-    from app.chat import thinking
+    from app.prompts import thinking
 
     assert thinking.split("plain answer") == thinking.Parts(None, False, 0)
     text = "<think>\nweigh it up\n</think>\n\nThe answer."

@@ -15,7 +15,7 @@ from .keys import key_for, save_key
 from .remote import RemoteServer, ServerSpec
 from .settings import Settings
 from .streaming import INTERVAL, Generation
-from .thinking import OPEN, opens_thinking
+from ..prompts.thinking import OPEN, opens_thinking
 
 MAX_POINTS = 400  # chart points kept per answer
 

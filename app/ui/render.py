@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import time
 
-from ..chat import thinking
+from ..prompts import thinking
 from ..engine import Stats, method_name
 
 

@@ -1,0 +1,3 @@
+"""What a model is shown and how its answer is read, beside the engine: chat templates, thinking switches, tool-call
+formats and their grammars' text. Only engine value types come from below (``Model``, ``Grammar``); the engine
+takes token ids and constraints."""
