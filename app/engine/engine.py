@@ -5,20 +5,17 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
-from .chat import render_chat
 from .compat import compatibility_problems
 from .costs import Costs, measure
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats, method_name
-from .llama import Context, Model, ModelSettings, builtin_chat, default_threads, gpus
+from .llama import Context, Model, ModelSettings, default_threads, gpus
 from .memory import Load, check_fits
 from .assistant import AssistantDrafter
 from .eagle3 import Eagle3Drafter
 from .gguf_file import read_info
-from .grammar import Grammar
-from .tools import Format, Tool, ToolChoice, Vocab, prepare_messages, tool_format
 from .mtp import MtpDrafter
 from .text_drafter import TextDrafter
 from .threads import RECHECK_S, ThreadChooser
@@ -47,20 +44,6 @@ def drafter_for(spec_type: str) -> str:
 # their own, never as text), by architecture: their class, and the drafter that names them besides "model".
 HEADS = {"gemma4-assistant": (AssistantDrafter, "mtp"), "eagle3": (Eagle3Drafter, "eagle3")}
 DEFAULT_CTX = 4096
-
-
-def chat_prompt(model: Model, messages: list[dict], **variables) -> str:
-    """The text ``model`` sees for a conversation: its own template (a vocab-only model is enough)."""
-    bos = model.piece_special(model.bos) if model.bos >= 0 else ""
-    eos = model.piece_special(model.eos) if model.eos >= 0 else ""
-    return render_chat(model.chat_template(), messages, bos_token=bos, eos_token=eos, builtin=builtin_chat,
-                       model=model.path.name, **variables)
-
-
-def prompt_tokens(model: Model, text: str) -> list[int]:
-    bos = model.piece_special(model.bos) if model.bos >= 0 else ""
-    add_bos = model.add_bos and not (bos and text.startswith(bos))  # the template may already write BOS
-    return model.tokenize(text, add_special=add_bos, parse_special=True)
 
 
 @dataclass
@@ -143,37 +126,6 @@ class Engine:
         return self.target.ctx.n_ctx
 
     # --- prompts --------------------------------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
-        """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed."""
-        return self.model.tokenize(text, add_special=True, parse_special=True)
-
-    def chat_prompt(self, messages: list[dict], **variables) -> str:
-        """A conversation rendered with the model's chat template, ready for the assistant's reply."""
-        return chat_prompt(self.model, messages, **variables)
-
-    def chat_tokens(self, messages: list[dict] | str, **variables) -> list[int]:
-        """The tokens of a conversation (or of its rendered prompt)."""
-        return prompt_tokens(self.model, messages if isinstance(messages, str)
-                             else self.chat_prompt(messages, **variables))
-
-    def tool_prompt(self, messages: list[dict], tools: list[Tool], choice: ToolChoice,
-                    **variables) -> tuple[list[int], Grammar | None, Format | None, frozenset[int]]:
-        """A conversation with tools: its tokens, the grammar the answer must follow (None: unconstrained), the
-        format to read calls back with (None: no call may be made; ``tool_choice: none`` leaves the tools out of
-        the prompt) and the special tokens among its markers, which the answer's text must show to be read."""
-        model = self.model
-        template = model.chat_template()
-        offered = tools if choice.mode != "none" else []
-        fmt = tool_format(template) if offered else None
-        msgs, extra = prepare_messages(messages, offered, template)
-        prompt = self.chat_prompt(msgs, **{**variables, **extra})
-        ids = self.chat_tokens(prompt)
-        if not offered:
-            return ids, None, None, frozenset()
-        vocab = Vocab({m: i for m in fmt.markers if (i := model.special_token(m)) is not None}, model.eog_tokens)
-        thinking = prompt.rfind("<think>") > prompt.rfind("</think>")
-        return ids, fmt.grammar(offered, choice, vocab, thinking), fmt, frozenset(vocab.specials.values())
-
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
 

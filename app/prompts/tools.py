@@ -20,8 +20,8 @@ import string
 import warnings
 from dataclasses import dataclass
 
-from .errors import EngineError
-from .grammar import JSON_LAYOUT, Grammar
+from ..engine.errors import EngineError
+from ..engine.grammar import JSON_LAYOUT, Grammar
 
 
 @dataclass(frozen=True)
