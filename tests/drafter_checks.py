@@ -1,6 +1,7 @@
 """Checks every drafter must pass, shared by the tests of each (MTP layers, Gemma 4's assistant, EAGLE-3 heads)."""
 from app.engine import Done, DraftParams, Engine, GenerationParams, SamplingParams
 from app.engine.grammar import Grammar
+from app.prompts import chat_tokens
 from test_exact_sampling import N, compare, samples
 
 
@@ -17,9 +18,9 @@ def second_turn_stays_exact(engine: Engine, drafter: str) -> None:
     """A second chat turn reuses the cached prefix, drafts with tokens accepted, and says what speculation off
     says from a cleared cache."""
     engine.reset()
-    turn1 = engine.chat_tokens([{"role": "user", "content": "the cat sat"}])
+    turn1 = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat"}])
     first = run(engine, turn1, drafter, max_tokens=40, draft_max=4, draft_p_min=0.0)
-    turn2 = engine.chat_tokens([{"role": "user", "content": "the cat sat"},
+    turn2 = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat"},
                                 {"role": "assistant", "content": first.text},
                                 {"role": "user", "content": "and then?"}])
     second = run(engine, turn2, drafter, max_tokens=60, draft_max=4, draft_p_min=0.0)
@@ -42,7 +43,7 @@ def greedy_under_a_grammar_stays_exact(engine: Engine, drafter: str) -> None:
     """Under a grammar where free text alternates with runs it forces, the drafter drafts the free text (its run
     ends where the grammar starts forcing), the forced runs join the draft, and the answer is speculation off's."""
     grammar = Grammar.lark(r"start: /([^xyz]{1,4}xyz)+/", "test")
-    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat"}])
     engine.reset()
     plain = run(engine, ids, "none", max_tokens=60, grammar=grammar)
     engine.reset()

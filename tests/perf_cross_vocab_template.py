@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
-from app.engine.engine import chat_prompt  # noqa: E402
 from app.engine.llama import Model  # noqa: E402
 from app.engine.drafters import TextDrafter  # noqa: E402
+from app.prompts import chat_prompt, chat_tokens  # noqa: E402
 
 
 class OwnTemplateDrafter(TextDrafter):
@@ -61,7 +61,7 @@ def main() -> None:
     totals = {"target's text": [0, 0, 0], "own template": [0, 0, 0]}
     for prompt in prompts:
         messages = [{"role": "user", "content": prompt}]
-        ids = engine.chat_tokens(messages)
+        ids = chat_tokens(engine.model, messages)
         outputs = []
         for name in totals:
             drafter = (TextDrafter(engine.draft.ctx, engine.target.model, 0.0) if name == "target's text"

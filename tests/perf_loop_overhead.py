@@ -23,6 +23,7 @@ import llama_cpp.llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
+from app.prompts import chat_tokens  # noqa: E402
 from tiny_gguf import write_model  # noqa: E402
 
 MODES = [("greedy, draft model", "model", 0.0), ("sampled T=0.8, draft model", "model", 0.8),
@@ -140,7 +141,7 @@ def main() -> None:
               + f"{'one distribution':>18}")
         for name, target, draft in pairs(args.vocab, not args.no_starter, Path(tmp), args.pair):
             engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
-            ids = engine.chat_tokens([{"role": "user", "content": "Write a short story about a cat and a dog."}])
+            ids = chat_tokens(engine.model, [{"role": "user", "content": "Write a short story about a cat and a dog."}])
             cells = []
             for _, drafter, temperature in modes:
                 runs = [overhead_us(engine, ids, drafter, temperature, args.tokens) for _ in range(args.repeats)]

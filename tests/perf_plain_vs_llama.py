@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings  # noqa: E402
 from app.engine.llama import default_threads  # noqa: E402
+from app.prompts import chat_tokens  # noqa: E402
 
 PROMPT = "Explain how a hash map works, with an example in Python."
 
@@ -36,7 +37,7 @@ def main() -> None:
     llm = Llama(str(args.model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
                 flash_attn=False)
     messages = [{"role": "user", "content": PROMPT}]
-    ids = engine.chat_tokens(messages)
+    ids = chat_tokens(engine.model, messages)
     params = GenerationParams(max_tokens=args.tokens, draft=DraftParams(draft_max=0))
 
     def ours() -> float:

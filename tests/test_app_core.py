@@ -9,6 +9,7 @@ import pytest
 from app.engine import EngineError
 from app.chat.conversations import for_model
 from app.models.loader import LoadSpec
+from app.prompts import chat_prompt, plain_tokens
 from app.paths import config_dir
 from app.chat.runtime import Runtime
 from app.chat.settings import Settings, load_settings, save_settings
@@ -203,7 +204,7 @@ def _last(it):
 
 # --- thinking --------------------------------------------------------------------------------------------------
 def test_thinking_is_told_apart_from_the_answer():
-    from app.chat import thinking
+    from app.prompts import thinking
 
     assert thinking.split("plain answer") == thinking.Parts(None, False, 0)
     text = "<think>\nweigh it up\n</think>\n\nThe answer."
@@ -262,7 +263,7 @@ def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
     try:
         msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "secret plan</think>shown"},
                 {"role": "user", "content": "b"}]
-        prompt = rt.engine.chat_prompt(msgs)
+        prompt = chat_prompt(rt.engine.model, msgs)
         assert "secret plan" not in prompt and "<Assistant>shown</s>" in prompt
         live = _last(rt.answer(msgs, Settings(drafter="ngram", max_tokens=6)))
         assert live.text.startswith("<think>\n") and live.text[len("<think>\n"):] == live.done.text
@@ -291,7 +292,7 @@ def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):
     from app.chat.comparison import Comparison
     from app.engine import Done, Stats
 
-    same, off_tail, on_tail = (tiny_engine.tokenize(t)[1:] for t in ("the cat", " sat", " dog"))
+    same, off_tail, on_tail = (plain_tokens(tiny_engine.model, t)[1:] for t in ("the cat", " sat", " dog"))
     cmp = Comparison("p", "model", True)
     cmp.off.done = Done("stop", "", same + off_tail, Stats())
     cmp.on.done = Done("stop", "", same + on_tail, Stats())

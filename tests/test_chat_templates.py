@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from app.engine import EngineError
-from app.engine.chat import render_chat
 from app.engine.llama import builtin_chat
+from app.prompts import chat_tokens
+from app.prompts.template import render_chat
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<b>é</b>"},
         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
@@ -77,7 +78,7 @@ def test_specchat_prompt_prints_what_the_model_sees(tmp_path):
     r = _run("prompt", "--target", model, "--messages", messages, "--tokens")
     engine = Engine(ModelSettings(model, n_ctx=128))
     try:
-        assert json.loads(r.stdout) == engine.chat_tokens(MSGS[1:])
+        assert json.loads(r.stdout) == chat_tokens(engine.model, MSGS[1:])
     finally:
         engine.close()
 

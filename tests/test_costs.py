@@ -3,6 +3,7 @@ import pytest
 
 from app.engine import Costs
 from app.engine.costs import batch_sizes
+from app.prompts import plain_tokens
 
 
 def test_verify_time_is_linear_between_and_beyond_measured_batches():
@@ -47,6 +48,6 @@ def test_measured_on_real_models_and_caches_left_empty(tiny_engine):
         assert loaded.ctx.tokens == [] and loaded.ctx.memory_pos_max() == -1
     assert tiny_engine.measure_costs(2, "ngram").draft_s is None
     # the engine generates normally afterwards
-    ids = tiny_engine.tokenize("the cat")
+    ids = plain_tokens(tiny_engine.model, "the cat")
     done = list(tiny_engine.generate(ids, GenerationParams(max_tokens=8, sampling=SamplingParams(temperature=0))))[-1]
     assert done.stats.n_tokens > 0

@@ -11,6 +11,7 @@ import pytest
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, Round, SamplingParams
 from app.engine.llama import Context, Model
 from app.engine.drafters import TextDrafter
+from app.prompts import chat_tokens
 from tiny_gguf import write_model
 
 MERGES = ("▁t", "▁th", "▁c", "▁ca", "he", "at")  # with the existing "▁the" and "▁cat": merges the target lacks
@@ -59,7 +60,7 @@ def test_vocabularies_really_differ(xv, kind):
 @pytest.mark.parametrize("prompt", ["I like code, you", "the cat sat on the mat and the dog ran to", "héllo wörld ☀ 🐱 ,"])
 def test_greedy_output_is_identical_with_a_draft_of_another_vocabulary(xv, kind, prompt):
     engine, ctxs = xv
-    ids = engine.chat_tokens([{"role": "user", "content": prompt}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": prompt}])
     plain, _ = run(engine, ids, "none")
     spec, rounds = run(engine, ids, TextDrafter(ctxs[kind], engine.model))
     assert spec.token_ids == plain.token_ids
@@ -69,7 +70,7 @@ def test_greedy_output_is_identical_with_a_draft_of_another_vocabulary(xv, kind,
 
 def test_a_stop_string_across_a_token_boundary_stops_both_alike(xv):
     engine, ctxs = xv
-    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat and the dog ran to"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat and the dog ran to"}])
     plain, _ = run(engine, ids, "none")
     text = plain.text
     stop = next(text[i : i + 5] for i in range(20, len(text) - 5) if text[i : i + 5].isprintable())
@@ -85,7 +86,7 @@ def test_cancel_mid_answer_then_the_next_answer_is_still_identical(xv):
 
     engine, ctxs = xv
     drafter = TextDrafter(ctxs["permuted"], engine.model)
-    ids = engine.chat_tokens([{"role": "user", "content": "I like code, you"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "I like code, you"}])
     cancel = threading.Event()
     params = GenerationParams(max_tokens=160, draft=DraftParams(draft_max=6, draft_p_min=0.0))
     for ev in engine.generate(ids, params, drafter, cancel=cancel):
@@ -115,7 +116,7 @@ def test_greedy_output_under_a_grammar_is_identical_with_a_draft_of_another_voca
     from app.engine.grammar import Grammar
 
     engine, ctxs = xv
-    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat and the dog ran to"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat and the dog ran to"}])
     params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=0.0), grammar=Grammar.lark(
         r"start: /([^xyz]{1,6}xyz)+/", "test"), draft=DraftParams(draft_max=6, draft_p_min=0.0))
     plain = list(engine.generate(ids, replace(params, draft=DraftParams(draft_max=0)), "none"))[-1]

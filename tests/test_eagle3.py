@@ -9,6 +9,7 @@ import pytest
 from app.engine.llama.heads import Capture
 
 from app.engine import Engine, EngineError, ModelSettings
+from app.prompts import chat_tokens
 from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
 from tiny_eagle3 import write_eagle3_head, write_eagle3_pair
@@ -28,7 +29,7 @@ def engine(pair):
 
 
 def prompt(engine, text="the cat sat on the mat"):
-    return engine.chat_tokens([{"role": "user", "content": text}])
+    return chat_tokens(engine.model, [{"role": "user", "content": text}])
 
 
 def test_the_head_is_the_pairs_draft_under_either_name(engine, pair):

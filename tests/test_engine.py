@@ -7,6 +7,7 @@ import pytest
 from app.engine import Done, DraftParams, EngineError, GenerationParams, Round, SamplingParams, TextDelta
 from app.engine import batch_invariant
 from app.engine.gguf_file import read_info
+from app.prompts import chat_tokens
 
 PROMPTS = [[1, 300, 301, 302, 303], [1, 270, 280, 290, 270, 280], [1] + list(range(3, 60)), [1, 290]]
 
@@ -153,9 +154,9 @@ def test_abandoning_the_stream_keeps_caches_consistent(tiny_engine):
 
 
 def test_prefix_is_reused_across_turns(tiny_engine):
-    turn1 = tiny_engine.chat_tokens([{"role": "user", "content": "the cat sat"}])
+    turn1 = chat_tokens(tiny_engine.model, [{"role": "user", "content": "the cat sat"}])
     first, _ = run(tiny_engine, turn1, "model", max_tokens=20, draft_max=4, draft_p_min=0.0)
-    turn2 = tiny_engine.chat_tokens([
+    turn2 = chat_tokens(tiny_engine.model, [
         {"role": "user", "content": "the cat sat"},
         {"role": "assistant", "content": first.text},
         {"role": "user", "content": "and then?"},

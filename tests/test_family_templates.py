@@ -22,9 +22,10 @@ import pytest
 from tiny_gguf import write_model
 
 from app.engine import Engine, ModelSettings
-from app.engine.chat import render_chat
 from app.engine.llama import builtin_chat
 from app.models.catalog import load_catalog
+from app.prompts import chat_prompt, chat_tokens
+from app.prompts.template import render_chat
 
 CHAT = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
@@ -169,9 +170,9 @@ def test_the_prompt_starts_with_exactly_the_bos_the_tokenizer_wants(family, tmp_
                        chat_template=template(family))
     engine = Engine(ModelSettings(path, n_ctx=512))
     try:
-        text = engine.chat_prompt(CHAT, enable_thinking=True)
+        text = chat_prompt(engine.model, CHAT, enable_thinking=True)
         assert text == render(family)
-        tokens = engine.chat_tokens(CHAT, enable_thinking=True)
+        tokens = chat_tokens(engine.model, CHAT, enable_thinking=True)
         # where BOS and EOS are one token, it appears exactly where the template ends a turn, never added in front
         assert tokens.count(1) == (text.count(eos) if bos == eos else 1 if add_bos else 0)
         assert (tokens[0] == 1) == add_bos

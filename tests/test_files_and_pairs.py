@@ -5,6 +5,7 @@ import pytest
 from app.engine import Engine, EngineError, ModelSettings
 from app.engine.compat import compatibility_problems
 from app.engine.llama import Model
+from app.prompts import chat_tokens
 
 
 def test_missing_file(tmp_path):
@@ -99,7 +100,7 @@ def test_a_foreign_vocabulary_drafts_as_text_for_the_starter_model(models):
     e = Engine(ModelSettings(starter.draft_path(), n_ctx=256), ModelSettings(models["target"], n_ctx=256))
     try:
         assert any("tokenizer types" in p for p in e.cross_vocab)
-        ids = e.chat_tokens([{"role": "user", "content": "Name a colour."}])
+        ids = chat_tokens(e.model, [{"role": "user", "content": "Name a colour."}])
         plain = list(e.generate(ids, GenerationParams(max_tokens=24), "none"))[-1]
         spec = list(e.generate(ids, GenerationParams(max_tokens=24, draft=DraftParams(draft_p_min=0)), "model"))[-1]
     finally:

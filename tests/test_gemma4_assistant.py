@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import Engine, EngineError, ModelSettings
+from app.prompts import chat_tokens
 from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
 from tiny_gemma4 import write_gemma4_pair
@@ -34,7 +35,7 @@ def test_the_assistant_is_the_pairs_draft_under_either_name(engine, pair):
                                             ("mtp", dict(draft_max=8, draft_p_min=0.0)),
                                             ("model", dict(draft_max=8, adaptive=True))])
 def test_greedy_drafting_with_the_assistant_is_token_identical_to_plain(engine, drafter, draft):
-    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat"}])
     engine.reset()
     plain = run(engine, ids, "none")
     engine.reset()

@@ -10,11 +10,13 @@ import pytest
 APP = Path(__file__).resolve().parent.parent / "app"
 
 # Parts from the bottom up: a module may import its own part and any part below it, never one above. Parts on the
-# same level (ui, server) do not import each other. `base` (paths, resources) serves every part but the engine.
-LEVELS = {"engine": 0, "base": 1, "models": 2, "chat": 3, "ui": 4, "server": 4, "cli": 5, "main": 6}
+# same level (ui, server; base, prompts) do not import each other. `base` (paths, resources) serves every part but the
+# engine and prompts; prompts (templates, thinking, tool-call formats) import nothing of ours but the engine.
+LEVELS = {"engine": 0, "base": 1, "prompts": 1, "models": 2, "chat": 3, "ui": 4, "server": 4, "cli": 5, "main": 6}
 TOP_MODULES = {"__init__", "__main__", "paths", "resources"}
 FORBIDDEN = {"engine": {"gradio", "fastapi", "huggingface_hub"}, "ui": {"llama_cpp"}, "server": {"llama_cpp", "gradio"},
-             "chat": {"gradio"}, "models": {"gradio"}}
+             "chat": {"gradio"}, "models": {"gradio"},
+             "prompts": {"gradio", "fastapi", "huggingface_hub", "llama_cpp"}}
 
 
 def modules() -> list[Path]:
@@ -93,6 +95,13 @@ def test_the_checker_catches_wrong_arrows():
                             engine_probe)) == 3
     assert wrong_arrows("from .loop import run\nimport numpy\n", engine_probe) == []
     assert wrong_arrows("from . import starter\n", ["app", "models"], is_package=True) == []
+    prompts_probe = ["app", "prompts", "probe"]
+    assert wrong_arrows("from ..engine.llama import Model\nfrom .template import render_chat\nimport jinja2\n",
+                        prompts_probe) == []
+    assert len(wrong_arrows("from ..paths import data_dir\nfrom ..models import catalog\nfrom app.chat import remote\n"
+                            "import llama_cpp\nimport gradio\n", prompts_probe)) == 5
+    assert wrong_arrows("from ..prompts import chat_tokens\n", ["app", "engine", "probe"]) != []
+    assert wrong_arrows("from ..prompts.tools import Tool\n", ["app", "chat", "probe"]) == []
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(APP)))

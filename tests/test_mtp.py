@@ -7,6 +7,7 @@ import pytest
 
 from app.engine.llama.heads import Capture
 from app.engine import Engine, EngineError, GenerationParams, ModelSettings
+from app.prompts import chat_tokens
 from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
 from tiny_recurrent import write_recurrent
@@ -32,7 +33,7 @@ def test_the_model_reports_its_mtp_layer(engine):
 @pytest.mark.parametrize("draft", [dict(draft_max=1), dict(draft_max=4, draft_p_min=0.0),
                                    dict(draft_max=8, draft_p_min=0.0), dict(draft_max=8, adaptive=True)])
 def test_greedy_mtp_drafting_is_token_identical_to_plain(engine, draft):
-    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat"}])
     engine.reset()
     plain = run(engine, ids, "none")
     engine.reset()
@@ -65,7 +66,7 @@ def test_a_model_without_mtp_layers_is_refused_clearly(models):
 def test_hidden_states_stay_bounded_while_another_drafter_runs(engine, monkeypatch):
     """The target keeps hidden states for the MTP layer from the first MTP draft on; with speculation off they are
     not consumed, so the oldest go (and MTP drafting afterwards is still exact)."""
-    ids = engine.chat_tokens([{"role": "user", "content": "the cat sat on the mat"}])
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat"}])
     ctx = engine.target.ctx
     monkeypatch.setattr(Capture, "MAX_BYTES", 4 * engine.model.n_embd * ctx.n_batch)
     engine.reset()

@@ -17,6 +17,7 @@ from test_exact_sampling import N, compare, samples
 from tiny_recurrent import ROLLBACK_ARCHS, write_recurrent
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, Round
+from app.prompts import chat_tokens
 
 NOISE = {"qwen35": 0.2, "lfm2": 0.2, "nemotron_h": 0.2, "granitehybrid": 0.2, "mamba2": 0.2, "rwkv7": 0.15,
          "falcon-h1": 0.15, "kimi-linear": 0.15}
@@ -76,7 +77,7 @@ def test_the_fixtures_are_what_they_claim(engines):
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_speculation_is_token_identical_to_plain(engines, case):
     spec, plain = engines[case]
-    ids = spec.chat_tokens(PROMPT)
+    ids = chat_tokens(spec.model, PROMPT)
     off = run(plain, ids, "none")
     before = spec.target.ctx.state_costs.rollbacks, spec.target.ctx.state_costs.restores
     drafted = accepted = 0
@@ -116,7 +117,7 @@ TURNS = ["the cat sat on the mat", "and the dog ran to the big red sun", "it was
 def chat_answer(engine, messages, drafter, fresh=False) -> Done:
     if fresh:
         engine.reset()
-    return run(engine, engine.chat_tokens(messages), drafter, max_tokens=40, draft_max=6)
+    return run(engine, chat_tokens(engine.model, messages), drafter, max_tokens=40, draft_max=6)
 
 
 @pytest.mark.parametrize("case", ["qwen35", "nemotron_h", "granitehybrid", "mamba2"])
@@ -127,7 +128,7 @@ def test_chat_turns_regenerate_and_an_edited_turn_restart_from_checkpoints(engin
     prompt_lens = []
     for text in TURNS:
         messages.append({"role": "user", "content": text})
-        prompt = spec.chat_tokens(messages)
+        prompt = chat_tokens(spec.model, messages)
         done = chat_answer(spec, messages, "model")
         assert done.token_ids == chat_answer(plain, messages, "none", fresh=True).token_ids
         if prompt_lens:  # a turn reads its new tokens, from at worst the previous prompt's checkpoint on
@@ -166,7 +167,7 @@ class CancelAfter(threading.Event):
 @pytest.mark.parametrize("case", ["qwen35", "granitehybrid", "mamba2"])
 def test_cancel_anywhere_leaves_a_cache_the_next_generation_continues_from(engines, case):
     spec, plain = engines[case]
-    ids = spec.chat_tokens([{"role": "user", "content": " ".join(TURNS * 3)}])  # > 64 tokens: abortable prefill
+    ids = chat_tokens(spec.model, [{"role": "user", "content": " ".join(TURNS * 3)}])  # > 64 tokens: abortable prefill
     expected = run(plain, ids, "none").token_ids
     params = GenerationParams(max_tokens=60, draft=DraftParams(draft_max=5, draft_p_min=0.0))
 
@@ -223,7 +224,7 @@ def test_bench_reports_identical_output_and_what_state_cost_per_round(files, tmp
 def test_round_events_report_drafts_on_a_recurrent_model(engines):
     spec, _ = engines["mamba2"]
     params = GenerationParams(max_tokens=30, draft=DraftParams(draft_max=4, draft_p_min=0.0))
-    rounds = [e for e in spec.generate(spec.chat_tokens(PROMPT), params, "model") if isinstance(e, Round)]
+    rounds = [e for e in spec.generate(chat_tokens(spec.model, PROMPT), params, "model") if isinstance(e, Round)]
     assert rounds and sum(r.n_drafted for r in rounds) > 0
 
 
@@ -234,7 +235,7 @@ def test_memory_estimates_count_the_state_its_snapshots_and_saved_states(engines
     from app.engine.gguf_file import read_info
 
     for case, (spec, _) in engines.items():
-        run(spec, spec.chat_tokens(PROMPT), "model", max_tokens=10)
+        run(spec, chat_tokens(spec.model, PROMPT), "model", max_tokens=10)
         ctx, model = spec.target.ctx, spec.model
         assert ctx.state_costs.bytes > 0  # states were saved (prompt checkpoints at least)
         # the header's estimate is the state llama.cpp saves, less a few bytes of cell metadata

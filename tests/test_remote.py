@@ -457,7 +457,7 @@ def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_ref
 def test_thinking_streamed_apart_comes_back_in_think_tags_and_can_be_turned_off():
     from app.chat.runtime import Runtime
     from app.chat.settings import Settings
-    from app.chat.thinking import split
+    from app.prompts.thinking import split
     from app.models.loader import LoadSpec
 
     rt = Runtime()

@@ -11,6 +11,7 @@ import pytest
 from tiny_gguf import write_model
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings
+from app.prompts import chat_tokens
 
 WINDOW = 32
 TURNS = ["the cat sat on the mat", "and the dog ran to the big red sun", "it was a hot day", "we like code",
@@ -39,7 +40,7 @@ def answer(engine: Engine, messages: list[dict], drafter: str, fresh: bool = Fal
     if fresh:
         engine.reset()
     params = GenerationParams(max_tokens=120, draft=DraftParams(draft_max=6))
-    done = [e for e in engine.generate(engine.chat_tokens(messages), params, drafter) if isinstance(e, Done)][0]
+    done = [e for e in engine.generate(chat_tokens(engine.model, messages), params, drafter) if isinstance(e, Done)][0]
     return done.token_ids, done
 
 
@@ -66,13 +67,13 @@ def test_a_long_chat_regenerate_and_an_edited_turn_stay_exact_with_a_sliding_win
         messages.append({"role": "assistant", "content": spec.detokenize(on)})
         plain.reset()
         answer(plain, messages[:-1], "none")  # plain's cache holds the same conversation as spec's again
-    assert len(spec.chat_tokens(messages)) > 6 * 256  # far past the window and the SWA cache's 256 cells
+    assert len(chat_tokens(spec.model, messages)) > 6 * 256  # far past the window and the SWA cache's 256 cells
     assert 0 < accepted < drafted  # both accepted and rejected drafts were rolled back through
 
     regenerated, done = answer(spec, messages[:-1], "model")  # Regenerate: the last answer dropped from the cache
     assert regenerated == answer(plain, messages[:-1], "none", fresh=True)[0]
     # the window before the answer is still cached: only the prompt's last token is evaluated again
-    assert done.stats.prompt_cached == len(spec.chat_tokens(messages[:-1])) - 1
+    assert done.stats.prompt_cached == len(chat_tokens(spec.model, messages[:-1])) - 1
 
     edited = messages[:2] + [{"role": "user", "content": "hi"}]  # an early turn edited, ~2000 positions back
     on, done = answer(spec, edited, "model")

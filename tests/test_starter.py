@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import Done, DraftParams, GenerationParams
+from app.prompts import chat_tokens
 
 PROMPTS = [json.loads(line) for f in ("chat.jsonl", "repeat.jsonl")
            for line in (Path(__file__).parent / "prompts" / f).read_text().splitlines() if line.strip()]
@@ -13,7 +14,7 @@ PROMPTS = [json.loads(line) for f in ("chat.jsonl", "repeat.jsonl")
 def generate(engine, messages, drafter, max_tokens, **draft):
     engine.reset()  # each run starts cold: no run profits from another's cache
     params = GenerationParams(max_tokens=max_tokens, draft=DraftParams(**draft))
-    done = list(engine.generate(engine.chat_tokens(messages), params, drafter))[-1]
+    done = list(engine.generate(chat_tokens(engine.model, messages), params, drafter))[-1]
     assert isinstance(done, Done)
     return done
 
@@ -49,15 +50,15 @@ def test_second_chat_turn_reuses_the_cache_and_matches_a_cold_run(starter_engine
     first = generate(starter_engine, turn1, "model", 48)
     turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Now three more."}]
     params = GenerationParams(max_tokens=48)
-    warm = list(starter_engine.generate(starter_engine.chat_tokens(turn2), params, "model"))[-1]
-    assert warm.stats.prompt_cached > 0.6 * len(starter_engine.chat_tokens(turn1))
+    warm = list(starter_engine.generate(chat_tokens(starter_engine.model, turn2), params, "model"))[-1]
+    assert warm.stats.prompt_cached > 0.6 * len(chat_tokens(starter_engine.model, turn1))
     cold = generate(starter_engine, turn2, "none", 48)
     assert warm.token_ids == cold.token_ids
 
 
 @pytest.mark.slow
 def test_chat_template_comes_from_the_gguf(starter_engine):
-    ids = starter_engine.chat_tokens([{"role": "user", "content": "Hi"}])
+    ids = chat_tokens(starter_engine.model, [{"role": "user", "content": "Hi"}])
     text = "".join(starter_engine.model.piece_special(t) for t in ids)
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert "SmolLM" in text  # the template's own default system prompt

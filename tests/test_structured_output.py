@@ -12,6 +12,7 @@ import pytest
 from app.engine import Done, DraftParams, EngineError, GenerationParams, SamplingParams
 from app.engine.drafters import Draft, Drafter, stop_at
 from app.engine.grammar import Grammar
+from app.prompts import chat_tokens
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "hobbies"],
           "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
@@ -31,7 +32,7 @@ def run(engine, ids, drafter, grammar, max_tokens=120, sampling=None, **draft) -
                                             ("model", dict(draft_max=12, adaptive=True)),
                                             ("ngram", dict(draft_max=8))])
 def test_greedy_answer_under_a_schema_is_valid_and_identical_with_speculation(starter_engine, drafter, draft):
-    ids = starter_engine.chat_tokens(ASK)
+    ids = chat_tokens(starter_engine.model, ASK)
     grammar = Grammar.json_schema(PERSON)
     plain = run(starter_engine, ids, "none", grammar, draft_max=0)
     spec = run(starter_engine, ids, drafter, grammar, **draft)
@@ -46,7 +47,7 @@ def test_greedy_answer_under_a_schema_is_valid_and_identical_with_speculation(st
 
 def test_unconstrained_the_starter_does_not_answer_in_json(starter_engine):
     """The check above has teeth: without the schema this prompt does not give parseable JSON of that shape."""
-    done = run(starter_engine, starter_engine.chat_tokens(ASK), "model", None, draft_max=8)
+    done = run(starter_engine, chat_tokens(starter_engine.model, ASK), "model", None, draft_max=8)
     with pytest.raises((ValueError, jsonschema.ValidationError)):
         jsonschema.validate(json.loads(done.text), PERSON)
 
@@ -71,7 +72,7 @@ class Proposes(Drafter):
 
 
 def test_forbidden_and_end_of_generation_draft_tokens_are_rejected_not_fed_to_the_grammar(starter_engine):
-    ids = starter_engine.chat_tokens(ASK)
+    ids = chat_tokens(starter_engine.model, ASK)
     grammar = Grammar.json_schema(PERSON)
     model = starter_engine.model
     letter = model.tokenize("x", add_special=False)[0]  # never allowed where JSON structure is expected... mostly
@@ -142,8 +143,8 @@ def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
 
 
 def test_an_answer_cut_by_max_tokens_inside_the_structure_ends_as_length(starter_engine):
-    done = run(starter_engine, starter_engine.chat_tokens(ASK), "model", Grammar.json_schema(PERSON), max_tokens=6,
-               draft_max=8)
+    done = run(starter_engine, chat_tokens(starter_engine.model, ASK), "model", Grammar.json_schema(PERSON),
+               max_tokens=6, draft_max=8)
     assert done.finish_reason == "length" and len(done.token_ids) == 6 and done.text.startswith('{"name": "')
 
 
@@ -160,7 +161,7 @@ def test_a_schema_the_library_rejects_is_a_clear_error_before_anything_runs(sche
 
 def test_gbnf_grammars_constrain_the_answer(starter_engine):
     g = Grammar.gbnf('root ::= "The answer is " ("yes" | "no") "."')
-    ids = starter_engine.chat_tokens([{"role": "user", "content": "Is the sky blue?"}])
+    ids = chat_tokens(starter_engine.model, [{"role": "user", "content": "Is the sky blue?"}])
     plain = run(starter_engine, ids, "none", g, draft_max=0)
     spec = run(starter_engine, ids, "model", g, draft_max=8, draft_p_min=0.0)
     assert plain.text in ("The answer is yes.", "The answer is no.") and plain.finish_reason == "stop"
@@ -239,7 +240,7 @@ def test_a_draft_that_ends_the_answer_early_leaves_the_grammar_where_the_target_
     is open, and the target rejects it there. The end token must not be fed to the grammar while drafting: rolling
     it back took one token too many (llguidance keeps no history entry for it), the grammar fell a token behind the
     target, and the answer went wrong (a json_object answer that did not parse, from adaptive drafting)."""
-    ids = starter_engine.chat_tokens([{"role": "user", "content": "Name three colours of the rainbow."}])
+    ids = chat_tokens(starter_engine.model, [{"role": "user", "content": "Name three colours of the rainbow."}])
     model = starter_engine.model
     grammar = Grammar.json_object()
     plain = run(starter_engine, ids, "none", grammar, max_tokens=80, draft_max=0)

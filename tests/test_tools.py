@@ -8,11 +8,12 @@ import re
 import llama_sdist
 import pytest
 
-from app.engine.chat import render_chat
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
-from app.engine.tools import (Gemma4, GptOss, Hermes, Lfm2, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab,
-                              prepare_messages, tool_format)
+from app.prompts import tool_prompt
+from app.prompts.template import render_chat
+from app.prompts.tools import (Gemma4, GptOss, Hermes, Lfm2, Llama3, Mistral, QwenXml, Tool, ToolChoice, Vocab,
+                               prepare_messages, tool_format)
 
 WEATHER = Tool("get_weather", "Current weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"],
@@ -157,7 +158,8 @@ def test_markers_held_as_one_special_token_call_exactly_under_speculation(tmp_pa
     try:
         marker = engine.model.special_token(tokens[0])
         assert marker is not None and engine.model.special_token("get_weather") is None
-        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [CITY], ToolChoice("required", parallel=False))
+        ids, grammar, fmt, shown = tool_prompt(engine.model, HISTORY[:1], [CITY],
+                                               ToolChoice("required", parallel=False))
         assert shown == {engine.model.special_token(t) for t in tokens}
         plain, spec = greedy_off_and_on(engine, ids, grammar, shown)
     finally:
@@ -361,7 +363,7 @@ def test_gpt_oss_grammar_and_a_call_exact_under_speculation(tmp_path_factory):
     engine = tiny_pair(tmp_path_factory, "openai-gpt-oss-120b", control=HARMONY)
     try:
         model = engine.model
-        _, auto, fmt, shown = engine.tool_prompt(HISTORY[:1], [CITY], ToolChoice("auto"))
+        _, auto, fmt, shown = tool_prompt(engine.model, HISTORY[:1], [CITY], ToolChoice("auto"))
         assert shown == {model.special_token(t) for t in HARMONY[:5]}
 
         def allowed(text):
@@ -372,7 +374,7 @@ def test_gpt_oss_grammar_and_a_call_exact_under_speculation(tmp_path_factory):
         call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Rome"}'
         assert allowed(call) == (True, True) and allowed(call[:-2]) == (True, False)
         assert not allowed("<|channel|>commentary to=functions.get_time")[0]  # not one of the tools
-        ids, grammar, fmt, shown = engine.tool_prompt(HISTORY[:1], [CITY], ToolChoice("required"))
+        ids, grammar, fmt, shown = tool_prompt(engine.model, HISTORY[:1], [CITY], ToolChoice("required"))
         plain, spec = greedy_off_and_on(engine, ids, grammar, shown)
     finally:
         engine.close()

@@ -28,7 +28,7 @@ from typing import Iterator
 import httpx
 
 from ..engine import Done, EngineError, GenerationParams, Round, Stats, TextDelta
-from .thinking import CLOSE, OPEN
+from ..prompts.thinking import CLOSE, OPEN
 
 NEVER_REPORTED = ("token_ids", "draft_flags", "draft_seconds", "verify_seconds")
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)\s*$", re.M)

@@ -12,13 +12,14 @@ from typing import Callable, Iterator
 
 from ..engine import DRAFTERS, OFF, DraftParams, Engine, EngineError, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
+from ..prompts import chat_prompt, chat_tokens
 from .comparison import Comparison
 from .live_answer import Live
 from .remote_server import RemoteServer, ServerSpec
 from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation
-from .thinking import OPEN, opens_thinking
+from ..prompts.thinking import OPEN, opens_thinking
 
 
 class Runtime:
@@ -158,11 +159,11 @@ class Runtime:
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
-        prompt = engine.chat_prompt(messages, enable_thinking=settings.enable_thinking)
+        prompt = chat_prompt(engine.model, messages, enable_thinking=settings.enable_thinking)
         live = Live()
         if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
             live.segments.append([OPEN + "\n", False])
-        ids = engine.chat_tokens(prompt)
+        ids = chat_tokens(engine.model, prompt)
         for _ in _stream(lambda c: engine.generate(ids, params, drafter, c), cancel, interval, live):
             yield live
 
@@ -180,7 +181,7 @@ class Runtime:
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
-        ids = engine.chat_tokens(messages, enable_thinking=settings.enable_thinking)
+        ids = chat_tokens(engine.model, messages, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
         cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
         for phase, kind in (("off", OFF), ("on", drafter)):

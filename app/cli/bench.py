@@ -18,6 +18,7 @@ from typing import TextIO
 
 from ..engine import DRAFT_MODEL, OFF, Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
 from ..engine.grammar import Grammar
+from ..prompts import chat_tokens, plain_tokens
 
 
 def load_prompts(path: Path) -> list[dict]:
@@ -76,8 +77,8 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     greedy = SamplingParams(temperature=0.0)
     on_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=dp)
     off_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=DraftParams(draft_max=0))
-    encoded = [engine.chat_tokens([{"role": "user", "content": p["prompt"]}]) if p["chat"]
-               else engine.tokenize(p["prompt"]) for p in prompts]
+    encoded = [chat_tokens(engine.model, [{"role": "user", "content": p["prompt"]}]) if p["chat"]
+               else plain_tokens(engine.model, p["prompt"]) for p in prompts]
     warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
     _run(engine, encoded[0], OFF, warm)
     _run(engine, encoded[0], drafter, warm)

@@ -13,6 +13,7 @@ from ..engine.drafters import OFF, registry
 from ..engine import SamplingParams, TextDelta, batch_invariant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
+from ..prompts import chat_tokens, plain_tokens
 
 
 class _Parser(argparse.ArgumentParser):
@@ -306,9 +307,9 @@ def cmd_generate(args) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": prompt}
         ]
-        ids = engine.chat_tokens(messages)
+        ids = chat_tokens(engine.model, messages)
     else:
-        ids = engine.tokenize(prompt)
+        ids = plain_tokens(engine.model, prompt)
     done = None
     for ev in engine.generate(ids, params, drafter):
         if isinstance(ev, TextDelta) and not args.json:
@@ -374,7 +375,8 @@ def cmd_chat(args) -> int:
             args.pair = "starter"
         engine, drafter, dp = build_engine(args)
         params = _generation_params(args, dp)
-        answer = lambda msgs, cancel: engine.generate(engine.chat_tokens(msgs), params, drafter, cancel)  # noqa: E731
+        answer = lambda msgs, cancel: engine.generate(  # noqa: E731
+            chat_tokens(engine.model, msgs), params, drafter, cancel)
         summary = summary_line
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("SpecChat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
@@ -413,7 +415,8 @@ def cmd_chat(args) -> int:
 
 
 def cmd_prompt(args) -> int:
-    from ..engine import Model, chat_prompt, prompt_tokens
+    from ..engine import Model
+    from ..prompts import chat_prompt, prompt_tokens
 
     if (args.prompt is None) == (args.messages is None):
         raise EngineError("Give the conversation with exactly one of --prompt TEXT or --messages FILE.json.")

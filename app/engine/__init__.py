@@ -3,7 +3,7 @@ from .costs import Costs
 from .draft_control import DraftParams
 from .drafters import DRAFT_MODEL, DRAFTERS, METHODS, OFF, SPEC_TYPES, drafter_for
 from .drafters import label as method_name
-from .engine import Engine, chat_prompt, prompt_tokens
+from .engine import Engine
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Round, Stats, TextDelta
 from .llama import Model, ModelSettings, batch_invariant, quantize, supports_gpu_offload, system_info
@@ -13,5 +13,5 @@ from .sampling import SamplingParams
 __all__ = [
     "Costs", "DRAFT_MODEL", "DRAFTERS", "METHODS", "OFF", "SPEC_TYPES", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams",
     "Model", "ModelsUnloaded", "ModelSettings", "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant",
-    "chat_prompt", "drafter_for", "method_name", "prompt_tokens", "quantize", "supports_gpu_offload", "system_info",
+    "drafter_for", "method_name", "quantize", "supports_gpu_offload", "system_info",
 ]

@@ -13,7 +13,6 @@ from .fair_lock import FairLock
 from .llama import Model, ModelSettings, default_threads
 from .loop import GenerationParams, speculative_generate
 from .pair import DEFAULT_CTX, Loaded, LoadedPair
-from .prompts_tmp import *  # noqa  (moves to app/prompts)
 from .threads import RECHECK_S, ThreadChooser
 
 
@@ -61,38 +60,7 @@ class Engine:
         head = self._pair.head
         return (head.name, head.METHOD) if head else None
 
-    # --- prompts (moving to app/prompts) --------------------------------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
-        """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed."""
-        return self.model.tokenize(text, add_special=True, parse_special=True)
-
-    def chat_prompt(self, messages: list[dict], **variables) -> str:
-        """A conversation rendered with the model's chat template, ready for the assistant's reply."""
-        return chat_prompt(self.model, messages, **variables)
-
-    def chat_tokens(self, messages: list[dict] | str, **variables) -> list[int]:
-        """The tokens of a conversation (or of its rendered prompt)."""
-        return prompt_tokens(self.model, messages if isinstance(messages, str)
-                             else self.chat_prompt(messages, **variables))
-
-    def tool_prompt(self, messages: list[dict], tools: list[Tool], choice: ToolChoice,
-                    **variables) -> tuple[list[int], Grammar | None, Format | None, frozenset[int]]:
-        """A conversation with tools: its tokens, the grammar the answer must follow (None: unconstrained), the
-        format to read calls back with (None: no call may be made; ``tool_choice: none`` leaves the tools out of
-        the prompt) and the special tokens among its markers, which the answer's text must show to be read."""
-        model = self.model
-        template = model.chat_template()
-        offered = tools if choice.mode != "none" else []
-        fmt = tool_format(template) if offered else None
-        msgs, extra = prepare_messages(messages, offered, template)
-        prompt = self.chat_prompt(msgs, **{**variables, **extra})
-        ids = self.chat_tokens(prompt)
-        if not offered:
-            return ids, None, None, frozenset()
-        vocab = Vocab({m: i for m in fmt.markers if (i := model.special_token(m)) is not None}, model.eog_tokens)
-        thinking = prompt.rfind("<think>") > prompt.rfind("</think>")
-        return ids, fmt.grammar(offered, choice, vocab, thinking), fmt, frozenset(vocab.specials.values())
-
+    # --- tokens -------------------------------------------------------------------------------------------
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
 

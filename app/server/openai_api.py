@@ -24,6 +24,7 @@ from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
+from ..prompts import chat_tokens, plain_tokens, tool_prompt
 from .request_body import ApiError, Job, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
@@ -146,13 +147,13 @@ class OpenAIServer:
         params, reader = job.params, None
         try:
             if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
-                ids, grammar, fmt, shown = engine.tool_prompt(job.messages, job.tools, job.tool_choice,
-                                                              **job.template_variables)
+                ids, grammar, fmt, shown = tool_prompt(engine.model, job.messages, job.tools, job.tool_choice,
+                                                       **job.template_variables)
                 params, reader = replace(params, grammar=grammar, shown=shown), fmt  # (fmt None: no call)
             elif chat:
-                ids = engine.chat_tokens(job.messages, **job.template_variables)
+                ids = chat_tokens(engine.model, job.messages, **job.template_variables)
             else:
-                ids = engine.tokenize(job.prompt)
+                ids = plain_tokens(engine.model, job.prompt)
         except ModelsUnloaded as exc:
             raise _retry(exc) from None
         except EngineError as exc:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from ..chat.settings import Settings
 from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
 from ..engine.grammar import Grammar
-from ..engine.tools import Tool, ToolChoice
+from ..prompts.tools import Tool, ToolChoice
 
 
 class ApiError(Exception):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 import time
 
-from ..chat import thinking
 from ..engine import OFF, Stats, method_name
+from ..prompts import thinking
 
 
 def _pct(x: float) -> str:

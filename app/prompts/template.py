@@ -8,7 +8,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Callable
 
-from .errors import EngineError
+from ..engine.errors import EngineError
 
 # What llama.cpp (and llama-server) use for a model that ships no template at all.
 CHATML = (
