@@ -23,7 +23,7 @@ import llama_cpp.llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
-from tiny_gguf import write_model  # noqa: E402
+from support.tiny_gguf import write_model  # noqa: E402
 
 MODES = [("greedy, draft model", "model", 0.0), ("sampled T=0.8, draft model", "model", 0.8),
          ("sampled, no draft", "none", 0.8), ("greedy, no draft", "none", 0.0), ("greedy, n-gram", "ngram", 0.0)]

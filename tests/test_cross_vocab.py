@@ -11,7 +11,7 @@ import pytest
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, Round, SamplingParams
 from app.engine.llama import Context, Model
 from app.engine.text_drafter import TextDrafter
-from tiny_gguf import write_model
+from support.tiny_gguf import write_model
 
 MERGES = ("▁t", "▁th", "▁c", "▁ca", "he", "at")  # with the existing "▁the" and "▁cat": merges the target lacks
 

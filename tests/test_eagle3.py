@@ -7,9 +7,9 @@ import json
 import pytest
 
 from app.engine import Engine, EngineError, ModelSettings
-from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
+from support.drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
-from tiny_eagle3 import write_eagle3_head, write_eagle3_pair
+from support.tiny_eagle3 import write_eagle3_head, write_eagle3_pair
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_a_head_with_its_own_draft_vocabulary_drafts_target_ids(tmp_path):
 def test_a_recurrent_target_rolls_back_exactly_under_the_head(tmp_path):
     """A tiny Qwen3.5 (recurrent and attention layers, a llama.cpp graph that exposes layer inputs): rejected drafts
     roll the recurrent state back, so greedy output is as plain."""
-    from tiny_recurrent import write_recurrent
+    from support.tiny_recurrent import write_recurrent
 
     target = write_recurrent(tmp_path / "qwen35.gguf", "qwen35", seed=1)
     head = write_eagle3_head(tmp_path / "qwen35-eagle3.gguf", target, layers=(0, 1, 3))
@@ -118,7 +118,7 @@ def test_the_cli_drafts_with_it_under_llama_cpp_names(pair):
 
 def test_the_api_names_the_head_and_drafts_by_llama_server_names(pair):
     import httpx
-    from servers import serve_in_thread
+    from support.servers import serve_in_thread
 
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
@@ -146,7 +146,7 @@ def test_a_head_for_another_target_is_refused_before_llama_cpp_sees_it(pair, tmp
     hidden size or reading layers the target lacks would draft garbage: each is a clear error, and the process goes
     on. The pair check says the same before anything loads."""
     from app.models.check import check_files, describe
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     gemma3 = write_model(tmp_path / "gemma3.gguf", seed=1, sliding_window=8)
     with pytest.raises(EngineError, match="only for llama, .* targets, not gemma3"):

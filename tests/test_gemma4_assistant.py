@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from app.engine import Engine, EngineError, ModelSettings
-from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
+from support.drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
-from tiny_gemma4 import write_gemma4_pair
+from support.tiny_gemma4 import write_gemma4_pair
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_the_cli_drafts_with_it_under_llama_cpp_names(pair):
 def test_an_assistant_for_another_target_is_refused_before_llama_cpp_sees_it(pair, tmp_path):
     """A target of another architecture would crash llama.cpp; an assistant made for another Gemma 4 size would
     abort it or draft garbage: each is a clear error, and the process goes on."""
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     llama = write_model(tmp_path / "llama.gguf", seed=1)
     with pytest.raises(EngineError, match="drafts only for a Gemma 4 target, not llama"):
@@ -89,7 +89,7 @@ def test_an_assistant_for_another_target_is_refused_before_llama_cpp_sees_it(pai
 
 def test_the_pair_check_names_the_assistant_and_refuses_another_target(pair, tmp_path):
     from app.models.check import check_files, describe
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     lines = describe(check_files(pair[0], pair[1], n_ctx=256))
     assert "compatible: the draft is Gemma 4's assistant, drafting from the target's own cache" in "\n".join(lines)
@@ -103,8 +103,8 @@ def test_a_gemma4_target_given_alone_drafts_with_the_assistant_downloaded_beside
     import shutil
 
     from app.models.loader import LoadSpec, resolve
+    from support.tiny_gguf import write_model
     from test_cli import cli
-    from tiny_gguf import write_model
 
     repo = tmp_path / "gemma-4-tiny-GGUF"
     (repo / "MTP").mkdir(parents=True)

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from app.engine import Engine, EngineError, GenerationParams, ModelSettings
-from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
+from support.drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
                             second_turn_stays_exact)
-from tiny_recurrent import write_recurrent
+from support.tiny_recurrent import write_recurrent
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_the_api_drafts_with_mtp_by_default_and_by_llama_server_names(mtp_path):
     llama-server's way ("speculative.type": "draft-mtp") and one with speculation off give the same greedy text,
     the first two with drafted tokens verified. A type SpecChat lacks is a 400 and the server keeps serving."""
     import httpx
-    from servers import serve_in_thread
+    from support.servers import serve_in_thread
 
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
@@ -143,7 +143,7 @@ def test_the_pair_check_says_a_model_drafts_for_itself_before_and_after_download
     downloaded): "MTP, 1 head", and no draft needed. The Models tab renders the same line above its drafts."""
     import os
 
-    from fake_hub import FakeHub
+    from support.fake_hub import FakeHub
     from test_cli import cli
     from test_hub import no_traffic_beyond_loopback, specchat
 
@@ -178,7 +178,7 @@ def test_a_catalog_pair_without_a_draft_pulls_one_file_and_drafts_with_its_mtp_l
     target alone (from the local stand-in for the Hub), and the pair generates with MTP, as with speculation off."""
     import os
 
-    from fake_hub import FakeHub
+    from support.fake_hub import FakeHub
     from test_hub import no_traffic_beyond_loopback, specchat
 
     hub = FakeHub()
