@@ -8,7 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiny_gguf import write_model  # noqa: E402
+from support.tiny_gguf import write_model  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from servers import serve_in_thread, specchat_serve
+from support.servers import serve_in_thread, specchat_serve
 
 KEY = "sk-test-specchat"
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from servers import App
+from support.servers import App
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -25,8 +25,8 @@ LONG_PROMPT = "Write a long story about a lighthouse keeper and a storm, with ma
 @pytest.fixture(scope="module")
 def fake_hub(tmp_path_factory):
     """A local stand-in for the Hub serving a tiny pair ("tiny"), which the app's catalog gains."""
-    from fake_hub import FakeHub
-    from tiny_gguf import write_model
+    from support.fake_hub import FakeHub
+    from support.tiny_gguf import write_model
 
     d = tmp_path_factory.mktemp("hub-pair")
     hub = FakeHub()
@@ -267,7 +267,7 @@ def test_a_model_with_mtp_layers_drafts_with_them_by_default_and_compare_names_t
                                                                                            tmp_path):
     """`specchat --target` a model carrying an MTP layer and no draft: Settings offer MTP, and Compare (by keyboard)
     gives identical outputs with drafted tokens accepted, naming the method."""
-    from tiny_recurrent import write_recurrent
+    from support.tiny_recurrent import write_recurrent
 
     target = write_recurrent(tmp_path / "qwen35-mtp.gguf", "qwen35", seed=3, mtp=1)
     app = App(fresh_home, "--target", str(target))
@@ -457,7 +457,7 @@ def test_a_pair_found_on_the_hub_is_checked_before_the_draft_comes_down_and_chat
 
 
 def test_models_view_checks_your_own_pair(page, tmp_path):
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     target = write_model(tmp_path / "t.gguf", seed=1)
     other = write_model(tmp_path / "o.gguf", seed=2, rename={300: "▁zebra"})
@@ -671,7 +671,7 @@ def test_a_server_connected_in_settings_chats_compares_and_comes_back_after_a_re
     restart the app is connected again."""
     import stat
 
-    from servers import specchat_serve
+    from support.servers import specchat_serve
 
     key = "sk-browser-remote"
     with specchat_serve(app_url[1], key) as server:

@@ -256,7 +256,7 @@ R1_STYLE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<
 
 def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
     """DeepSeek-R1's way: the generation prompt ends with <think>; earlier turns' thinking is left out."""
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(write_model(tmp_path / "r1.gguf", seed=1, chat_template=R1_STYLE)), ctx=256))

@@ -154,8 +154,8 @@ def test_bundle_opens_the_browser_and_stops_when_its_terminal_closes(bundle, tmp
 def test_bundle_downloads_from_the_hub_into_the_users_cache_and_runs_it(bundle, tmp_path):
     """The frozen Hub client (huggingface_hub, httpx, certifi, tqdm) against the local stand-in for the Hub: the
     file lands in HF_HUB_CACHE as for the installed app, verified, and the bundle's llama.cpp generates with it."""
-    from fake_hub import FakeHub
-    from tiny_gguf import write_model
+    from support.fake_hub import FakeHub
+    from support.tiny_gguf import write_model
 
     hub = FakeHub()
     hub.add("tests/tiny", {"tiny-F32.gguf": write_model(tmp_path / "t.gguf", seed=1).read_bytes()})

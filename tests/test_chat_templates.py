@@ -60,7 +60,7 @@ def _run(*args):
 
 
 def test_specchat_prompt_prints_what_the_model_sees(tmp_path):
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     from app.engine import Engine, ModelSettings
 

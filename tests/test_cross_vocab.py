@@ -12,7 +12,7 @@ from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSetting
 from app.engine.llama import Context, Model
 from app.engine.drafters import TextDrafter
 from app.prompts import chat_tokens
-from tiny_gguf import write_model
+from support.tiny_gguf import write_model
 
 MERGES = ("▁t", "▁th", "▁c", "▁ca", "he", "at")  # with the existing "▁the" and "▁cat": merges the target lacks
 

@@ -1,14 +1,14 @@
 """Any GGUF pair from the Hub: search, a repo's file list, pairing advice before the draft comes down, and a pair
-assembled from search results that loads and speculates exactly. Against the stand-in Hub (tests/fake_hub.py) with
-the real huggingface_hub client and the real `specchat search / files / check / pull / generate`."""
+assembled from search results that loads and speculates exactly. Against the stand-in Hub (tests/support/fake_hub.py)
+with the real huggingface_hub client and the real `specchat search / files / check / pull / generate`."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from fake_hub import FakeHub
+from support.fake_hub import FakeHub
+from support.tiny_gguf import write_model
 from test_hub import cached, no_traffic_beyond_loopback, specchat
-from tiny_gguf import write_model
 
 from app.engine.compat import AS_TEXT
 from app.models import discover

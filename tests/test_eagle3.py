@@ -1,23 +1,20 @@
 """Drafting with an EAGLE-3 head (an ``eagle3`` GGUF that reads three of the target's layers) on tiny pairs written
-by tiny_eagle3: exact greedy output (full and mapped draft vocabularies, a recurrent target), a second turn, the
-target's distribution when sampling, the CLI and the API under llama.cpp's names, and refusals that leave the
-process running."""
-import json
-
+by tiny_eagle3: what EAGLE-3 alone does (exact greedy output with a mapped draft vocabulary and with a recurrent
+target, the API under llama.cpp's names, the head's cache after speculation off) and refusals that leave the process
+running. Exact greedy output, a second turn, the target's distribution when sampling, grammars and the CLI under
+llama.cpp's names: test_heads.py, as for every head."""
 import pytest
 
-from app.engine.llama.heads import Capture
-
 from app.engine import Engine, EngineError, ModelSettings
+from app.engine.llama.heads import Capture
 from app.prompts import chat_tokens
-from drafter_checks import (greedy_under_a_grammar_stays_exact, run, samples_the_target_distribution,
-                            second_turn_stays_exact)
-from tiny_eagle3 import write_eagle3_head, write_eagle3_pair
+from support.heads import HEADS, run
+from support.tiny_eagle3 import write_eagle3_head, write_eagle3_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    return write_eagle3_pair(tmp_path_factory.mktemp("eagle3"))
+    return HEADS["eagle3"].write(tmp_path_factory.mktemp("eagle3"))
 
 
 @pytest.fixture(scope="module")
@@ -36,24 +33,6 @@ def test_the_head_is_the_pairs_draft_under_either_name(engine, pair):
     assert engine.draft is None and engine.draft_model.path == pair[1]  # no context of its own
     assert engine.drafters == ("model", "eagle3", "ngram", "none")
     assert engine.head == ("eagle3", "eagle3")
-
-
-@pytest.mark.parametrize("drafter, draft", [("eagle3", dict(draft_max=1)),
-                                            ("eagle3", dict(draft_max=4, draft_p_min=0.0)),
-                                            ("model", dict(draft_max=8, draft_p_min=0.0)),
-                                            ("eagle3", dict(draft_max=8, adaptive=True))])
-def test_greedy_drafting_with_the_head_is_token_identical_to_plain(engine, drafter, draft):
-    ids = prompt(engine)
-    engine.reset()
-    plain = run(engine, ids, "none")
-    engine.reset()
-    spec = run(engine, ids, drafter, **draft)
-    assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 200
-    assert spec.stats.drafter == "eagle3" and spec.stats.method == "EAGLE-3"
-    if not draft.get("adaptive"):
-        assert spec.stats.n_accepted > 0
-    if draft.get("draft_p_min") == 0.0:  # long drafts, never cut short: some fail (the reject path ran)
-        assert spec.stats.n_accepted < spec.stats.n_drafted
 
 
 def test_a_head_with_its_own_draft_vocabulary_drafts_target_ids(tmp_path):
@@ -80,7 +59,7 @@ def test_a_head_with_its_own_draft_vocabulary_drafts_target_ids(tmp_path):
 def test_a_recurrent_target_rolls_back_exactly_under_the_head(tmp_path):
     """A tiny Qwen3.5 (recurrent and attention layers, a llama.cpp graph that exposes layer inputs): rejected drafts
     roll the recurrent state back, so greedy output is as plain."""
-    from tiny_recurrent import write_recurrent
+    from support.tiny_recurrent import write_recurrent
 
     target = write_recurrent(tmp_path / "qwen35.gguf", "qwen35", seed=1)
     head = write_eagle3_head(tmp_path / "qwen35-eagle3.gguf", target, layers=(0, 1, 3))
@@ -95,33 +74,18 @@ def test_a_recurrent_target_rolls_back_exactly_under_the_head(tmp_path):
         e.close()
 
 
-def test_a_second_turn_reuses_the_prefix_and_stays_exact(engine):
-    second_turn_stays_exact(engine, "eagle3")
-
-
-def test_head_drafting_samples_the_target_distribution(engine):
-    samples_the_target_distribution(engine, "eagle3")
-
-
-def test_the_cli_drafts_with_it_under_llama_cpp_names(pair):
-    """`--spec-type draft-eagle3 -md HEAD` (llama.cpp's command line for it) and the plain `--draft HEAD` both draft
-    with the head; output as with speculation off."""
+def test_the_cli_refuses_draft_eagle3_without_a_head(pair):
+    """`--spec-type draft-eagle3` with no `-md HEAD` is a clear error. (The CLI drafting with a head under llama.cpp's
+    names: test_heads.py.)"""
     from test_cli import cli
 
-    args = ("generate", "-m", pair[0], "--temperature", "0", "-n", "48", "--json", "--prompt", "the cat sat")
-    runs = [cli(*args, *extra) for extra in (["--spec-type", "draft-eagle3", "-md", pair[1], "--draft-p-min", "0"],
-                                             ["--draft", pair[1], "--draft-p-min", "0"], ["--drafter", "none"])]
-    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
-    named, model, plain = (json.loads(r.stdout) for r in runs)
-    assert named["drafter"] == model["drafter"] == "eagle3" and named["n_drafted"] > 0 and model["n_drafted"] > 0
-    assert named["token_ids"] == model["token_ids"] == plain["token_ids"]
     no_head = cli("generate", "-m", pair[0], "--spec-type", "draft-eagle3", "--prompt", "x")
     assert no_head.returncode != 0 and "needs an EAGLE-3 head" in no_head.stderr
 
 
 def test_the_api_names_the_head_and_drafts_by_llama_server_names(pair):
     import httpx
-    from servers import serve_in_thread
+    from support.servers import serve_in_thread
 
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
@@ -149,7 +113,7 @@ def test_a_head_for_another_target_is_refused_before_llama_cpp_sees_it(pair, tmp
     hidden size or reading layers the target lacks would draft garbage: each is a clear error, and the process goes
     on. The pair check says the same before anything loads."""
     from app.models.check import check_files, describe
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     gemma3 = write_model(tmp_path / "gemma3.gguf", seed=1, sliding_window=8)
     with pytest.raises(EngineError, match="only for llama, .* targets, not gemma3"):
@@ -195,7 +159,3 @@ def test_a_build_without_the_staging_api_is_refused_clearly(pair, monkeypatch):
     monkeypatch.setattr(backend, "ext", backend.functools.cache(backend.ext.__wrapped__))
     with pytest.raises(EngineError, match="does not export llama_get_embeddings_layer_inp, which an EAGLE-3 head"):
         Engine(ModelSettings(pair[0], n_ctx=256), ModelSettings(pair[1], n_ctx=256))
-
-
-def test_head_drafting_under_a_grammar_stays_exact(engine):
-    greedy_under_a_grammar_stays_exact(engine, "eagle3")

@@ -39,7 +39,7 @@ def test_a_k_quant_model_gives_each_token_the_same_logits_alone_or_in_a_batch(tm
     """Q4_K_M files (what people run) take other CPU kernels than F32: weights repacked for batches and ggml's tiled
     K-quant matmul for 8+ tokens round differently from one token's dot products. The engine turns both off, so a
     verification batch of any size computes exactly what plain decoding does."""
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
     from app.engine.llama import Context, Model, quantize
 
     f32 = write_model(tmp_path / "kq-f32.gguf", seed=5, n_embd=256, n_ff=512, n_layer=2)
@@ -183,7 +183,7 @@ def test_common_prefix_is_the_first_difference():
 
 def test_stops_on_eos(models):
     from app.engine import Engine, ModelSettings
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     # A model whose EOS is the token greedy decoding picks first from this prompt.
     probe = Engine(ModelSettings(models["target"], n_ctx=256))
@@ -256,7 +256,7 @@ def test_unknown_drafter_and_missing_draft(models, tiny_engine):
 def test_adaptive_mode_backs_off_a_draft_that_loses(models, tmp_path):
     """A draft that is mostly wrong: adaptive mode learns it and drafts far less than fixed mode."""
     from app.engine import Engine, ModelSettings
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     bad = write_model(tmp_path / "bad_draft.gguf", seed=9)  # unrelated weights, same vocabulary
     e = Engine(ModelSettings(models["target"], n_ctx=512), ModelSettings(bad, n_ctx=512))

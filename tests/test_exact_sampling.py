@@ -98,7 +98,7 @@ def test_ngram_drafter_samples_the_target_distribution(tiny_engine):
 def test_a_2026_sized_vocabulary_is_sampled_exactly_with_the_default_transform(tmp_path_factory):
     """151,936 tokens (Qwen's vocabulary size) and the default top-k 40 / top-p 0.95 / min-p 0.05: the candidates
     come from column maxima and the distributions are sparse, and the output must still follow the target's."""
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     d = tmp_path_factory.mktemp("vocab-151936")
     extra = 151_936 - 288  # tiny_gguf's fixed tokens: 3 specials, 256 bytes, 2 chat markers, 27 words

@@ -3,13 +3,13 @@ Face's ``apply_chat_template`` renders it, compared character for character with
 prompt and a three-turn conversation, and tokenized with exactly the BOS its tokenizer wants.
 
 The templates are llama.cpp's copies of the ones shipped in each model's ``tokenizer.chat_template`` (the pinned
-llama-cpp-python sdist's ``vendor/llama.cpp/models/templates/``, read at test time, see tests/llama_sdist.py), put
-into tiny GGUF fixtures. Exceptions: Qwen2.5-Coder ships Qwen2.5-Instruct's template; llama.cpp keeps no copy
-of Gemma 3's, so GEMMA3 below is ours, written from Gemma's documented turn format (system text folded into the first
-user turn, roles user/model, trimmed turns) and checked against llama.cpp's own Gemma formatter; and llama.cpp keeps
-one template per newer family (Qwen3.5-4B's for Qwen3.5 and Qwen3.6, Gemma 4 31B's for Gemma 4, gpt-oss-120b's for
-gpt-oss, Ministral 3 14B Reasoning's for Ministral 3 Reasoning), assumed to be the one every size of the family ships
-(not compared file by file: the other sizes' templates are not in the sdist).
+llama-cpp-python sdist's ``vendor/llama.cpp/models/templates/``, read at test time, see
+tests/support/llama_sdist.py), put into tiny GGUF fixtures. Exceptions: Qwen2.5-Coder ships Qwen2.5-Instruct's
+template; llama.cpp keeps no copy of Gemma 3's, so GEMMA3 below is ours, written from Gemma's documented turn format
+(system text folded into the first user turn, roles user/model, trimmed turns) and checked against llama.cpp's own
+Gemma formatter; and llama.cpp keeps one template per newer family (Qwen3.5-4B's for Qwen3.5 and Qwen3.6, Gemma 4
+31B's for Gemma 4, gpt-oss-120b's for gpt-oss, Ministral 3 14B Reasoning's for Ministral 3 Reasoning), assumed to be
+the one every size of the family ships (not compared file by file: the other sizes' templates are not in the sdist).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import re
 import time
 from datetime import datetime
 
-import llama_sdist
 import pytest
-from tiny_gguf import write_model
+from support import llama_sdist
+from support.tiny_gguf import write_model
 
 from app.engine import Engine, ModelSettings
 from app.engine.llama import builtin_chat

@@ -45,7 +45,7 @@ def test_corrupt_header(models, tmp_path):
 
 
 def test_a_vocabulary_with_a_token_twice_is_refused_not_aborted(tmp_path):
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     bad = write_model(tmp_path / "dup.gguf", rename={2: "<|im_end|>"})  # the vocabulary already has <|im_end|>
     with pytest.raises(EngineError, match=r"dup.gguf has a damaged vocabulary: the token '<\|im_end\|>' appears "
@@ -80,7 +80,7 @@ def test_each_vocabulary_mismatch_is_explained_and_the_pair_drafts_as_text(model
 
 
 def test_vocab_size_within_128_is_allowed(models, tmp_path):
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     near = write_model(tmp_path / "near.gguf", seed=5, base_seed=1, noise=0.1, extra_words=40 + 100)
     e = Engine(ModelSettings(models["target"], n_ctx=128), ModelSettings(near, n_ctx=128))

@@ -1,4 +1,4 @@
-"""Hub downloads against a local stand-in for the Hub (tests/fake_hub.py, selected with HF_ENDPOINT): the real
+"""Hub downloads against a local stand-in for the Hub (tests/support/fake_hub.py, selected with HF_ENDPOINT): the real
 huggingface_hub client, the real `specchat pull / list / remove`, tiny GGUF pairs the tests write."""
 import hashlib
 import json
@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_hub import FakeHub
-from tiny_gguf import write_model
+from support.fake_hub import FakeHub
+from support.tiny_gguf import write_model
 
 from app.models import hub
 
@@ -76,8 +76,8 @@ draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32"
 
 
 def specchat(env, *args, **kw) -> subprocess.CompletedProcess:
-    """`specchat ARGS` under tests/net_guard.py, which logs any connection beyond loopback."""
-    return subprocess.run([sys.executable, str(ROOT / "tests" / "net_guard.py"), *args], env=env, cwd=ROOT,
+    """`specchat ARGS` under tests/support/net_guard.py, which logs any connection beyond loopback."""
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "net_guard.py"), *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
 
 
@@ -143,7 +143,7 @@ def test_a_pull_killed_halfway_resumes_where_it_stopped(env, fake, files):
     size = len(files["big"])
     fake.rate = 1 << 20  # 1 MB/s: the 3 MB file takes about 3 s
     blobs = Path(env["HF_HUB_CACHE"]) / "models--tests--big" / "blobs"
-    child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "net_guard.py"), "pull", "big"], env=env,
+    child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "net_guard.py"), "pull", "big"], env=env,
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     part = None

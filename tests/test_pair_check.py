@@ -1,7 +1,7 @@
 """Judging a pair before loading: GGUF metadata read without llama.cpp agrees with llama.cpp, memory fit and
 offload recommendations, draft suggestions, `specchat check`."""
 import pytest
-from tiny_gguf import write_model
+from support.tiny_gguf import write_model
 
 from app.models import starter
 from app.cli import main

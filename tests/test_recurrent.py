@@ -1,5 +1,5 @@
 """Speculation on recurrent and hybrid models stays exact: tiny random-weight models of eight llama.cpp
-architectures (tests/tiny_recurrent.py), each drafted by a noisy copy of itself so drafts are partly rejected.
+architectures (tests/support/tiny_recurrent.py), each drafted by a noisy copy of itself so drafts are partly rejected.
 
 Three roll a rejected tail back through llama.cpp's recurrent-state snapshots (qwen35, lfm2, nemotron_h: n_rs_seq);
 the hybrids granitehybrid, falcon-h1 and kimi-linear and the purely recurrent mamba2 and rwkv7 cannot, and restore
@@ -13,8 +13,8 @@ import sys
 import threading
 
 import pytest
+from support.tiny_recurrent import ROLLBACK_ARCHS, write_recurrent
 from test_exact_sampling import N, compare, samples
-from tiny_recurrent import ROLLBACK_ARCHS, write_recurrent
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, Round
 from app.prompts import chat_tokens

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from servers import free_port, specchat_serve
+from support.servers import free_port, specchat_serve
 
 from app.cli.remote import JSON_FIELDS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import App, serve_in_thread
+from support.servers import App, serve_in_thread
 
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 KEY = "k-" + "s3cret" * 4

@@ -8,7 +8,7 @@ app/engine/llama.py.)"""
 from __future__ import annotations
 
 import pytest
-from tiny_gguf import write_model
+from support.tiny_gguf import write_model
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings
 from app.prompts import chat_tokens

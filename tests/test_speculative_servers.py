@@ -13,8 +13,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from llama_server import llama_server
-from servers import specchat_serve
+from support.llama_server import llama_server
+from support.servers import specchat_serve
 
 from app.chat.remote_server import RemoteServer, ServerSpec
 from app.engine import Done, GenerationParams, Round, SamplingParams

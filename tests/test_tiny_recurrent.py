@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_recurrent import ARCHS, HYBRID_ARCHS, ROLLBACK_ARCHS, write_recurrent
+from support.tiny_recurrent import ARCHS, HYBRID_ARCHS, ROLLBACK_ARCHS, write_recurrent
 
 import llama_cpp.llama_cpp as ll
 

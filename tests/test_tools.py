@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-import llama_sdist
 import pytest
+from support import llama_sdist
 
 from app.engine.constraint import Constraint
 from app.engine.errors import EngineError
@@ -121,7 +121,7 @@ def tiny_pair(tmp_path_factory, family: str, **special):
     """A tiny target and a close draft whose vocabularies hold the given markers (``user_defined=``/``control=``)
     as special tokens, with ``family``'s template. (A space piece of its own, as real SentencePiece vocabularies
     have: without it a space is spelled in the bytes of "▁".)"""
-    from tiny_gguf import write_model
+    from support.tiny_gguf import write_model
 
     from app.engine import Engine, ModelSettings
 

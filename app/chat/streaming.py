@@ -15,7 +15,7 @@ from ..engine import Done, Event
 
 _END = object()
 # Snapshots per second a viewer gets: 5 redraws/s read as smooth streaming and cost little decoding speed
-# (tests/perf_ui_vs_engine.py on 2 cores: 0.95-1.02 of the engine at 0.2 s, 0.93 at 0.1 s; the host is noisy).
+# (bench/perf_ui_vs_engine.py on 2 cores: 0.95-1.02 of the engine at 0.2 s, 0.93 at 0.1 s; the host is noisy).
 INTERVAL = 0.2
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-CACHE = Path(__file__).resolve().parent / ".cache"
+CACHE = Path(__file__).resolve().parent.parent / ".cache"  # tests/.cache
 
 
 @cache

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
-from tiny_recurrent import _EOG_ROWS, _add_vocab
-from tiny_gguf import vocab
+
+from .tiny_recurrent import _EOG_ROWS, _add_vocab
+from .tiny_gguf import vocab
 
 
 def _keys(w: GGUFWriter, n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv, hd, hd_swa, window, pattern) -> None:

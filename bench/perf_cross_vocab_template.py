@@ -5,7 +5,7 @@ Both variants draft through text and are verified by the same target, so their g
 what differs is acceptance. Fixed drafts (8 tokens, no --draft-p-min, no adaptive length) isolate how well the draft
 predicts. SpecChat's TextDrafter reads the target's text; the other variant is written here.
 
-    python tests/perf_cross_vocab_template.py TARGET.gguf DRAFT.gguf [--prompts tests/prompts/heldout.jsonl]
+    python bench/perf_cross_vocab_template.py TARGET.gguf DRAFT.gguf [--prompts tests/prompts/heldout.jsonl]
         [--template NAME_PART FILE.jinja]   # a chat template for a GGUF without one (a base model), by file name
 
 2026-11-24, Gemma 3 270M Q4_K_M (base, given Gemma 2's template) and SmolLM2-135M-Instruct, 8 held-out prompts,
@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
 from app.engine.llama import Model  # noqa: E402
@@ -44,7 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("target")
     ap.add_argument("draft")
-    ap.add_argument("--prompts", default=str(Path(__file__).parent / "prompts" / "heldout.jsonl"))
+    ap.add_argument("--prompts", default=str(ROOT / "tests" / "prompts" / "heldout.jsonl"))
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--template", nargs=2, action="append", default=[], metavar=("NAME_PART", "FILE"))
     args = ap.parse_args()

@@ -36,7 +36,8 @@ def _lookup(host, *args, **kwargs):
 socket.getaddrinfo = _lookup
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/support/ -> .
+    sys.path.insert(0, repo)
     from app.cli import main
 
     sys.argv = ["specchat", *sys.argv[1:]]

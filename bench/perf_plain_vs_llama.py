@@ -3,7 +3,7 @@
 Same model file, same prompt, greedy, same threads and context; the two alternate over several rounds and the
 script prints the tokens/s of each and their ratio, all measured in this one run.
 
-    python tests/perf_plain_vs_llama.py [--model PATH] [--tokens 192] [--rounds 4]
+    python bench/perf_plain_vs_llama.py [--model PATH] [--tokens 192] [--rounds 4]
 """
 import argparse
 import statistics

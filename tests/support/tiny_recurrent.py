@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from gguf import ExpertGatingFuncType, GGUFWriter
 
-from tiny_gguf import CHATML, vocab
+from .tiny_gguf import CHATML, vocab
 
 ARCHS = ("lfm2", "qwen35", "nemotron_h", "granitehybrid", "mamba2", "mamba", "rwkv7", "falcon-h1", "jamba",
          "plamo2", "kimi-linear")

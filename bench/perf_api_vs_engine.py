@@ -1,7 +1,7 @@
 """Benchmark: does the OpenAI-compatible API cost speed? The same greedy chat answers generated (a) by the engine in
 this process and (b) through `specchat serve` on the same pair, streamed to one `openai` client, interleaved.
 
-    python tests/perf_api_vs_engine.py [--prompts tests/prompts/chat.jsonl] [--limit 6] [--max-tokens 192]
+    python bench/perf_api_vs_engine.py [--prompts tests/prompts/chat.jsonl] [--limit 6] [--max-tokens 192]
 
 Per prompt and overall it prints the engine's tokens/s, the server's own figure for the streamed request
 (``timings.predicted_per_second``), the rate at which tokens reached the client, and the ratios to the engine.

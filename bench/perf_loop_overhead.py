@@ -6,7 +6,7 @@ a target token costs a few milliseconds, so this is what decides whether specula
 2026-sized vocabularies (written here: 151,936 tokens like Qwen's, 262,144 like Gemma's) keep the compute small so
 the loop's cost shows; the starter pair (49,152) too; real pairs with --pair.
 
-    python tests/perf_loop_overhead.py [--tokens 128] [--vocab 151936 262144] [--no-starter]
+    python bench/perf_loop_overhead.py [--tokens 128] [--vocab 151936 262144] [--no-starter]
                                        [--pair TARGET.gguf DRAFT.gguf] [--modes 0 1 ...]
 """
 import argparse
@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers: support.tiny_gguf
 
 import llama_cpp.llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams  # noqa: E402
 from app.prompts import chat_tokens  # noqa: E402
-from tiny_gguf import write_model  # noqa: E402
+from support.tiny_gguf import write_model  # noqa: E402
 
 MODES = [("greedy, draft model", "model", 0.0), ("sampled T=0.8, draft model", "model", 0.8),
          ("sampled, no draft", "none", 0.8), ("greedy, no draft", "none", 0.0), ("greedy, n-gram", "ngram", 0.0)]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
-from tiny_gguf import vocab, write_model
+
+from .tiny_gguf import vocab, write_model
 
 
 def write_eagle3_pair(folder: Path, seed: int = 0, context: float = 0.2, n_layer: int = 3, **head) -> tuple[Path, Path]:

@@ -1,5 +1,5 @@
 """llama.cpp's own ``llama-server``, built from the llama.cpp vendored in the pinned llama-cpp-python sdist (see
-tests/llama_sdist.py), so the remote-server tests drive the real thing with the same llama.cpp SpecChat runs.
+tests/support/llama_sdist.py), so the remote-server tests drive the real thing with the same llama.cpp SpecChat runs.
 
 Built once per machine in a temporary folder (15-20 minutes on two cores); the binary alone is kept in the user's
 cache (``$XDG_CACHE_HOME/specchat-tests/`` or ``~/.cache/specchat-tests/``; ``SPECCHAT_TEST_CACHE`` overrides),
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
-import llama_sdist
-from servers import free_port
+
+from . import llama_sdist
+from .servers import free_port
 
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",

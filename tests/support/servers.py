@@ -1,5 +1,5 @@
 """Servers the tests start as a person would: `specchat serve` on the starter pair (and llama.cpp's llama-server,
-see tests/llama_server.py), each on a free 127.0.0.1 port, stopped with Ctrl-C."""
+see tests/support/llama_server.py), each on a free 127.0.0.1 port, stopped with Ctrl-C."""
 from __future__ import annotations
 
 import os
@@ -49,7 +49,7 @@ def specchat_serve(home: Path, api_key: str | None = None, *args: str) -> Iterat
 
 class App:
     """`specchat` (the app) started as a person starts it, with ``args`` added to its command line
-    (tests/net_guard.py logs any connection beyond loopback)."""
+    (tests/support/net_guard.py logs any connection beyond loopback)."""
 
     def __init__(self, home: Path, *args: str, **env):
         self.home, self.port = home, free_port()

@@ -1,7 +1,7 @@
 """Benchmark: does streaming through the app cost speed? Tokens/s of the same greedy chat answer, generated
 (a) by the engine directly in this process and (b) through the running app's API (gradio_client), interleaved.
 
-    python tests/perf_ui_vs_engine.py [--repeats 6] [--max-tokens 256] [--browser]
+    python bench/perf_ui_vs_engine.py [--repeats 6] [--max-tokens 256] [--browser]
 
 Prints, per run and overall, the engine's tokens/s, the app's (measured by the engine inside the server while
 it streams to a viewer) and, with the API viewer, the rate at which tokens reached the client, and the ratios

@@ -2,7 +2,7 @@
 tiled K-quant matmul) on, as llama.cpp ships them, vs off, as SpecChat loads models (they round a batch differently
 from one token; see ``app.engine.llama.batch_invariant``).
 
-    python tests/perf_batch_paths.py MODEL.gguf [--runs 3]
+    python bench/perf_batch_paths.py MODEL.gguf [--runs 3]
 
 Each run times, in a fresh process per setting (ggml reads GGML_CPU_TILED_MM once), a 256-token prompt, 32
 one-token decodes and 8 verification batches of 9 tokens; settings interleave, and the medians and their ratios
