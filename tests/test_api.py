@@ -420,10 +420,8 @@ def test_a_request_queued_while_another_pair_loads_is_told_to_retry_not_a_500(ti
         t.start()
         while api.waiting < 1:
             time.sleep(0.01)
-        for loaded in (engine.draft, engine.target):  # what Engine.close does once the engine is free
-            loaded.ctx.close()
-            loaded.model.close()
-        engine.draft = engine.target = None
+        engine._pair.close()  # what Engine.close does once the engine is free
+        engine._pair = None
     t.join(60)
     r = queued["r"]
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_unloaded" and r.headers["Retry-After"]

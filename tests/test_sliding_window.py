@@ -4,7 +4,7 @@ far longer than the window. A tiny gemma3-architecture pair the tests write atte
 layer to all) in a chat of ~2500 tokens. Each greedy answer must equal the one computed in a fresh context with
 speculation off. (The engine keeps llama.cpp's full-size SWA cache: with the window-sized one, 256 cells here, this
 chat's edited turn drifts although llama-server's llama_memory_seq_pos_min test passes; see Context in
-app/engine/llama.py.)"""
+app/engine/llama/context.py.)"""
 from __future__ import annotations
 
 import pytest

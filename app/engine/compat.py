@@ -1,5 +1,5 @@
 """Can this draft model share the target's token ids? llama.cpp's rule (common/speculative.cpp), in plain words.
-A pair that cannot drafts as text (``text_drafter``)."""
+A pair that cannot drafts as text (``drafters.cross_vocab``)."""
 from __future__ import annotations
 
 from .llama import Model

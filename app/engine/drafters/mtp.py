@@ -4,7 +4,7 @@ Qwen3.5/3.6, GLM-4.5+ and DeepSeek V3 GGUFs carry one or more MTP layers after t
 token after next from two inputs: the embedding of token t and the trunk's hidden state at position t - 1. It runs
 in its own llama.cpp context (``LLAMA_CONTEXT_TYPE_MTP``) on the target's weights, with its own small cache holding
 the MTP layer's attention. Position p of that cache holds (token at p, the target's hidden state at p - 1); the
-target keeps those hidden states for every token it evaluates (``Context.keep_hidden``).
+target keeps those hidden states for every token it evaluates (``llama.heads.HiddenStates``).
 
 Each round: the MTP cache catches up on the positions the target committed since the last round, and the row for
 the pending token (the target's newest, not yet evaluated) gives the first draft token; each further token feeds
