@@ -7,12 +7,12 @@ from typing import Iterator
 
 from .costs import Costs, measure
 from .drafters import Drafter, ModelDrafter, registry
-from .errors import ModelsUnloaded, EngineError
+from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .fair_lock import FairLock
 from .llama import Model, ModelSettings, default_threads
 from .loop import GenerationParams, speculative_generate
-from .pair import DEFAULT_CTX, Loaded, LoadedPair
+from .pair import Loaded, LoadedPair
 from .threads import RECHECK_S, ThreadChooser
 
 
@@ -60,7 +60,6 @@ class Engine:
         head = self._pair.head
         return (head.name, head.METHOD) if head else None
 
-    # --- tokens -------------------------------------------------------------------------------------------
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
 
