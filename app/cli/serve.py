@@ -166,8 +166,10 @@ def _start_http(app, host: str, port: int) -> tuple[uvicorn.Server, threading.Th
     """uvicorn serving ``app`` on a thread, once it listens. Returns the server and its thread."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           access_log=False, lifespan="on", timeout_graceful_shutdown=5))
+    from ..server.connections import server_config
+
+    # Slow and idle connections are timed out, and how many are open is bounded (app/server/connections.py).
+    server = uvicorn.Server(server_config(app, host, port))
     server.install_signal_handlers = lambda: None  # ours below; uvicorn's would swallow Ctrl-C
     thread = threading.Thread(target=server.run, daemon=True, name="specchat-http")
     thread.start()
