@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import sqlite3
 import subprocess
 import sys
 import textwrap
