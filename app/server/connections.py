@@ -35,6 +35,13 @@ class DeadlineProtocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        resume = self.flow.resume_reading
+
+        def resumed() -> None:  # the app read what had piled up: the body's idle time counts again
+            resume()
+            self._rearm()
+
+        self.flow.resume_reading = resumed
         self._rearm()
 
     def data_received(self, data: bytes) -> None:
