@@ -138,7 +138,8 @@ def test_a_corrupt_file_is_set_aside_and_a_fresh_store_started(tmp_path):
     s.close()
 
 
-def test_a_locked_file_is_set_aside_and_a_fresh_store_started(tmp_path):
+def test_a_locked_file_is_left_alone_and_a_fresh_store_started_beside_it(tmp_path):
+    """Held here by a second connection; tests/test_reliability.py holds it from another process."""
     path = tmp_path / "c.sqlite3"
     Conversations(path).close()
     holder = sqlite3.connect(path, isolation_level=None)
@@ -146,7 +147,7 @@ def test_a_locked_file_is_set_aside_and_a_fresh_store_started(tmp_path):
     holder.execute("BEGIN EXCLUSIVE")
     try:
         s = Conversations(path)
-        assert s.warning and "locked" in s.warning
+        assert s.warning and "locked" in s.warning and path.exists()
         cid = s.create()
         s.add(cid, "user", "still works")
         assert s.messages(cid)[0]["content"] == "still works"

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 from ..engine import Stats
-from ..paths import data_dir
+from ..paths import data_dir, owner_alive
 from .json_files import load_json
 
 FILE = "conversations.sqlite3"
 LEGACY_HISTORY = "history.json"  # the single conversation of earlier versions, imported once
 TITLE_WORDS = 8
+SIDE = "while-locked-"  # conversations.while-locked-PID-TIME.sqlite3: a session's file beside a locked one
+_sides_open: set[Path] = set()  # such files this process has open
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -53,25 +55,37 @@ def title_from(text: str) -> str:
 
 
 class Conversations:
-    """All conversations. Thread-safe: Gradio calls in from its worker threads."""
+    """All conversations. Thread-safe: Gradio calls in from its worker threads.
+
+    Whatever the file's state, it opens and says what happened in ``warning``: a file another program holds (a
+    second SpecChat, a backup tool) is left as it is and this session writes beside it, merged in at the next start
+    once that session has ended; a file that cannot be opened (corrupt, a folder in its place) is set aside, never
+    deleted; and where nothing can be written at all, the session keeps its conversations in memory only."""
 
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path else data_dir() / FILE
-        self.warning: str | None = None  # set when the file had to be set aside
+        self.warning: str | None = None  # set when the file could not be used as it is
         self._lock = threading.RLock()
-        try:
-            self._db = self._open()
-        except sqlite3.Error as exc:
-            self._db = self._set_aside_and_open(exc)
-        self._recover()
+        self._side: Path | None = None  # the file this session writes beside a locked one
+        self._db = self._start()
 
     # --- opening --------------------------------------------------------------------------------------------
-    def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def _start(self) -> sqlite3.Connection:
+        try:
+            db = self._open(self.path)
+        except (sqlite3.Error, OSError) as exc:
+            if _locked(exc):
+                return self._beside_locked()
+            return self._set_aside(exc)
+        self._merge_side_files(db)
+        return db
+
+    def _open(self, path: Path) -> sqlite3.Connection:
+        path.parent.mkdir(parents=True, exist_ok=True)
         # Owner-only from the first byte; SQLite gives its -wal and -shm files the database file's permissions.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-        os.chmod(self.path, 0o600)  # a file from an earlier version may be wider
-        db = sqlite3.connect(self.path, timeout=3, check_same_thread=False, isolation_level=None)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)  # a file from an earlier version may be wider
+        db = sqlite3.connect(path, timeout=3, check_same_thread=False, isolation_level=None)
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
@@ -80,30 +94,77 @@ class Conversations:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("the integrity check failed")
             db.executescript(SCHEMA)
+            _recover(db)  # the first write: where another program holds the file, it fails here (after 3 s)
         except sqlite3.Error:
             db.close()
             raise
         return db
 
-    def _set_aside_and_open(self, exc: Exception) -> sqlite3.Connection:
-        aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(f"{self.path}{suffix}")
-            if src.exists():
-                os.replace(src, f"{aside}{suffix}")
+    def _beside_locked(self) -> sqlite3.Connection:
+        """Another program holds the file: leave it untouched and start a fresh file beside it for this session."""
+        holder = holder_of(self.path) or "another program"
+        side = self.path.with_name(f"{self.path.stem}.{SIDE}{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}"
+                                   f"{self.path.suffix}")
+        self.warning = (f"The conversations file {self.path} is locked by {holder}, so it was left as it is: this "
+                        f"session saves its conversations in {side.name}, added to the others at the next start.")
+        try:
+            db = self._open(side)
+        except (sqlite3.Error, OSError) as exc:
+            return self._in_memory(exc)
+        self._side = side
+        _sides_open.add(side)
+        return db
+
+    def _set_aside(self, exc: Exception) -> sqlite3.Connection:
+        """The file cannot be opened (corrupt, a folder in its place): moved aside with a timestamp, a fresh one
+        started."""
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        aside = self.path.with_name(f"{self.path.name}.unreadable-{stamp}")
+        n = 1
+        while any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+            aside, n = self.path.with_name(f"{self.path.name}.unreadable-{stamp}-{n}"), n + 1
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(f"{self.path}{suffix}")
+                if src.exists() or src.is_symlink():
+                    os.replace(src, f"{aside}{suffix}")
+            db = self._open(self.path)
+        except (sqlite3.Error, OSError) as again:
+            return self._in_memory(again)
         self.warning = (f"The conversations file could not be opened ({exc}); it was set aside as {aside.name} "
                         "and a fresh one started.")
-        return self._open()
+        return db
 
-    def _recover(self) -> None:
-        """Purge what was deleted last time; an answer still streaming when the app died is interrupted."""
-        with self._lock:
-            self._db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL")
-            self._db.execute("UPDATE messages SET state = 'done', finish = 'interrupted' WHERE state = 'streaming'")
+    def _in_memory(self, exc: Exception) -> sqlite3.Connection:
+        """Nothing can be written where conversations live: keep them in memory, and say so."""
+        self.warning = (f"Conversations cannot be saved in {self.path.parent} ({exc}): this session keeps them in "
+                        "memory only, until the app stops.")
+        db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA foreign_keys=ON")
+        db.executescript(SCHEMA)
+        return db
+
+    def _merge_side_files(self, db: sqlite3.Connection) -> None:
+        """Add what sessions wrote beside a locked file (once each has ended), then rename their files
+        ``….merged`` (kept, never deleted)."""
+        for side in sorted(self.path.parent.glob(f"{self.path.stem}.{SIDE}*{self.path.suffix}")):
+            pid = side.name.partition(SIDE)[2].partition("-")[0]
+            try:
+                if side in _sides_open or pid.isdigit() and int(pid) != os.getpid() \
+                        and owner_alive(int(pid), side.stat().st_mtime):
+                    continue  # still being written
+                _merge(db, side)
+                for suffix in ("", "-wal", "-shm"):
+                    if Path(f"{side}{suffix}").exists():
+                        os.replace(f"{side}{suffix}", f"{side}.merged{suffix}")
+            except (sqlite3.Error, OSError) as exc:
+                self.warning = f"The conversations in {side.name} could not be added ({exc}); the file is kept."
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            _sides_open.discard(self._side)
 
     def import_legacy(self, folder: Path | None = None) -> int | None:
         """Import the single conversation of history.json once; returns the new conversation's id, if any."""
@@ -224,6 +285,59 @@ class Conversations:
                 parts.append(f"*{s.n_tokens} tokens · {s.tokens_per_second:.1f} tok/s · {s.method} · "
                              f"acceptance {s.acceptance_rate:.1%}*\n")
         return "\n".join(parts)
+
+
+def _recover(db: sqlite3.Connection) -> None:
+    """Purge what was deleted last time; an answer still streaming when the app died is interrupted."""
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL")
+        db.execute("UPDATE messages SET state = 'done', finish = 'interrupted' WHERE state = 'streaming'")
+
+
+def _merge(db: sqlite3.Connection, side: Path) -> None:
+    """Copy the conversations of ``side`` (a session's file beside a locked one) into ``db``, in one transaction,
+    once: the file's name is remembered in ``meta``."""
+    db.execute("ATTACH DATABASE ? AS side", (str(side),))
+    try:
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            if db.execute("SELECT 1 FROM meta WHERE key = ?", (f"merged {side.name}",)).fetchone():
+                return
+            for conv in db.execute("SELECT * FROM side.conversations WHERE deleted IS NULL ORDER BY id").fetchall():
+                cid = db.execute("INSERT INTO conversations (title, renamed, created, updated) VALUES (?,?,?,?)",
+                                 (conv["title"], conv["renamed"], conv["created"], conv["updated"])).lastrowid
+                db.execute(
+                    "INSERT INTO messages (conversation, role, content, segments, stats, finish, state, pair, "
+                    "drafter, created) SELECT ?, role, content, segments, stats, CASE state WHEN 'streaming' THEN "
+                    "'interrupted' ELSE finish END, 'done', pair, drafter, created FROM side.messages "
+                    "WHERE conversation = ? ORDER BY id", (cid, conv["id"]))
+            db.execute("INSERT INTO meta VALUES (?, ?)", (f"merged {side.name}", str(time.time())))
+    finally:
+        db.execute("DETACH DATABASE side")
+
+
+def _locked(exc: Exception) -> bool:
+    """Whether SQLite failed because another connection holds the file (busy or locked), not because of the file."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return isinstance(exc, sqlite3.OperationalError) and (
+        name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(exc))
+
+
+def holder_of(path: Path) -> str | None:
+    """The process that has ``path`` (or its -wal/-shm) open, as "name (pid N)", if it can be found."""
+    import psutil
+
+    wanted = {os.path.realpath(f"{path}{suffix}") for suffix in ("", "-wal", "-shm")}
+    for proc in psutil.process_iter(["name"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if any(f.path in wanted for f in proc.open_files()):
+                return f"{proc.info['name'] or 'a process'} (pid {proc.pid})"
+        except psutil.Error:
+            continue
+    return None
 
 
 def _json(value) -> str | None:

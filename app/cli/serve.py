@@ -5,7 +5,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import secrets
-import tempfile
 import signal
 import socket
 import sys
@@ -23,6 +22,7 @@ from ..chat.runtime import Runtime  # noqa: E402
 from ..chat.settings import Settings, load_settings, save_settings  # noqa: E402
 from ..engine import EngineError  # noqa: E402
 from ..models.loader import LoadSpec  # noqa: E402
+from ..paths import clear_stale_temp_folders, remove_temp_folders, temp_folder  # noqa: E402
 from ..resources import resource  # noqa: E402
 
 if TYPE_CHECKING:  # imported where they are used: FastAPI, Gradio and uvicorn are heavy
@@ -75,6 +75,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted)."""
     from ..server.guard import Access, Guard
 
+    clear_stale_temp_folders()  # exports a crashed SpecChat left behind
     runtime = Runtime()
     settings, notes = start_runtime(runtime, requested, overrides, with_ui, server_key)
     host = "0.0.0.0" if listen else "127.0.0.1"
@@ -146,8 +147,10 @@ def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bo
     root.mount("/v1", api.app(cors))
     if not with_ui:
         return root, api, None
-    # Gradio copies files it serves (exports) into its cache: keep that owner-only too, not in a shared /tmp.
-    os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix="specchat-gradio-"))
+    # Gradio copies files it serves (exports) into its cache: keep that owner-only too, not in a shared /tmp, and
+    # removed at exit.
+    if "GRADIO_TEMP_DIR" not in os.environ:
+        os.environ["GRADIO_TEMP_DIR"] = str(temp_folder("gradio"))
     import gradio as gr
 
     from ..ui.app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
@@ -166,8 +169,10 @@ def _start_http(app, host: str, port: int) -> tuple[uvicorn.Server, threading.Th
     """uvicorn serving ``app`` on a thread, once it listens. Returns the server and its thread."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           access_log=False, lifespan="on", timeout_graceful_shutdown=5))
+    from ..server.connections import server_config
+
+    # Slow and idle connections are timed out, and how many are open is bounded (app/server/connections.py).
+    server = uvicorn.Server(server_config(app, host, port))
     server.install_signal_handlers = lambda: None  # ours below; uvicorn's would swallow Ctrl-C
     thread = threading.Thread(target=server.run, daemon=True, name="specchat-http")
     thread.start()
@@ -222,3 +227,4 @@ def _shut_down(server: uvicorn.Server, thread: threading.Thread, api: OpenAIServ
     if ui:
         ui.store.close()
     runtime.close()
+    remove_temp_folders()  # exports and Gradio's copies of them

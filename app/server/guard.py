@@ -9,7 +9,10 @@ and ``/v1``), checked before any of them runs.
   tools (curl, SDKs) send neither and pass.
 - **One key for everything** when it guards the UI (``--listen``): a login page sets an HttpOnly, SameSite=Strict
   cookie; clients send ``Authorization: Bearer KEY``; ``/?key=KEY`` (the URL printed at start) logs a browser in.
-  On loopback a key guards ``/v1`` only, as before.
+  On loopback a key guards ``/v1`` only, as before. The cookie lasts ``SESSION_SECONDS`` (a week) and is renewed
+  on use once it is a day old, so a browser in use stays signed in and one left alone is signed out.
+- **No framing** (clickjacking): every answer, the UI's and the API's, says no page may frame it
+  (``X-Frame-Options: DENY`` and ``Content-Security-Policy: frame-ancestors 'none'``).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import html
 import ipaddress
 import json
 import socket
+import time
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -26,6 +30,11 @@ LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 API_PREFIX = "/v1"
 LOGIN_PATH = "/login"
+# A week: the key is typed once a week at most on a browser in daily use (renewed on use), while a cookie left on a
+# machine nobody uses any more, or copied off it, stops working within a week (checked here, not only by the browser).
+SESSION_SECONDS = 7 * 24 * 3600
+RENEW_AFTER_SECONDS = 24 * 3600  # renewed at most once a day: not a Set-Cookie on every answer
+FRAMING = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
 
 
 def machine_names() -> set[str]:
@@ -105,9 +114,29 @@ class Access:
     def cookie_name(self) -> str:  # cookies ignore ports: two apps on one machine keep their own
         return f"specchat_{self.port}"
 
-    def session_token(self) -> str:
-        """What the cookie holds: derived from the key (the key itself never sits in a cookie)."""
-        return hmac.new(self.key.encode(), b"specchat browser session", hashlib.sha256).hexdigest()
+    def session_token(self, issued: int | None = None) -> str:
+        """What the cookie holds: when it was issued and a MAC of that with the key (the key itself never sits in a
+        cookie)."""
+        issued = int(time.time()) if issued is None else issued
+        mac = hmac.new(self.key.encode(), f"specchat browser session {issued}".encode(), hashlib.sha256).hexdigest()
+        return f"{issued}.{mac}"
+
+    def session_age(self, token: str) -> float | None:
+        """Seconds since the cookie ``token`` was issued; None when it is not one of ours or has expired."""
+        issued, _, _ = token.partition(".")
+        if not self.key or not issued.isascii() or not issued.isdigit() or len(issued) > 12:
+            return None
+        age = time.time() - int(issued)
+        expected = self.session_token(int(issued)).encode()
+        if not hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected) or \
+                not -60 <= age <= SESSION_SECONDS:  # a minute's slack for a clock set back
+            return None
+        return age
+
+    def session_cookie(self) -> bytes:
+        """A fresh cookie for this port, for ``SESSION_SECONDS``."""
+        return (f"{self.cookie_name}={self.session_token()}; Max-Age={SESSION_SECONDS}; Path=/; HttpOnly; "
+                "SameSite=Strict").encode()
 
     def key_matches(self, given: str) -> bool:
         return bool(self.key) and hmac.compare_digest(given.encode(), self.key.encode())
@@ -129,6 +158,8 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
+        extra = list(FRAMING)  # added to every answer; a renewed cookie joins them below
+        send = _adding(send, extra)
         a, path = self.access, scope.get("path", "/")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         method = scope.get("method", "GET")  # a websocket is opened with a GET
@@ -145,6 +176,8 @@ class Guard:
             return await refuse(scope, send, 403, f"Cross-origin request from {origin} refused (a web page may not "
                                                   "use this app; for /v1 see --cors ORIGIN).", "forbidden_origin")
         if not a.key_guards(path) or self._authorised(headers):
+            if self._renew(headers):
+                extra.append((b"set-cookie", a.session_cookie()))
             return await self.app(scope, receive, send)
         if scope["type"] == "http" and method == "OPTIONS" and path_under(path, API_PREFIX):
             return await self.app(scope, receive, send)  # a CORS preflight carries no credentials
@@ -164,8 +197,18 @@ class Guard:
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer " and self.access.key_matches(auth[7:].strip()):
             return True
+        return self._session_age(headers) is not None
+
+    def _session_age(self, headers: dict) -> float | None:
         cookies = _cookies(headers.get("cookie", ""))
-        return hmac.compare_digest(cookies.get(self.access.cookie_name, ""), self.access.session_token())
+        return self.access.session_age(cookies.get(self.access.cookie_name, ""))
+
+    def _renew(self, headers: dict) -> bool:
+        """Whether this request's cookie is due to be renewed (used, and a day old or more)."""
+        if not self.access.key or self.access.cookie_name not in headers.get("cookie", ""):
+            return False
+        age = self._session_age(headers)
+        return age is not None and age >= RENEW_AFTER_SECONDS
 
     async def _login(self, receive, send):
         body = b""
@@ -184,11 +227,25 @@ class Guard:
         return await _respond(send, 401, login_page("That key is not right."), "text/html; charset=utf-8")
 
     async def _signed_in(self, send, location: str):
-        cookie = f"{self.access.cookie_name}={self.access.session_token()}; Path=/; HttpOnly; SameSite=Strict"
+        cookie = self.access.session_cookie()
         await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", location.encode("latin-1")), (b"set-cookie", cookie.encode()),
+                    "headers": [(b"location", location.encode("latin-1")), (b"set-cookie", cookie),
                                 (b"cache-control", b"no-store"), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _adding(send, extra: list[tuple[bytes, bytes]]):
+    """``send`` with ``extra`` headers added to the start of each response (X-Frame-Options only where the app has
+    not said it itself)."""
+    async def sending(message):
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            present = {k.lower() for k, _ in headers}
+            # A second Content-Security-Policy only narrows the first; X-Frame-Options is said once.
+            headers += [(k, v) for k, v in extra if k != b"x-frame-options" or k not in present]
+            message = {**message, "headers": headers}
+        return await send(message)
+    return sending
 
 
 def _origin_of(url: str) -> str:

@@ -25,6 +25,7 @@ from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
 from ..engine import METHODS, EngineError, Stats
 from ..models import hardware
 from ..models.loader import LoadSpec
+from ..paths import temp_folder
 from ..resources import resource
 from . import render
 from .chat_tab import ChatTab
@@ -72,7 +73,7 @@ class SpecChatUI:
             self.notes.append(self.store.warning)
         self.store.import_legacy()
         self.logo = resource("assets/logo.svg").read_text(encoding="utf-8")
-        self.exports = Path(tempfile.mkdtemp(prefix="specchat-compare-"))
+        self.exports = temp_folder("compare")  # removed at exit
         self.models = ModelsView(self._tab, lambda: self.runtime.spec.pair if self.runtime.spec else None)
 
     # --- helpers --------------------------------------------------------------------------------------------
