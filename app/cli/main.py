@@ -187,6 +187,9 @@ def _serving_flags(p: argparse.ArgumentParser) -> None:
                         "default: loopback names, and with --listen this machine's addresses and names)")
     p.add_argument("--cors", action="append", metavar="ORIGIN",
                    help="let web pages from ORIGIN call /v1 (repeatable; default: none)")
+    p.add_argument("--max-body-mb", type=float, metavar="MB",
+                   help="the largest request body /v1 takes, in MB; larger ones get 413 (default: 64 bytes per token "
+                        "of the loaded context, at least 16 MB)")
 
 
 def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -456,6 +459,8 @@ def cmd_app(args) -> int:
         raise EngineError("--draft needs --target (or choose a --pair).")
     if args.port is not None and not 0 < args.port < 65536:
         raise EngineError(f"Invalid --port {args.port}: use 1..65535.")
+    if args.max_body_mb is not None and not 0 < args.max_body_mb < 1e6:
+        raise EngineError(f"Invalid --max-body-mb {args.max_body_mb:g}: use a positive number of megabytes.")
     if getattr(args, "server", None):
         if args.pair or args.target:
             raise EngineError("Give either --server or a local pair (--pair, --target), not both.")
@@ -473,7 +478,8 @@ def cmd_app(args) -> int:
         replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
     return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,
                  api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
-                 server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth)
+                 server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth,
+                 max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -63,8 +63,8 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         port = rest[1:]
     else:
         name, _, port = value.partition(":")
-    if not name or (port and not port.isdigit()):
-        return None
+    if not name or (port and not (port.isascii() and port.isdigit() and int(port) <= 65535)):
+        return None  # (isdigit alone takes '²', which int() refuses)
     return name, int(port) if port else None
 
 
@@ -99,11 +99,15 @@ class Access:
         origin = origin.rstrip("/")
         if path_under(path, API_PREFIX) and ("*" in self.cors or origin in self.cors):
             return True
-        url = urlsplit(origin)
+        try:
+            url = urlsplit(origin)
+            port = url.port  # raises on a port that is not a number or over 65535
+        except ValueError:  # "http://[::1", "http://127.0.0.1:PORT.evil.example", "http://127.0.0.1:99999"
+            return False
         if url.scheme not in ("http", "https") or not url.hostname:
             return False  # "null" (a sandboxed frame, a file), or not a URL
         host = url.netloc.rpartition("@")[2]
-        if url.port is None:  # the scheme's port is what the browser means
+        if port is None:  # the scheme's port is what the browser means
             host += ":443" if url.scheme == "https" else ":80"
         return self.host_allowed(host)
 
@@ -186,10 +190,14 @@ class Guard:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if scope["type"] == "http" and method == "GET" and a.key_matches(query.get("key", [""])[0]):
             rest = {k: v for k, v in query.items() if k != "key"}  # the key leaves the address bar
-            return await self._signed_in(send, path + (f"?{urlencode(rest, doseq=True)}" if rest else ""))
+            back = quote(path, safe="/:@!$&'()*+,;=")  # a Location header is latin-1: the path may not be
+            return await self._signed_in(send, back + (f"?{urlencode(rest, doseq=True)}" if rest else ""))
         if scope["type"] == "http" and method == "GET" and not path_under(path, API_PREFIX) \
                 and "text/html" in headers.get("accept", ""):
             return await _respond(send, 401, login_page(), "text/html; charset=utf-8")
+        if not headers.get("cookie", "").isascii():  # no cookie is (RFC 6265), ours least of all: a forged one
+            return await refuse(scope, send, 403, "Malformed Cookie header (not ASCII): send 'Authorization: Bearer "
+                                                  "<key>', or sign in again.", "malformed_cookie")
         return await refuse(scope, send, 401, "Missing or wrong API key: send 'Authorization: Bearer <key>' (the key "
                                               "printed when the app started).", "invalid_api_key")
 
@@ -249,7 +257,10 @@ def _adding(send, extra: list[tuple[bytes, bytes]]):
 
 
 def _origin_of(url: str) -> str:
-    u = urlsplit(url)
+    try:
+        u = urlsplit(url)
+    except ValueError:  # "http://[::1" and the like: no origin of this app
+        return "null"
     return f"{u.scheme}://{u.netloc}" if u.scheme and u.netloc else "null"
 
 

@@ -5,6 +5,11 @@ never interleave in one context); a bounded number may wait, beyond that the ans
 A client that goes away — while its request waits for its turn, mid-stream or before a whole answer is sent —
 cancels its generation at once, and so does shutting down (``cancel_all``). Who may call at all (Host, Origin,
 the key) is decided in front of every route by ``guard.Guard``.
+
+A body is bounded (``request_body.BodyLimit``), and the CPU work of a request before its turn (decoding the JSON,
+reading the fields, rendering and tokenizing the prompt) runs on a worker thread: one large request never holds up
+the event loop, so the other routes and the UI answer meanwhile. A prompt is refused for its length before it is
+tokenized when its size alone says it cannot fit the context.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import json
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
@@ -25,7 +31,7 @@ from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, tool_prompt
-from .request_body import ApiError, Job, parse
+from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
 
@@ -63,10 +69,12 @@ class Served:
 
 
 class OpenAIServer:
-    def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING):
+    def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
+                 max_body: int | None = None):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
+        self.max_body = max_body  # bytes (--max-body-mb); None: sized to the loaded context (request_body.body_limit)
         self.waiting = 0
         self.generations = 0  # generations started (queued included): what a refused request must not move
         self._count_lock = threading.Lock()
@@ -96,7 +104,17 @@ class OpenAIServer:
         api.get("/models")(self.models)
         api.post("/chat/completions")(self.chat_completions)
         api.post("/completions")(self.completions)
+        api.add_middleware(BodyLimit, limit=self.body_limit)  # added last: in front of the rest
         return api
+
+    def body_limit(self) -> int:
+        """The largest request body taken now, in bytes."""
+        if self.max_body:
+            return self.max_body
+        try:
+            return body_limit(self.runtime.engine.n_ctx)
+        except AttributeError:  # no pair loaded (or it was closed meanwhile)
+            return body_limit(None)
 
     async def models(self) -> dict:
         from ..models.downloads import downloaded_pairs
@@ -136,31 +154,8 @@ class OpenAIServer:
         if engine is None or loaded is None:
             raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
                            "server_error", code="no_model_loaded")
-        job = parse(body, chat, self.defaults(), engine.drafters)
-        try:
-            engine.check_drafter(job.drafter)
-        except EngineError as exc:
-            raise ApiError(400, str(exc), param="drafter") from None
-        if job.model and job.model not in (loaded, engine.target.model.path.name):
-            raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
-                                "app first, or leave 'model' out.", param="model", code="model_not_found")
-        params, reader = job.params, None
-        try:
-            if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
-                ids, grammar, fmt, shown = tool_prompt(engine.model, job.messages, job.tools, job.tool_choice,
-                                                       **job.template_variables)
-                params, reader = replace(params, grammar=grammar, shown=shown), fmt  # (fmt None: no call)
-            elif chat:
-                ids = chat_tokens(engine.model, job.messages, **job.template_variables)
-            else:
-                ids = plain_tokens(engine.model, job.prompt)
-        except ModelsUnloaded as exc:
-            raise _retry(exc) from None
-        except EngineError as exc:
-            raise ApiError(400, str(exc)) from None
-        if len(ids) >= engine.n_ctx:
-            raise ApiError(400, f"The prompt is {len(ids)} tokens but the context holds {engine.n_ctx}: shorten it.",
-                           param="messages" if chat else "prompt", code="context_length_exceeded")
+        # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
+        job, ids, params, reader = await asyncio.to_thread(self._prepare, body, chat, engine, loaded)
 
         cancel = threading.Event()
         leave = self._enter_queue(cancel)
@@ -191,6 +186,37 @@ class OpenAIServer:
             if not handed_over:
                 watch.cancel()
                 await batches.aclose()
+
+    def _prepare(self, body, chat: bool, engine, loaded: str) -> tuple[Job, list[int], object, object]:
+        """On a worker thread: the request read (``Job``), its prompt's tokens, the generation's parameters and the
+        tool format its answer is read with (None: no call). Any mistake is an ApiError; the context length is
+        checked before the prompt is tokenized where its size alone says it cannot fit."""
+        job = parse(body, chat, self.defaults(), engine.drafters)
+        try:
+            engine.check_drafter(job.drafter)
+        except EngineError as exc:
+            raise ApiError(400, str(exc), param="drafter") from None
+        if job.model and job.model not in (loaded, engine.target.model.path.name):
+            raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
+                                "app first, or leave 'model' out.", param="model", code="model_not_found")
+        params, reader = job.params, None
+        try:
+            _check_length(engine, [m["content"] for m in job.messages] if chat else [job.prompt], chat)
+            if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
+                ids, grammar, fmt, shown = tool_prompt(engine.model, job.messages, job.tools, job.tool_choice,
+                                                       **job.template_variables)
+                params, reader = replace(params, grammar=grammar, shown=shown), fmt  # (fmt None: no call)
+            elif chat:
+                ids = chat_tokens(engine.model, job.messages, **job.template_variables)
+            else:
+                ids = plain_tokens(engine.model, job.prompt)
+        except ModelsUnloaded as exc:
+            raise _retry(exc) from None
+        except EngineError as exc:
+            raise ApiError(400, str(exc)) from None
+        if len(ids) >= engine.n_ctx:
+            raise _too_long(f"The prompt is {len(ids)} tokens", engine.n_ctx, chat)
+        return job, ids, params, reader
 
     def _enter_queue(self, cancel: threading.Event) -> Callable[[], None]:
         """Count a request in (503 when too many wait); returns what counts it out, called on the worker when its
@@ -339,16 +365,43 @@ def _error(exc: ApiError) -> JSONResponse:
 
 
 async def _json_body(request: Request):
-    """The request's JSON body. Only JSON: a web page can send text/plain or a form without asking first, never
-    application/json."""
+    """The request's JSON body (read whole by ``BodyLimit``, decoded on a worker thread). Only JSON: a web page can
+    send text/plain or a form without asking first, never application/json."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise ApiError(415, f"Send the request as JSON (Content-Type: application/json), not {kind or 'nothing'}.",
                        code="unsupported_media_type")
-    try:
-        return await request.json()
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.") from None
+    return await asyncio.to_thread(decode, await request.body())
+
+
+# Vocabularies whose entries are never shorter, in bytes, than the text each token stands for: SentencePiece (a
+# space is written "▁", a byte "<0x0A>") and byte-level BPE (each byte one or two bytes of UTF-8). No token of
+# theirs stands for more characters than their longest entry has bytes, but for whitespace: llama.cpp lets some
+# special tokens (Phi-3's) swallow the whitespace beside them, so it is not counted.
+_LONGEST_ENTRY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SPM, _BPE = 1, 2  # llama.cpp's enum llama_vocab_type
+_SPACES = " \t\n\r\v\f"  # what C's isspace() takes, which llama.cpp strips with
+
+
+def _check_length(engine, texts: list[str], chat: bool) -> None:
+    """A prompt refused for its length before it is tokenized (tokenizing megabytes takes seconds and memory):
+    it has at least ``characters other than whitespace / longest entry`` tokens, which may already be more than the
+    context holds."""
+    model = engine.model
+    if model.vocab_type not in (_SPM, _BPE):
+        return  # (others normalize text: a token may stand for more than its entry)
+    longest = _LONGEST_ENTRY.get(model)
+    if longest is None:  # once per model: a pass over its vocabulary
+        longest = _LONGEST_ENTRY[model] = max((len(model.token_text(t)) for t in range(model.n_vocab)), default=1)
+    characters = sum(len(t) - sum(t.count(c) for c in _SPACES) for t in texts)
+    at_least = characters // max(longest, 1)
+    if at_least >= engine.n_ctx:
+        raise _too_long(f"The prompt is at least {at_least} tokens", engine.n_ctx, chat)
+
+
+def _too_long(what: str, n_ctx: int, chat: bool) -> ApiError:
+    return ApiError(400, f"{what} but the context holds {n_ctx}: shorten it.", param="messages" if chat else "prompt",
+                    code="context_length_exceeded")
 
 
 def _retry(exc: ModelsUnloaded) -> ApiError:

@@ -1,8 +1,14 @@
 """An OpenAI request body read into what the engine runs: messages or prompt, sampling, stop strings and the
-per-request speculation llama-server names (``speculative.n_max`` 0 = off, ``speculative.n_min``, ``.p_min``)."""
+per-request speculation llama-server names (``speculative.n_max`` 0 = off, ``speculative.n_min``, ``.p_min``).
+
+A body is bounded before it is read (``BodyLimit``: 413), decoded only into JSON of bounded depth whose strings are
+text and whose numbers are finite (``decode``), and every field is checked for its type and range (``parse``): what
+a client sends is a 4xx in OpenAI's shape, never a 500."""
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -25,6 +31,149 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# The largest body /v1 takes unless --max-body-mb says otherwise: 64 bytes of JSON per token of the loaded context,
+# and never less than 16 MiB. A token of English is about 4 bytes; one of escaped non-ASCII text (\uXXXX, 6 bytes a
+# character) or of a run of spaces in code is longer, so 64 holds any prompt the context can take, with its history
+# and tools, many times over. 16 MiB is that for the largest context a catalog pair loads (262,144 tokens): a pair
+# loaded with a bigger --ctx raises the limit with it. A body within it is decoded and tokenized off the event loop.
+BODY_BYTES_PER_TOKEN = 64
+MIN_BODY_BYTES = 16 * 1024 * 1024
+MAX_DEPTH = 100  # JSON nesting: deeper is a 400 (json.loads gives up, with RecursionError, at about 1,000)
+DRAIN_SECONDS, DRAIN_BYTES = 5.0, 256 * 1024 * 1024  # what is read and dropped of a body refused for its size
+INT_LIMIT = 2 ** 63  # integers beyond int64 are refused: llama.cpp and numpy take no more
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def body_limit(n_ctx: int | None) -> int:
+    """The default body limit for a pair loaded with an ``n_ctx``-token context (None: none loaded)."""
+    return max(MIN_BODY_BYTES, (n_ctx or 0) * BODY_BYTES_PER_TOKEN)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body larger than ``limit()`` bytes is refused with 413 in OpenAI's shape, at once
+    when its Content-Length says so, else as soon as the bytes sent pass it; the app never sees a byte of it. A
+    body within the limit is read whole and handed on (its end then is the client's disconnect, as before)."""
+
+    def __init__(self, app, limit):
+        self.app, self.limit = app, limit  # limit(): bytes, asked per request (the loaded context may change)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.limit()
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await _refuse_body(receive, send, limit, int(declared), headers)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client went away before its body was whole: nobody to answer
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                chunks.clear()
+                return await _refuse_body(receive, send, limit, None, headers)
+            if not message.get("more_body"):
+                break
+        body, given = b"".join(chunks), False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+async def _refuse_body(receive, send, limit: int, declared: int | None, headers: dict) -> None:
+    """413, then the rest of the body read and dropped (up to DRAIN_SECONDS and DRAIN_BYTES), so that a client
+    that writes its whole body before it reads (most do) gets the answer, not a connection reset."""
+    size = f"{declared / 2**20:.1f} MB" if declared is not None else f"over {limit / 2**20:.1f} MB"
+    error = ApiError(413, f"The request body is {size}; this server takes at most {limit / 2**20:.1f} MB (start it "
+                          "with a larger --max-body-mb to raise that).", code="request_too_large")
+    payload = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": payload, "more_body": True})
+    # A client that waits for "100 Continue" sends nothing more: it has its answer.
+    if headers.get(b"expect", b"").lower() != b"100-continue":
+        loop = asyncio.get_running_loop()
+        deadline, dropped = loop.time() + DRAIN_SECONDS, 0
+        while dropped < DRAIN_BYTES and (left := deadline - loop.time()) > 0:
+            try:
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                break
+            dropped += len(message.get("body", b""))
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                break
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def decode(raw: bytes | str, what: str = "The request body", param: str | None = None):
+    """JSON as the API takes it: at most MAX_DEPTH levels deep, strings that are text (no lone surrogate, as
+    ``"\\ud800"`` decodes to) and finite numbers (Python's json reads NaN, Infinity and 1e999 as floats).
+    ``what`` names it in errors, ``param`` is the field they name (None: the top-level key at fault)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"{what} is nested too deeply: at most {MAX_DEPTH} levels.", param=param) from None
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, f"{what} is not valid JSON.", param=param) from None
+    check_values(value, what, param)
+    return value
+
+
+def check_values(value, what: str = "The request body", param: str | None = None) -> None:
+    """Raise a 400 naming where ``value`` (decoded JSON) is nested too deeply, holds a string that is not text
+    or a number that is not finite. Walked without recursion, so no depth can overflow the stack."""
+    stack = [(value, 1, (), None)]  # (value, its depth, the path to its container, its key there)
+    while stack:
+        v, depth, path, key = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                _bad(what, param, path, key, "holds a lone UTF-16 surrogate (as \\ud800 decodes to), not text")
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                _bad(what, param, path, key, f"is {v}: numbers must be finite (NaN and Infinity are not JSON)")
+        elif isinstance(v, (dict, list)):
+            if depth > MAX_DEPTH:
+                _bad(what, param, path, key, f"is nested too deeply: at most {MAX_DEPTH} levels")
+            here = path + (key,) if key is not None else path
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    if _SURROGATE.search(k):
+                        _bad(what, param, here, None, "has a key holding a lone UTF-16 surrogate, not text")
+                    stack.append((item, depth + 1, here, k))
+            else:
+                stack.extend((item, depth + 1, here, i) for i, item in enumerate(v))
+
+
+def _bad(what: str, param: str | None, path: tuple, key, why: str):
+    """The 400 for what ``check_values`` found at ``path`` + ``key``: ``'messages[0].content' holds …``."""
+    where = path + (key,) if key is not None else path
+    name = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" if i else k for i, k in enumerate(where))
+    name = name if len(name) <= 80 else name[:80] + "…"
+    if param is None and where and isinstance(where[0], str):
+        param = where[0]
+    if not where:
+        raise ApiError(400, f"{what} {why}.", param=param)
+    if what == "The request body":
+        raise ApiError(400, f"'{name}' {why}.", param=param)
+    raise ApiError(400, f"{what} at {name} {why}.", param=param)
+
+
+def _shown(value, width: int = 60) -> str:
+    """A value for an error message: its repr, cut (a client's 10 MB string is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "…"
+
+
 @dataclass(frozen=True)
 class Job:
     """What one request asks the engine for."""
@@ -43,13 +192,26 @@ class Job:
 
 
 def _number(body: dict, name: str, kind: type, default=None):
+    """A number field: finite, an integer where ``kind`` is int (2.0 is), within int64 (any kind)."""
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ApiError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r}.",
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value) and (kind is float or value.is_integer())
+    if not ok or abs(value) >= INT_LIMIT:
+        what = "an integer" if kind is int else "a number"
+        raise ApiError(400, f"'{name}' must be {what} (finite, of magnitude below 2^63), got {_shown(value)}.",
                        param=name)
     return kind(value)
+
+
+def _flag(body: dict, name: str) -> bool:
+    """A true/false field (absent or null: false)."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}.", param=name)
+    return bool(value)
 
 
 def _speculative(body: dict, name: str):
@@ -109,9 +271,9 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _list(value, where: str) -> list:
+def _list(value, where: str, param: str = "messages") -> list:
     if not isinstance(value, list):
-        raise ApiError(400, f"{where} must be a list.", param="messages")
+        raise ApiError(400, f"{where} must be a list.", param=param)
     return value
 
 
@@ -122,10 +284,7 @@ def _past_call(call, where: str) -> dict:
         raise ApiError(400, f"{where}: give {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}.",
                        param="messages")
     args = fn.get("arguments") or "{}"
-    try:
-        args = json.loads(args) if isinstance(args, str) else args
-    except json.JSONDecodeError:
-        raise ApiError(400, f"{where}: 'arguments' is not valid JSON.", param="messages") from None
+    args = decode(args, f"{where}: 'arguments'", "messages") if isinstance(args, str) else args
     if not isinstance(args, dict):
         raise ApiError(400, f"{where}: 'arguments' must be a JSON object.", param="messages")
     return {"id": str(call.get("id") or ""), "name": fn["name"], "arguments": args}
@@ -141,7 +300,7 @@ def _tools(body: dict, chat: bool) -> tuple[list[Tool], ToolChoice]:
     if not chat:
         raise ApiError(400, "'tools' are for /v1/chat/completions.", param="tools")
     out = []
-    for i, t in enumerate(_list(tools, "'tools'")):
+    for i, t in enumerate(_list(tools, "'tools'", "tools")):
         fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
@@ -244,7 +403,9 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
     variables = body.get("chat_template_kwargs") or {}
-    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "builtin", "model", "tools"}
+    # (what the template and the functions that render it name themselves)
+    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "builtin", "model", "tools",
+                "template", "choice"}
     if not isinstance(variables, dict) or reserved & set(variables):
         raise ApiError(400, "'chat_template_kwargs' must be an object of template variables other than "
                             f"{', '.join(sorted(reserved))}.", param="chat_template_kwargs")
@@ -255,7 +416,7 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     if tools and choice.mode != "none" and params.grammar is not None:
         raise ApiError(400, "Give tools or a response format / grammar, not both.", param="tools")
     return Job(model=model or None, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
-               params=params, drafter=drafter, stream=bool(body.get("stream")),
-               include_usage=bool(options.get("include_usage")), timings_per_token=bool(body.get("timings_per_token")),
+               params=params, drafter=drafter, stream=_flag(body, "stream"),
+               include_usage=_flag(options, "include_usage"), timings_per_token=_flag(body, "timings_per_token"),
                template_variables={"enable_thinking": defaults.enable_thinking, **variables},
                tools=tools, tool_choice=choice)
