@@ -33,7 +33,7 @@ from .errors import EngineError
 STACK_BYTES = 256 << 20  # the stack llguidance compiles on in this process
 CHILD_STACK_BYTES = 64 << 20  # ... and in the child that checks a large definition first
 IN_PROCESS_CHARS = 16_000  # definitions up to this size are compiled here without a child
-CHILD_TIMEOUT_S = 10.0
+CHILD_TIMEOUT_S = 5.0  # (what compiles within the limits checks in under 2 s here; 5 s bounds the wait)
 CHILD_MEMORY_BYTES = 4 << 30
 CACHE_SIZE = 256
 
