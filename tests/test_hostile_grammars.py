@@ -134,7 +134,8 @@ def child_main(model_path: str) -> None:
 
 @pytest.fixture(scope="module")
 def verdicts(models):
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_hostile_grammars as t; t.child_main(sys.argv[1])"
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_hostile_grammars as t; "
+            "t.child_main(sys.argv[1])")
     r = subprocess.run([sys.executable, "-c", code, str(models["target"])], capture_output=True, text=True,
                        timeout=900)
     found = {row["id"]: row["error"] for row in map(json.loads, r.stdout.splitlines())}

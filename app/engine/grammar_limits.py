@@ -3,13 +3,14 @@ named in the refusal.
 
 llguidance compiles grammars recursively on the calling thread's stack, with no bound of its own on some paths:
 measured with llguidance 1.9.1 on an 8 MiB stack (the main thread's, and every thread's by default), a chain of
-$refs kills the process (SIGSEGV) past about 2,700 levels of nesting followed through the refs (912 links of
-``{"type": "object", "properties": {"x": {"$ref": next}}}``, 2,496 of bare ``{"$ref": next}``), and a GBNF or Lark
-grammar past 3,520 (GBNF) or 2,656 (Lark) rules that chain into each other, fewer where each rule nests brackets
-(392 links of ten parentheses). Converting a schema given as a Python dict recurses too (no limit, a crash past
-about 5,000 levels); a schema given as text is refused cleanly past 124 levels of JSON nesting, and a Lark rule past
-about 30 nested brackets ("too deeply nested"). Other resources (long repetitions, huge enums, wide schemas) are
-bounded by llguidance's own fuel and size limits: a clean error, no crash.
+$refs kills the process (SIGSEGV) past 2,500 to 2,900 levels of nesting followed through the refs (912 links of
+``{"type": "object", "properties": {"x": {"$ref": next}}}``, 2,496 of bare ``{"$ref": next}``, 138 of ten nested
+objects each), and a GBNF or Lark grammar past 3,520 (GBNF) or 2,656 (Lark) rules that chain into each other, fewer
+where each rule nests brackets (392 links of ten parentheses). The limits grow with the stack (64 MiB: 7,424 and
+19,968 links, 28,160 GBNF rules). Converting a schema given as a Python dict recurses too (4,001 levels of JSON
+passed, 10,001 crashed); a schema given as text is refused cleanly from 125 levels of JSON nesting, and a Lark rule
+past about 30 nested brackets ("too deeply nested"). Other resources (long repetitions, huge enums, wide schemas)
+are bounded by llguidance's own fuel and size limits: a clean error, no crash.
 
 So every limit here sits well under those numbers, for a clear message; what keeps the process alive whatever slips
 past them is ``grammar_sandbox`` (a big stack in process, a child process for anything large).
@@ -24,9 +25,9 @@ from .errors import EngineError
 
 MAX_SCHEMA_CHARS = 1_000_000  # the schema as JSON text
 MAX_SCHEMA_DEPTH = 64  # JSON nesting, $refs not followed (llguidance refuses 125 and more)
-MAX_SCHEMA_LEVELS = 1_000  # nesting followed through $refs (~3 KB of llguidance's stack each: 2,700 crash 8 MiB)
+MAX_SCHEMA_LEVELS = 1_000  # nesting followed through $refs (~3 KB of stack each: 8 MiB overflow from ~2,500)
 MAX_GRAMMAR_CHARS = 500_000
-MAX_GRAMMAR_RULES = 2_000  # a chain of rules recurses once per rule (3,520 crash an 8 MiB stack)
+MAX_GRAMMAR_RULES = 2_000  # a chain of rules recurses once per rule (8 MiB overflow from 2,656)
 MAX_GRAMMAR_NESTING = 32  # brackets inside one rule (llguidance's Lark stops at about 30)
 
 _DEFS = frozenset({"$defs", "definitions"})  # reached through $refs only, as llguidance compiles them
