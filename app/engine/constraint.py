@@ -17,6 +17,7 @@ import numpy as np
 from .drafters import Draft, Drafter, Gate
 from .errors import EngineError
 from .grammar import Grammar
+from .grammar_sandbox import on_big_stack, verdict
 from .llama import Model
 from .sampling import Dist, SamplingParams, distribution, greedy_token
 
@@ -48,7 +49,11 @@ class Constraint:
         self.n_vocab = model.n_vocab
         self.eog = frozenset(model.eog_tokens)
         self.tokenizer = _tokenizer(model)
-        self.matcher = LLMatcher(self.tokenizer, grammar.definition, log_level=0)
+        error = verdict(grammar.definition)  # (cached: a Grammar's own check), never a crash
+        if error:
+            raise EngineError(f"The grammar cannot be used: {error}")
+        # compiling recurses: on a big stack, not the generation thread's (see grammar_sandbox)
+        self.matcher = on_big_stack(LLMatcher, self.tokenizer, grammar.definition, log_level=0)
         self.seconds = 0.0
         self.n_masks = 0  # full masks computed (a top token the grammar allows needs none)
         self._check()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from ..chat.settings import Settings
 from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
 from ..engine.grammar import Grammar
+from ..engine.grammar_limits import check_schema
 from ..prompts.tools import Tool, ToolChoice
 
 
@@ -309,6 +310,10 @@ def _tools(body: dict, chat: bool) -> tuple[list[Tool], ToolChoice]:
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object.", param="tools")
+        try:  # (deep or huge, before any format turns it into a grammar)
+            check_schema(params, f"tools[{i}].function.parameters")
+        except EngineError as exc:
+            raise ApiError(400, str(exc), param="tools", code="invalid_schema") from None
         out.append(Tool(name, str(fn.get("description") or ""), params))
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
