@@ -76,6 +76,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted); ``max_body``:
     the largest /v1 request body in bytes (None: sized to the loaded context)."""
     from ..server.guard import Access, Guard
+    from ..server.llama_server_api import LlamaAliases
 
     clear_stale_temp_folders()  # exports a crashed SpecChat left behind
     runtime = Runtime()
@@ -85,7 +86,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     api_key, made_up_key = _session_key(listen, api_key, no_auth)
     access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
     root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors, max_body)
-    server, thread = _start_http(Guard(root, access), host, port)
+    server, thread = _start_http(LlamaAliases(Guard(root, access)), host, port)
     _shut_down_on_signals()
     try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
         _announce(runtime, port, with_ui, listen, access, api_key, made_up_key)

@@ -31,6 +31,7 @@ from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, tool_prompt
+from . import llama_server_api
 from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
@@ -101,6 +102,7 @@ class OpenAIServer:
                                                                       code="not_found")))
         api.exception_handler(405)(lambda request, exc: _error(ApiError(405, f"{request.method} is not allowed on "
                                                                       f"{request.url.path}.", code="method_not_allowed")))
+        llama_server_api.register(api, self)  # llama-server's /health, /props, /tokenize, …
         api.get("/models")(self.models)
         api.post("/chat/completions")(self.chat_completions)
         api.post("/completions")(self.completions)

@@ -1,0 +1,190 @@
+"""llama-server's own routes beside the OpenAI API, with its request and response shapes: ``/health``, ``/props``,
+``/tokenize``, ``/detokenize``, ``/apply-template`` and ``/slots`` (its "not supported" answer: SpecChat has one
+slot, the engine's turn, and no slot API), each under ``/v1`` and without it.
+
+llama-server also serves ``/models``, ``/completions`` and ``/chat/completions`` without the ``/v1`` prefix;
+``LlamaAliases`` (an ASGI wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones
+before anything else sees them, so the guard decides on them exactly as on ``/v1`` (Origin, the key) and the same
+handlers answer. While no pair is loaded these routes answer as llama-server does while loading: 503
+``{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}``.
+
+Tokenizing and rendering a template are CPU work: they run on a worker thread, like the OpenAI handlers' parsing.
+"""
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ..engine import EngineError, ModelsUnloaded
+from ..prompts import chat_prompt, tool_prompt
+from .request_body import ApiError, parse
+
+# llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
+ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots")
+ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions"))
+
+
+def llama_error(status: int, message: str, type_: str) -> JSONResponse:
+    """An error in llama-server's shape (``format_error_response``): ``{"error": {"code", "message", "type"}}``."""
+    return JSONResponse({"error": {"code": status, "message": message, "type": type_}}, status_code=status)
+
+
+def loading() -> JSONResponse:
+    return llama_error(503, "Loading model", "unavailable_error")
+
+
+class LlamaAliases:
+    """ASGI wrapper: llama-server's unprefixed paths (``ALIASES``) become their ``/v1`` paths. Put it outside the
+    guard, so that the guard sees ``/v1/…`` and protects them as the API they are."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path") in ALIASES:
+            scope = dict(scope, path="/v1" + scope["path"])
+            if scope.get("raw_path") is not None:
+                scope["raw_path"] = b"/v1" + scope["raw_path"]
+        return await self.app(scope, receive, send)
+
+
+def register(api: FastAPI, server) -> None:
+    """Add llama-server's routes to ``api`` (the ``/v1`` app of ``openai_api.OpenAIServer`` ``server``)."""
+    routes = _Routes(server)
+    api.get("/health")(routes.health)
+    api.get("/props")(routes.props)
+    api.get("/slots")(routes.slots)
+    api.post("/tokenize")(routes.tokenize)
+    api.post("/detokenize")(routes.detokenize)
+    api.post("/apply-template")(routes.apply_template)
+
+
+class _Routes:
+    def __init__(self, server):
+        self.server = server
+
+    def _engine(self):
+        """The loaded engine, or None while no pair is (llama-server: still loading)."""
+        engine = self.server.runtime.engine
+        return engine if engine is not None and self.server._loaded_name() is not None else None
+
+    async def health(self):
+        return {"status": "ok"} if self._engine() is not None else loading()
+
+    async def slots(self):
+        return llama_error(501, "This server does not support slots endpoint. SpecChat serves one request at a "
+                                "time on its engine; there are no slots to list.", "not_supported_error")
+
+    async def props(self):
+        engine = self._engine()
+        if engine is None:
+            return loading()
+        try:
+            return await asyncio.to_thread(self._props, engine)
+        except ModelsUnloaded:
+            return loading()
+
+    def _props(self, engine) -> dict:
+        s = self.server.defaults()
+        model, draft = engine.model, engine.draft_model
+        bos = model.piece_special(model.bos) if model.bos >= 0 else ""
+        eos = model.piece_special(model.eos) if model.eos >= 0 else ""
+        params = {"n_predict": s.max_tokens, "seed": s.seed, "temperature": s.temperature, "top_k": s.top_k,
+                  "top_p": s.top_p, "min_p": s.min_p, "speculative.n_max": s.draft_max,
+                  "speculative.n_min": s.draft_min, "speculative.p_min": s.draft_p_min}
+        drafter = s.drafter if s.drafter in engine.drafters else engine.drafters[0]
+        return {
+            "default_generation_settings": {"params": params, "n_ctx": engine.n_ctx},
+            "total_slots": 1,
+            "model_alias": self.server._loaded_name(),
+            "model_path": str(model.path),
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": False,
+            "chat_template": model.chat_template() or "",
+            "bos_token": bos, "eos_token": eos,
+            "build_info": _build_info(),
+            "is_sleeping": False,
+            "speculative": {  # SpecChat's own: the pair and how it speculates by default
+                "pair": self.server._loaded_name(), "target": model.path.name,
+                "draft": draft.path.name if draft is not None else None,
+                "drafter": drafter, "drafters": list(engine.drafters), "speculation": engine.speculation(drafter),
+                "draft_max": s.draft_max, "draft_min": s.draft_min, "draft_p_min": s.draft_p_min,
+                "adaptive": s.adaptive},
+        }
+
+    async def tokenize(self, request: Request):
+        return await self._run(request, self._tokenize)
+
+    async def detokenize(self, request: Request):
+        return await self._run(request, self._detokenize)
+
+    async def apply_template(self, request: Request):
+        return await self._run(request, self._apply_template)
+
+    async def _run(self, request: Request, work):
+        from .openai_api import _json_body
+
+        body = await _json_body(request)
+        engine = self._engine()
+        if engine is None:
+            return loading()
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        try:
+            return await asyncio.to_thread(work, body, engine)
+        except ModelsUnloaded:
+            return loading()
+        except EngineError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def _tokenize(self, body: dict, engine) -> dict:
+        content = body.get("content", "")
+        add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
+        with_pieces = _flag(body, "with_pieces", False)
+        if not isinstance(content, str):
+            raise ApiError(400, "'content' must be a string.", param="content")
+        model = engine.model
+        ids = model.tokenize(content, add_special=add_special, parse_special=parse_special) if content else []
+        if not with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": _piece(model.piece_text(t))} for t in ids]}
+
+    def _detokenize(self, body: dict, engine) -> dict:
+        tokens = body.get("tokens", [])
+        model = engine.model
+        if not (isinstance(tokens, list) and all(type(t) is int and 0 <= t < model.n_vocab for t in tokens)):
+            raise ApiError(400, f"'tokens' must be a list of token ids (0 to {model.n_vocab - 1}).", param="tokens")
+        return {"content": b"".join(model.piece_text(t) for t in tokens).decode("utf-8", "replace")}
+
+    def _apply_template(self, body: dict, engine) -> dict:
+        job = parse(body, True, self.server.defaults(), engine.drafters)
+        model = engine.model
+        if job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages):
+            ids = tool_prompt(model, job.messages, job.tools, job.tool_choice, **job.template_variables)[0]
+            return {"prompt": b"".join(model.piece_text(t) for t in ids).decode("utf-8", "replace")}
+        return {"prompt": chat_prompt(model, job.messages, **job.template_variables)}
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false.", param=name)
+    return value
+
+
+def _piece(raw: bytes):
+    """A token's text, or (not valid UTF-8 on its own) its bytes as numbers, as llama-server writes it."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def _build_info() -> str:
+    try:
+        return f"llama-cpp-python {version('llama_cpp_python')} (SpecChat)"
+    except PackageNotFoundError:
+        return "SpecChat"

@@ -1,0 +1,155 @@
+"""llama-server's own routes (app/server/llama_server_api.py) on tiny models, in this process, behind the guard as
+`specchat serve` puts them: /health, /props, /tokenize, /detokenize, /apply-template, /slots, under /v1 and
+without it, and the unprefixed /models, /completions, /chat/completions guarded exactly as /v1."""
+from __future__ import annotations
+
+import httpx
+import pytest
+from support.servers import serve_in_thread
+
+KEY = "sk-test-llama-routes"
+PROMPT = [{"role": "user", "content": "the cat"}]
+
+
+def _root(api):
+    from fastapi import FastAPI
+
+    root = FastAPI()
+    root.mount("/v1", api.app())
+    root.get("/")(lambda: {"page": "the app"})
+    return root
+
+
+@pytest.fixture
+def tiny_server(models):
+    """The API on tiny models behind the guard (loopback, no key) and llama-server's aliases, as serve wires them."""
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+    from app.server.guard import Access, Guard
+    from app.server.llama_server_api import LlamaAliases
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
+    api = OpenAIServer(rt)
+    with serve_in_thread(lambda port: LlamaAliases(Guard(_root(api), Access.serving(port, listen=False)))) as url:
+        yield url, rt, api
+    rt.close()
+
+
+@pytest.mark.parametrize("prefix", ["", "/v1"])
+def test_health_is_ok_with_a_pair_and_loading_without(tiny_server, prefix):
+    url, rt, _ = tiny_server
+    r = httpx.get(f"{url}{prefix}/health", timeout=30)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    rt.close()
+    r = httpx.get(f"{url}{prefix}/health", timeout=30)
+    assert r.status_code == 503
+    assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    assert httpx.get(f"{url}{prefix}/props", timeout=30).status_code == 503
+    assert httpx.post(f"{url}{prefix}/tokenize", json={"content": "x"}, timeout=30).status_code == 503
+
+
+def test_unprefixed_aliases_answer_as_v1(tiny_server):
+    url, _, _ = tiny_server
+    models = httpx.get(f"{url}/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]]
+    assert models["object"] == "list" and models["data"][0]["loaded"] is True
+    body = {"prompt": "the cat", "max_tokens": 6, "temperature": 0}
+    plain, v1 = (httpx.post(f"{url}{p}/completions", json=body, timeout=60).json() for p in ("", "/v1"))
+    assert plain["object"] == "text_completion" and plain["choices"][0]["text"] == v1["choices"][0]["text"]
+    chat = httpx.post(f"{url}/chat/completions", json={"messages": PROMPT, "max_tokens": 6}, timeout=60).json()
+    assert chat["object"] == "chat.completion" and "timings" in chat
+
+
+def test_props_has_context_template_and_the_pair(tiny_server, models):
+    url, rt, _ = tiny_server
+    for prefix in ("", "/v1"):
+        p = httpx.get(f"{url}{prefix}/props", timeout=30).json()
+        settings = p["default_generation_settings"]
+        assert settings["n_ctx"] == rt.engine.n_ctx == 256
+        assert {"n_predict", "temperature", "top_k", "top_p", "min_p", "seed"} <= set(settings["params"])
+        assert p["total_slots"] == 1 and p["model_path"] == str(models["target"])
+        assert isinstance(p["chat_template"], str) and "llama-cpp-python" in p["build_info"]
+        spec = p["speculative"]
+        assert spec["target"] == "target.gguf" and spec["draft"] == "draft.gguf"
+        assert spec["drafter"] in spec["drafters"] and spec["speculation"] and spec["draft_max"] >= 1
+
+
+def test_tokenize_and_detokenize_round_trip_with_pieces(tiny_server):
+    url, rt, _ = tiny_server
+    ids = httpx.post(f"{url}/tokenize", json={"content": "the cat"}, timeout=30).json()["tokens"]
+    assert ids == rt.engine.model.tokenize("the cat", add_special=False) and all(isinstance(t, int) for t in ids)
+    with_bos = httpx.post(f"{url}/tokenize", json={"content": "the cat", "add_special": True}, timeout=30).json()
+    assert with_bos["tokens"] == rt.engine.model.tokenize("the cat", add_special=True)
+    pieces = httpx.post(f"{url}/v1/tokenize", json={"content": "the cat", "with_pieces": True}, timeout=30).json()
+    assert [p["id"] for p in pieces["tokens"]] == ids
+    # a piece that is not UTF-8 on its own comes as its bytes (the tiny vocabulary spells "▁" in three byte tokens)
+    raw = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces["tokens"])
+    assert any(isinstance(p["piece"], list) for p in pieces["tokens"]) and "t" in [p["piece"] for p in pieces["tokens"]]
+    back = httpx.post(f"{url}/detokenize", json={"tokens": ids}, timeout=30).json()
+    assert back["content"] == raw.decode() and back["content"].replace("\u2581", " ").strip() == "the cat"
+    assert httpx.post(f"{url}/tokenize", json={}, timeout=30).json() == {"tokens": []}
+    assert httpx.post(f"{url}/detokenize", json={}, timeout=30).json() == {"content": ""}
+    bad = httpx.post(f"{url}/detokenize", json={"tokens": [10 ** 9]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_apply_template_gives_the_prompt_the_chat_route_uses(tiny_server):
+    from app.prompts import chat_prompt
+
+    url, rt, _ = tiny_server
+    r = httpx.post(f"{url}/apply-template", json={"messages": PROMPT}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"prompt": chat_prompt(rt.engine.model, PROMPT)}
+    assert "the cat" in r.json()["prompt"]
+    assert httpx.post(f"{url}/apply-template", json={"messages": "no"}, timeout=30).status_code == 400
+
+
+@pytest.mark.parametrize("prefix", ["", "/v1"])
+def test_slots_answers_not_supported_as_llama_server_does_without_slots(tiny_server, prefix):
+    url, _, _ = tiny_server
+    r = httpx.get(f"{url}{prefix}/slots", timeout=30)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert r.json()["error"]["code"] == 501 and "slots" in r.json()["error"]["message"]
+
+
+def test_a_foreign_origin_is_refused_on_the_unprefixed_routes(tiny_server):
+    url, _, api = tiny_server
+    foreign = {"Origin": "http://attacker.example"}
+    for method, path in (("GET", "/health"), ("GET", "/models"), ("GET", "/props"), ("POST", "/tokenize"),
+                         ("POST", "/completions"), ("POST", "/chat/completions")):
+        r = httpx.request(method, url + path, headers=foreign, json={"messages": PROMPT, "prompt": "x"}, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden_origin", (path, r.text)
+    assert api.generations == 0
+
+
+@pytest.fixture
+def listening(models):
+    """The same behind the guard as under --listen with a key."""
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+    from app.server.guard import Access, Guard
+    from app.server.llama_server_api import LlamaAliases
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
+    api = OpenAIServer(rt)
+    with serve_in_thread(lambda port: LlamaAliases(Guard(_root(api), Access.serving(port, True, KEY)))) as url:
+        yield url, api
+    rt.close()
+
+
+def test_under_listen_a_missing_key_is_refused_on_the_unprefixed_routes(listening):
+    url, api = listening
+    paths = (("GET", "/health"), ("GET", "/models"), ("GET", "/props"), ("GET", "/slots"), ("POST", "/tokenize"),
+             ("POST", "/detokenize"), ("POST", "/apply-template"), ("POST", "/completions"),
+             ("POST", "/chat/completions"))
+    for method, path in paths:
+        r = httpx.request(method, url + path, json={"messages": PROMPT, "prompt": "x"}, timeout=30)
+        assert r.status_code == 401, (path, r.text)
+    assert api.generations == 0
+    signed = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{url}/health", headers=signed, timeout=30).json() == {"status": "ok"}
+    r = httpx.post(f"{url}/completions", headers=signed, json={"prompt": "the cat", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
