@@ -295,7 +295,6 @@ def test_the_api_key_is_required(server):
     (json.dumps({"messages": PROMPT, "n": 2}), 400, "n = 1"),
     (json.dumps({"messages": PROMPT, "speculative.n_max": 2, "speculative.n_min": 5}), 400, "draft-min"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "only text"),
-    (json.dumps({"messages": PROMPT, "model": "gpt-4o"}), 404, "not loaded here"),
     (json.dumps({"messages": [{"role": "user", "content": "word " * 5000}]}), 400, "context holds"),
     (json.dumps([1, 2]), 400, "JSON object"),
 ])

@@ -153,3 +153,27 @@ def test_under_listen_a_missing_key_is_refused_on_the_unprefixed_routes(listenin
     assert httpx.get(f"{url}/health", headers=signed, timeout=30).json() == {"status": "ok"}
     r = httpx.post(f"{url}/completions", headers=signed, json={"prompt": "the cat", "max_tokens": 4}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+
+
+def test_any_model_name_is_answered_by_the_loaded_pair(tiny_server):
+    url, _, _ = tiny_server
+    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/completions", {"prompt": "the cat"})):
+        r = httpx.post(url + path, json=body | {"model": "gpt-3.5-turbo", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] <= 4
+
+
+def test_n_predict_is_max_tokens_and_minus_one_runs_to_the_context(tiny_server):
+    url, rt, _ = tiny_server
+    for path, body in (("/chat/completions", {"messages": PROMPT}), ("/v1/completions", {"prompt": "the cat"})):
+        r = httpx.post(url + path, json=body | {"n_predict": 3, "temperature": 0}, timeout=60).json()
+        assert r["usage"]["completion_tokens"] == r["timings"]["predicted_n"] <= 3
+        assert r["usage"]["completion_tokens"] == 3 or r["choices"][0]["finish_reason"] == "stop"
+    both = {"prompt": "the cat", "n_predict": 3, "max_tokens": 5, "temperature": 0}  # max_tokens wins
+    assert httpx.post(f"{url}/completions", json=both, timeout=60).json()["usage"]["completion_tokens"] <= 5
+    r = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": -1}, timeout=120).json()
+    # the context ends it (its last token is sampled, never decoded: it needs no room)
+    assert r["usage"]["completion_tokens"] + r["usage"]["prompt_tokens"] <= rt.engine.n_ctx + 1
+    assert r["choices"][0]["finish_reason"] in ("length", "stop")  # -1 is taken (not "at least 1")
+    bad = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": "x"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_predict"

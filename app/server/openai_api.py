@@ -198,9 +198,6 @@ class OpenAIServer:
             engine.check_drafter(job.drafter)
         except EngineError as exc:
             raise ApiError(400, str(exc), param="drafter") from None
-        if job.model and job.model not in (loaded, engine.target.model.path.name):
-            raise ApiError(404, f"The model {job.model!r} is not loaded here (loaded: {loaded!r}); load it in the "
-                                "app first, or leave 'model' out.", param="model", code="model_not_found")
         params, reader = job.params, None
         try:
             _check_length(engine, [m["content"] for m in job.messages] if chat else [job.prompt], chat)

@@ -41,6 +41,7 @@ BODY_BYTES_PER_TOKEN = 64
 MIN_BODY_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 100  # JSON nesting: deeper is a 400 (json.loads gives up, with RecursionError, at about 1,000)
 DRAIN_SECONDS, DRAIN_BYTES = 5.0, 256 * 1024 * 1024  # what is read and dropped of a body refused for its size
+NO_LIMIT = 2 ** 31 - 1  # max_tokens for n_predict -1: the context ends the answer
 INT_LIMIT = 2 ** 63  # integers beyond int64 are refused: llama.cpp and numpy take no more
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -371,6 +372,12 @@ def _grammar(body: dict) -> Grammar | None:
                        "invalid_grammar") from None
 
 
+def _n_predict(body: dict) -> int | None:
+    """llama-server's ``n_predict``: a ``max_tokens`` by its own name; negative (-1) is no limit but the context's."""
+    n = _number(body, "n_predict", int)
+    return None if n is None else n if n >= 0 else NO_LIMIT
+
+
 def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Job:
     """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
     if not isinstance(body, dict):
@@ -381,7 +388,8 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise ApiError(400, "'stop' must be a string or a list of strings.", param="stop")
-    max_tokens = _number(body, "max_completion_tokens", int) or _number(body, "max_tokens", int, defaults.max_tokens)
+    max_tokens = _number(body, "max_completion_tokens", int) or _number(body, "max_tokens", int, _n_predict(body))
+    max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
     s = replace(
         defaults,
         max_tokens=max_tokens,
