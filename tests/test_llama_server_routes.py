@@ -3,6 +3,8 @@
 without it, and the unprefixed /models, /completions, /chat/completions guarded exactly as /v1."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from support.servers import serve_in_thread
@@ -53,7 +55,8 @@ def test_health_is_ok_with_a_pair_and_loading_without(tiny_server, prefix):
 def test_unprefixed_aliases_answer_as_v1(tiny_server):
     url, _, _ = tiny_server
     models = httpx.get(f"{url}/models", timeout=30).json()
-    assert [m["id"] for m in models["data"]] == [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]]
+    v1_models = httpx.get(f"{url}/v1/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [m["id"] for m in v1_models["data"]]
     assert models["object"] == "list" and models["data"][0]["loaded"] is True
     body = {"prompt": "the cat", "max_tokens": 6, "temperature": 0}
     plain, v1 = (httpx.post(f"{url}{p}/completions", json=body, timeout=60).json() for p in ("", "/v1"))
@@ -117,7 +120,7 @@ def test_a_foreign_origin_is_refused_on_the_unprefixed_routes(tiny_server):
     url, _, api = tiny_server
     foreign = {"Origin": "http://attacker.example"}
     for method, path in (("GET", "/health"), ("GET", "/models"), ("GET", "/props"), ("POST", "/tokenize"),
-                         ("POST", "/completions"), ("POST", "/chat/completions")):
+                         ("POST", "/completion"), ("POST", "/completions"), ("POST", "/chat/completions")):
         r = httpx.request(method, url + path, headers=foreign, json={"messages": PROMPT, "prompt": "x"}, timeout=30)
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden_origin", (path, r.text)
     assert api.generations == 0
@@ -143,7 +146,7 @@ def listening(models):
 def test_under_listen_a_missing_key_is_refused_on_the_unprefixed_routes(listening):
     url, api = listening
     paths = (("GET", "/health"), ("GET", "/models"), ("GET", "/props"), ("GET", "/slots"), ("POST", "/tokenize"),
-             ("POST", "/detokenize"), ("POST", "/apply-template"), ("POST", "/completions"),
+             ("POST", "/detokenize"), ("POST", "/apply-template"), ("POST", "/completion"), ("POST", "/completions"),
              ("POST", "/chat/completions"))
     for method, path in paths:
         r = httpx.request(method, url + path, json={"messages": PROMPT, "prompt": "x"}, timeout=30)
@@ -177,3 +180,27 @@ def test_n_predict_is_max_tokens_and_minus_one_runs_to_the_context(tiny_server):
     assert r["choices"][0]["finish_reason"] in ("length", "stop")  # -1 is taken (not "at least 1")
     bad = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": "x"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_predict"
+
+
+def test_native_completion_streamed_and_not(tiny_server):
+    url, _, api = tiny_server
+    body = {"prompt": "the cat", "n_predict": 8, "temperature": 0}
+    whole = httpx.post(f"{url}/completion", json=body, timeout=60).json()
+    assert whole["stop"] is True and whole["stop_type"] in ("eos", "limit") and whole["tokens_predicted"] <= 8
+    assert whole["content"] and whole["tokens_evaluated"] > 0 and whole["timings"]["predicted_n"] == \
+        whole["tokens_predicted"]
+    v1 = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    assert whole["content"] == v1["choices"][0]["text"]  # the same generation as the OpenAI route
+    with httpx.stream("POST", f"{url}/completion", json=body | {"stream": True}, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert events[-1]["timings"]["predicted_n"] == whole["tokens_predicted"] and api.served[0].endpoint
+
+
+def test_native_completion_errors(tiny_server):
+    url, rt, _ = tiny_server
+    assert httpx.post(f"{url}/completion", json={"prompt": 5}, timeout=30).status_code == 400
+    rt.close()
+    r = httpx.post(f"{url}/completion", json={"prompt": "the cat"}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"

@@ -1,6 +1,7 @@
 """llama-server's own routes beside the OpenAI API, with its request and response shapes: ``/health``, ``/props``,
-``/tokenize``, ``/detokenize``, ``/apply-template`` and ``/slots`` (its "not supported" answer: SpecChat has one
-slot, the engine's turn, and no slot API), each under ``/v1`` and without it.
+``/tokenize``, ``/detokenize``, ``/apply-template``, ``/completion`` (its native completion) and ``/slots`` (its
+"not supported" answer: SpecChat has one slot, the engine's turn, and no slot API), each under ``/v1`` and
+without it.
 
 llama-server also serves ``/models``, ``/completions`` and ``/chat/completions`` without the ``/v1`` prefix;
 ``LlamaAliases`` (an ASGI wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones
@@ -13,17 +14,20 @@ Tokenizing and rendering a template are CPU work: they run on a worker thread, l
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..engine import EngineError, ModelsUnloaded
+from ..chat.streaming import batches_async
+from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
 from ..prompts import chat_prompt, tool_prompt
 from .request_body import ApiError, parse
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
-ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots")
+ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion")
 ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions"))
 
 
@@ -60,6 +64,7 @@ def register(api: FastAPI, server) -> None:
     api.post("/tokenize")(routes.tokenize)
     api.post("/detokenize")(routes.detokenize)
     api.post("/apply-template")(routes.apply_template)
+    api.post("/completion")(routes.completion)
 
 
 class _Routes:
@@ -166,6 +171,75 @@ class _Routes:
             ids = tool_prompt(model, job.messages, job.tools, job.tool_choice, **job.template_variables)[0]
             return {"prompt": b"".join(model.piece_text(t) for t in ids).decode("utf-8", "replace")}
         return {"prompt": chat_prompt(model, job.messages, **job.template_variables)}
+
+    # --- /completion: llama-server's native completion ----------------------------------------------------------
+    async def completion(self, request: Request):
+        """llama-server's ``/completion``: ``prompt`` and ``n_predict`` (or the OpenAI fields), answered as
+        ``{"content", "stop", "stop_type", "tokens_predicted", "tokens_evaluated", "timings", …}``; streamed, one
+        ``data: {"content", "stop": false, …}`` event per batch and the whole answer's fields on the last (no
+        ``[DONE]``, as llama-server)."""
+        from .openai_api import _cancel_on_disconnect, _json_body, _retry, timings
+
+        body = await _json_body(request)
+        server, engine, loaded = self.server, self._engine(), self.server._loaded_name()
+        if engine is None:
+            return loading()
+        job, ids, params, _ = await asyncio.to_thread(server._prepare, body, False, engine, loaded)
+        cancel = threading.Event()
+        leave = server._enter_queue(cancel)
+        batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+
+        def final(done: Done) -> dict:
+            server._log({"model": loaded}, done, False)  # for the app's API section
+            return {"index": 0, "content": "" if job.stream else done.text, "tokens": [], "id_slot": 0, "stop": True,
+                    "model": loaded, "tokens_predicted": done.stats.n_tokens, "tokens_evaluated": len(ids),
+                    "prompt": job.prompt, "truncated": False, "tokens_cached": done.stats.prompt_cached,
+                    "stop_type": "limit" if done.finish_reason == "length" else "eos", "stopping_word": "",
+                    "timings": timings(done.stats)}
+
+        async def events(first):
+            batch, done = first, None
+            try:
+                while done is None:
+                    done = batch[-1] if isinstance(batch[-1], Done) else None
+                    text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
+                    n = next((ev.stats.n_tokens for ev in reversed(batch) if isinstance(ev, (Round, Done))), 0)
+                    if text:
+                        chunk = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
+                                 "tokens_predicted": n, "tokens_evaluated": len(ids)}
+                        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                    if done is None:
+                        batch = await anext(batches)
+                yield f"data: {json.dumps(final(done), ensure_ascii=False)}\n\n"
+            except EngineError as exc:
+                yield f"data: {json.dumps({'error': {'code': 500, 'message': str(exc), 'type': 'server_error'}})}\n\n"
+            finally:
+                watch.cancel()
+                await batches.aclose()
+
+        handed_over = False
+        try:
+            try:
+                first = await anext(batches)
+            except StopAsyncIteration:
+                return JSONResponse(ApiError(499, "The client went away.", code="client_closed").body(), 499)
+            except ModelsUnloaded as exc:
+                raise _retry(exc) from None
+            except EngineError as exc:
+                raise ApiError(400, str(exc)) from None
+            if job.stream:
+                handed_over = True
+                return StreamingResponse(events(first), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            done = first[-1]
+            async for batch in batches:
+                done = batch[-1]
+            return final(done)
+        finally:
+            if not handed_over:
+                watch.cancel()
+                await batches.aclose()
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
