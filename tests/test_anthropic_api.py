@@ -1,0 +1,106 @@
+"""Anthropic's Messages API (``/v1/messages``) driven by the official ``anthropic`` client on tiny models, in this
+process: whole and streamed answers with speculation, identical with it off, Anthropic's error shape, and the key as
+``x-api-key`` under --listen."""
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+from support.servers import serve_in_thread
+
+KEY = "sk-test-specchat"
+ASK = [{"role": "user", "content": "the cat"}]
+GREEDY = {"temperature": 0}  # (the client of 2026 names no sampling fields: they go as extra_body)
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    """The API on tiny models behind the guard, listening (so the key guards /v1): (url, the loaded pair's name)."""
+    from fastapi import FastAPI
+
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+    from app.server.guard import Access, Guard
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=1024))
+    root = FastAPI()
+    root.mount("/v1", OpenAIServer(rt).app())
+    with serve_in_thread(lambda port: Guard(root, Access.serving(port, listen=True, key=KEY))) as url:
+        yield url.rstrip("/"), rt.spec.describe()
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return anthropic.Anthropic(base_url=served[0], api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_a_message_with_usage_and_speculative_timings(client, served):
+    r = client.messages.create(model=served[1], max_tokens=24, messages=ASK, extra_body=GREEDY,
+                               system=[{"type": "text", "text": "You are terse."}])
+    assert r.id.startswith("msg_") and r.type == "message" and r.role == "assistant" and r.model == served[1]
+    assert r.content[0].type == "text" and r.content[0].text
+    assert r.stop_reason in ("end_turn", "max_tokens") and r.stop_sequence is None
+    t = r.model_extra["timings"]
+    assert r.usage.output_tokens == t["predicted_n"] <= 24 and r.usage.input_tokens == t["prompt_n"] > 0
+    assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
+
+
+def test_greedy_text_is_the_same_streamed_and_with_speculation_off(client, served):
+    kw = dict(model=served[1], max_tokens=40,
+              messages=[{"role": "user", "content": [{"type": "text", "text": "the cat"}]},
+                        {"role": "assistant", "content": "sat"}, {"role": "user", "content": "on the"}])
+    on = client.messages.create(**kw, extra_body=GREEDY)
+    off = client.messages.create(**kw, extra_body={**GREEDY, "speculative.n_max": 0})
+    assert off.content[0].text == on.content[0].text and off.model_extra["timings"]["draft_n"] == 0
+    with client.messages.stream(**kw, extra_body=GREEDY) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == on.content[0].text == final.content[0].text
+    assert final.stop_reason == on.stop_reason and final.usage.output_tokens == on.usage.output_tokens
+    events = [e.type for e in client.messages.create(**kw, stream=True, extra_body=GREEDY)]
+    assert events[:2] == ["message_start", "content_block_start"] and "content_block_delta" in events
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    raw = httpx.post(f"{served[0]}/v1/messages", json={**kw, **GREEDY, "stream": True}, headers={"x-api-key": KEY},
+                     timeout=120).text  # (the client keeps pings to itself)
+    names = [line[7:] for line in raw.splitlines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "content_block_start", "ping"] and names[-1] == "message_stop"
+    assert raw.endswith("\n\n") and '"stop_reason": "' in raw and '"timings": {' in raw
+
+
+def test_stop_reasons(client, served):
+    full = client.messages.create(model=served[1], max_tokens=30, messages=ASK, extra_body=GREEDY).content[0].text
+    cut = client.messages.create(model=served[1], max_tokens=3, messages=ASK, extra_body=GREEDY)
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+    word = next(w for w in full.split() if len(w) > 2 and full.index(w) > 0)
+    r = client.messages.create(model=served[1], max_tokens=30, messages=ASK, stop_sequences=[word], extra_body=GREEDY)
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == word and full.startswith(r.content[0].text)
+
+
+def test_missing_max_tokens_and_bad_requests_are_anthropic_errors(served):
+    url, name = served
+    r = httpx.post(f"{url}/v1/messages", json={"model": name, "messages": ASK}, headers={"x-api-key": KEY})
+    assert r.status_code == 400
+    assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": r.json()["error"]
+                                                   ["message"]}} and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/messages", json={"model": name, "max_tokens": 8, "messages": []},
+                   headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError):
+        anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0).messages.create(
+            model=name, max_tokens=8, messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
+
+
+def test_the_key_is_taken_as_x_api_key_or_bearer_under_listen(served):
+    url, name = served
+    body = {"model": name, "max_tokens": 4, "messages": ASK}
+    assert httpx.post(f"{url}/v1/messages", json=body, headers={"x-api-key": KEY}).status_code == 200
+    assert httpx.post(f"{url}/v1/messages", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    for headers in ({}, {"x-api-key": "wrong"}, {"x-api-key": ""}):
+        assert httpx.post(f"{url}/v1/messages", json=body, headers=headers).status_code == 401
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
+            model=name, max_tokens=4, messages=ASK)
