@@ -104,3 +104,63 @@ def test_the_key_is_taken_as_x_api_key_or_bearer_under_listen(served):
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
             model=name, max_tokens=4, messages=ASK)
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                            "required": ["city"], "additionalProperties": False}}
+
+
+def test_tools_tool_use_and_tool_result_are_read_as_the_chat_endpoint_takes_them():
+    from app.server.anthropic_api import chat_body
+
+    body = chat_body({"max_tokens": 9, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather",
+                                                                          "disable_parallel_tool_use": True},
+                      "messages": [{"role": "user", "content": "weather in Paris?"},
+                                   {"role": "assistant", "content": [
+                                       {"type": "text", "text": "Looking."},
+                                       {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                        "input": {"city": "Paris"}}]},
+                                   {"role": "user", "content": [
+                                       {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                                       {"type": "text", "text": "And tomorrow?"}]}]})
+    assert body["tools"] == [{"type": "function", "function": {"name": "get_weather", "description":
+                                                               WEATHER["description"],
+                                                               "parameters": WEATHER["input_schema"]}}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["parallel_tool_calls"] is False
+    assert body["messages"][1:] == [
+        {"role": "assistant", "content": "Looking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"},
+        {"role": "user", "content": "And tomorrow?"}]
+    assert chat_body({"max_tokens": 9, "messages": ASK, "tools": [WEATHER], "tool_choice": {"type": "any"}})[
+        "tool_choice"] == "required"
+
+
+def test_a_call_in_the_answer_is_a_tool_use_block():
+    from app.engine import Done, Stats
+    from app.prompts.tools.base import ToolCall
+    from app.server.anthropic_api import message
+
+    class Reader:
+        def parse(self, text, offered):
+            return "", [ToolCall("call_1", "get_weather", '{"city": "Paris"}')]
+
+    meta = dict(id="msg_1", model="m", prompt_n=5, stops=(), tools=Reader(), offered=[])
+    m = message(meta, Done("stop", "<tool_call>...", [1, 2], Stats()))
+    assert m["content"] == [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]
+    assert m["stop_reason"] == "tool_use"
+
+
+def test_a_tool_result_round_trip_on_the_server_is_the_same_with_speculation_off(client, served):
+    history = [{"role": "user", "content": "weather in Paris?"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                  "input": {"city": "Paris"}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                             "content": [{"type": "text", "text": "Sunny, 21C"}]}]}]
+    kw = dict(model=served[1], max_tokens=20, messages=history, tools=[WEATHER], tool_choice={"type": "none"})
+    on = client.messages.create(**kw, extra_body=GREEDY)
+    off = client.messages.create(**kw, extra_body={**GREEDY, "speculative.n_max": 0})
+    plain = client.messages.create(model=served[1], max_tokens=20, messages=ASK, extra_body=GREEDY)
+    assert on.content == off.content and on.usage.input_tokens > plain.usage.input_tokens

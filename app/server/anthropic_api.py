@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, TextDelta
-from .openai_api import _cancel_on_disconnect, _json_body, _retry, timings
+from .openai_api import _cancel_on_disconnect, _Held, _json_body, _retry, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside Anthropic's.
@@ -68,14 +68,62 @@ def chat_body(body) -> dict:
     for i, m in enumerate(given):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ApiError(400, f"messages[{i}].role: must be user or assistant.")
-        messages.append({"role": m["role"], "content": _text_blocks(m.get("content"), f"messages[{i}].content")})
+        messages.extend(_message(m, f"messages[{i}].content"))
     out = {"messages": messages, "max_tokens": max_tokens, "stream": body.get("stream")}
+    out.update(_tools(body))
     for name in ("model", "temperature", "top_p", "top_k"):
         if body.get(name) is not None:
             out[name] = body[name]
     if body.get("stop_sequences") is not None:
         out["stop"] = body["stop_sequences"]
     out.update({k: v for k, v in body.items() if k in _PASSED or k.startswith("speculative.")})
+    return out
+
+
+def _message(m: dict, where: str) -> list[dict]:
+    """One Anthropic message as chat messages: an assistant's ``tool_use`` blocks become its ``tool_calls``, a
+    user's ``tool_result`` blocks become ``tool`` messages (before the user's text, if any)."""
+    content = m.get("content")
+    if not isinstance(content, list):
+        return [{"role": m["role"], "content": _text_blocks(content, where)}]
+    texts, calls, results = [], [], []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use" and m["role"] == "assistant":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                raise ApiError(400, f"{where}[{i}]: a tool_use block needs a 'name' and an 'input' object.")
+            calls.append({"id": str(block.get("id") or ""), "type": "function",
+                          "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
+        elif kind == "tool_result" and m["role"] == "user":
+            inner = block.get("content")
+            results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
+                            "content": _text_blocks(inner if inner is not None else "", f"{where}[{i}].content")})
+        else:
+            texts.append(_text_blocks([block], where))
+    out = results + ([{"role": m["role"], "content": "".join(texts)}] if texts or calls else [])
+    if calls:
+        out[-1]["tool_calls"] = calls
+    return out
+
+
+def _tools(body: dict) -> dict:
+    """Anthropic's ``tools`` (name, description, input_schema) and ``tool_choice`` as the chat endpoint takes them."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        return {}
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ApiError(400, "tools: must be a list of {name, description, input_schema} objects.")
+    out = {"tools": [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description"),
+                                                       "parameters": t.get("input_schema")}} for t in tools]}
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        named = {"type": "function", "function": {"name": choice.get("name")}} if kind == "tool" else None
+        picked = {"auto": "auto", "any": "required", "none": "none", "tool": named}.get(kind)
+        if picked is None:
+            raise ApiError(400, "tool_choice: must be {\"type\": auto, any, none or tool (with a name)}.")
+        out["tool_choice"] = picked
+        if choice.get("disable_parallel_tool_use"):
+            out["parallel_tool_calls"] = False
     return out
 
 
@@ -97,7 +145,7 @@ class AnthropicMessages:
         engine, loaded = server.runtime.engine, server._loaded_name()
         if engine is None or loaded is None:
             raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.")
-        job, ids, params, _ = await asyncio.to_thread(server._prepare, body, True, engine, loaded)
+        job, ids, params, reader = await asyncio.to_thread(server._prepare, body, True, engine, loaded)
         cancel = threading.Event()
         leave = server._enter_queue(cancel)
         batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
@@ -114,7 +162,8 @@ class AnthropicMessages:
             except EngineError as exc:
                 raise ApiError(400, str(exc)) from None
             meta = dict(id=f"msg_{uuid.uuid4().hex[:24]}", model=body.get("model") or loaded, prompt_n=len(ids),
-                        stops=tuple(params.stop), detokenize=engine.detokenize, chat=True)
+                        stops=tuple(params.stop), detokenize=engine.detokenize, chat=True,
+                        tools=reader, offered=job.tools)
             if job.stream:
                 handed_over = True
                 return StreamingResponse(self._stream(first, batches, meta, watch), media_type="text/event-stream",
@@ -130,27 +179,47 @@ class AnthropicMessages:
                 await batches.aclose()
 
     async def _stream(self, first: list, batches, meta: dict, watch: asyncio.Future):
-        """Anthropic's events: message_start, content_block_start, ping, content_block_delta per batch of text,
-        content_block_stop, message_delta (stop_reason, usage, timings), message_stop."""
-        done = None
+        """Anthropic's events: message_start, ping, a text block (content_block_start, a content_block_delta per
+        batch of text, content_block_stop) once there is text, a block per tool call (its input as one
+        input_json_delta), message_delta (stop_reason, usage, timings), message_stop."""
+        done, index = None, 0
+        held = _Held(meta["tools"]) if meta["tools"] else None  # text that may begin a call waits
         try:
-            start = message(meta, None)
-            yield _event("message_start", {"type": "message_start", "message": start})
-            yield _event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                 "content_block": {"type": "text", "text": ""}})
+            yield _event("message_start", {"type": "message_start", "message": message(meta, None)})
+            opened = held is None  # (with tools offered, the text block opens once there is text)
+            if opened:
+                yield _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                     "content_block": {"type": "text", "text": ""}})
             yield _event("ping", {"type": "ping"})
             batch = first
             while True:
                 text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
+                done = batch[-1] if isinstance(batch[-1], Done) else None
+                if held is not None:
+                    text = held.feed(text)
+                    if done is not None:
+                        text += held.rest(meta["tools"].parse(done.text, meta["offered"])[0])
                 if text:
+                    if not opened:
+                        opened = True
+                        yield _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                             "content_block": {"type": "text", "text": ""}})
                     yield _event("content_block_delta", {"type": "content_block_delta", "index": 0,
                                                          "delta": {"type": "text_delta", "text": text}})
-                done = batch[-1] if isinstance(batch[-1], Done) else None
                 if done is not None:
                     break
                 batch = await anext(batches)
-            yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
             end = message(meta, done)
+            if opened:
+                yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                index = 1
+            for block in (b for b in end["content"] if b["type"] == "tool_use"):
+                yield _event("content_block_start", {"type": "content_block_start", "index": index,
+                                                     "content_block": {**block, "input": {}}})
+                yield _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}})
+                yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+                index += 1
             yield _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": end["stop_reason"],
                                                                             "stop_sequence": end["stop_sequence"]},
                                            "usage": end["usage"], "timings": end["timings"]})
@@ -165,10 +234,16 @@ class AnthropicMessages:
 
 
 def message(meta: dict, done: Done | None) -> dict:
-    """Anthropic's message for a finished generation (None: the empty one ``message_start`` carries)."""
+    """Anthropic's message for a finished generation (None: the empty one ``message_start`` carries). With tools
+    offered, its text block (left out when empty and there are calls) and a ``tool_use`` block per call read from the answer."""
     reason, sequence = _stop_reason(meta, done) if done is not None else (None, None)
-    out = {"id": meta["id"], "type": "message", "role": "assistant", "model": meta["model"],
-           "content": [{"type": "text", "text": done.text}] if done is not None else [],
+    content = []
+    if done is not None:
+        text, calls = meta["tools"].parse(done.text, meta["offered"]) if meta["tools"] else (done.text, [])
+        content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments or "{}")} for c in calls]
+        reason = "tool_use" if calls and reason == "end_turn" else reason
+    out = {"id": meta["id"], "type": "message", "role": "assistant", "model": meta["model"], "content": content,
            "stop_reason": reason, "stop_sequence": sequence,
            "usage": {"input_tokens": meta["prompt_n"], "output_tokens": done.stats.n_tokens if done else 0}}
     if done is not None:
