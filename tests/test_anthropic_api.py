@@ -164,3 +164,44 @@ def test_a_tool_result_round_trip_on_the_server_is_the_same_with_speculation_off
     off = client.messages.create(**kw, extra_body={**GREEDY, "speculative.n_max": 0})
     plain = client.messages.create(model=served[1], max_tokens=20, messages=ASK, extra_body=GREEDY)
     assert on.content == off.content and on.usage.input_tokens > plain.usage.input_tokens
+
+
+def test_a_streamed_call_is_a_tool_use_block_with_its_input_as_json_delta():
+    import asyncio
+    import json
+
+    from app.engine import Done, Stats, TextDelta
+    from app.prompts.tools.base import ToolCall
+    from app.server.anthropic_api import AnthropicMessages
+
+    class Reader:
+        def visible(self, text):
+            return text.split("<tool_call>")[0]
+
+        def parse(self, text, offered):
+            return self.visible(text), [ToolCall("call_1", "get_weather", '{"city": "Paris"}')]
+
+    class Server:
+        logged = []
+
+        def _log(self, meta, done, chat):
+            self.logged.append(done)
+
+    async def rest():
+        yield [TextDelta("{...}</tool_call>", [3], False), Done("stop", "Hi<tool_call>{...}</tool_call>", [1], Stats())]
+
+    async def run():
+        meta = dict(id="msg_1", model="m", prompt_n=5, stops=(), tools=Reader(), offered=[])
+        first = [TextDelta("Hi<tool_call>", [1], False)]
+        watch = asyncio.ensure_future(asyncio.sleep(60))
+        return [e async for e in AnthropicMessages(Server())._stream(first, rest(), meta, watch)]
+
+    events = [(e.split("\n")[0][7:], json.loads(e.split("\n")[1][6:])) for e in asyncio.run(run())]
+    assert [name for name, _ in events] == [
+        "message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert events[3][1]["delta"] == {"type": "text_delta", "text": "Hi"}
+    assert events[5][1]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}}
+    assert events[6][1] == {"type": "content_block_delta", "index": 1,
+                            "delta": {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'}}
+    assert events[8][1]["delta"]["stop_reason"] == "tool_use" and Server.logged
