@@ -205,3 +205,29 @@ def test_a_streamed_call_is_a_tool_use_block_with_its_input_as_json_delta():
     assert events[6][1] == {"type": "content_block_delta", "index": 1,
                             "delta": {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'}}
     assert events[8][1]["delta"]["stop_reason"] == "tool_use" and Server.logged
+
+
+@pytest.fixture(scope="module")
+def starter(specchat_home):
+    """`specchat serve --pair starter` (SmolLM2, which writes calls), driven by the anthropic client."""
+    from support.servers import specchat_serve
+
+    with specchat_serve(specchat_home, KEY) as url:
+        yield anthropic.Anthropic(base_url=url.rstrip("/").removesuffix("/v1"), api_key=KEY, max_retries=0,
+                                  timeout=300)
+
+
+def test_starter_calls_a_tool_streamed_and_not_identically_with_speculation_off(starter):
+    kw = dict(model="starter", max_tokens=80, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+              tools=[WEATHER], tool_choice={"type": "any"})
+    on = starter.messages.create(**kw, extra_body=GREEDY)
+    uses = [b for b in on.content if b.type == "tool_use"]
+    assert on.stop_reason == "tool_use" and uses and uses[0].name == "get_weather"
+    assert isinstance(uses[0].input["city"], str) and on.model_extra["timings"]["draft_n"] > 0
+    off = starter.messages.create(**kw, extra_body={**GREEDY, "speculative.n_max": 0})
+    with starter.messages.stream(**kw, extra_body=GREEDY) as stream:
+        streamed = stream.get_final_message()
+    for other in (off, streamed):
+        assert [(b.type, b.model_dump().get("input"), b.model_dump().get("text")) for b in other.content] == [
+            (b.type, b.model_dump().get("input"), b.model_dump().get("text")) for b in on.content]
+        assert other.stop_reason == "tool_use"
