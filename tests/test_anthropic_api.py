@@ -231,3 +231,15 @@ def test_starter_calls_a_tool_streamed_and_not_identically_with_speculation_off(
         assert [(b.type, b.model_dump().get("input"), b.model_dump().get("text")) for b in other.content] == [
             (b.type, b.model_dump().get("input"), b.model_dump().get("text")) for b in on.content]
         assert other.stop_reason == "tool_use"
+
+
+def test_starter_text_is_the_same_streamed_and_with_speculation_off(starter):
+    kw = dict(model="starter", max_tokens=48, system="You are helpful.",
+              messages=[{"role": "user", "content": "Name three colours of the rainbow."}])
+    on = starter.messages.create(**kw, extra_body=GREEDY)
+    off = starter.messages.create(**kw, extra_body={**GREEDY, "speculative.n_max": 0})
+    with starter.messages.stream(**kw, extra_body=GREEDY) as stream:
+        streamed = "".join(stream.text_stream)
+    assert len(on.content[0].text) > 10 and off.content[0].text == on.content[0].text == streamed
+    t = on.model_extra["timings"]
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"] and off.model_extra["timings"]["draft_n"] == 0
