@@ -8,7 +8,8 @@ and ``/v1``), checked before any of them runs.
   origins are let through to ``/v1`` only); a write without ``Origin`` is judged by its ``Referer``. Requests from
   tools (curl, SDKs) send neither and pass.
 - **One key for everything** when it guards the UI (``--listen``): a login page sets an HttpOnly, SameSite=Strict
-  cookie; clients send ``Authorization: Bearer KEY``; ``/?key=KEY`` (the URL printed at start) logs a browser in.
+  cookie; clients send ``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``, as Anthropic's do); ``/?key=KEY``
+  (the URL printed at start) logs a browser in.
   On loopback a key guards ``/v1`` only, as before. The cookie lasts ``SESSION_SECONDS`` (a week) and is renewed
   on use once it is a day old, so a browser in use stays signed in and one left alone is signed out.
 - **No framing** (clickjacking): every answer, the UI's and the API's, says no page may frame it
@@ -204,6 +205,8 @@ class Guard:
     def _authorised(self, headers: dict) -> bool:
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer " and self.access.key_matches(auth[7:].strip()):
+            return True
+        if self.access.key_matches(headers.get("x-api-key", "").strip()):  # the key as Anthropic's clients send it
             return True
         return self._session_age(headers) is not None
 

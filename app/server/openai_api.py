@@ -106,6 +106,8 @@ class OpenAIServer:
         api.get("/models")(self.models)
         api.post("/chat/completions")(self.chat_completions)
         api.post("/completions")(self.completions)
+        from .anthropic_api import AnthropicMessages  # (here: that module imports this one)
+        api.post("/messages")(AnthropicMessages(self).messages)  # Anthropic's Messages API
         api.add_middleware(BodyLimit, limit=self.body_limit)  # added last: in front of the rest
         return api
 
