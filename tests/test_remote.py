@@ -81,7 +81,6 @@ def test_bench_against_a_server_turning_speculation_off_per_request(served, tmp_
 
 @pytest.mark.parametrize("case,words", [
     ("key", r"refused the API key \(401\)"),
-    ("model", r"has no model 'nope' \(404\).*Its models: starter"),
     ("down", r"Cannot reach http://127\.0\.0\.1:\d+ \(ConnectError\): is the server running"),
     ("url", r"'127\.0\.0\.1:1' is not a server URL"),
 ])
@@ -89,10 +88,15 @@ def test_server_failures_are_explained(served, case, words):
     import re
 
     url = {"down": f"http://127.0.0.1:{free_port()}", "url": "127.0.0.1:1"}.get(case, served)
-    extra = ["--model", "nope"] if case == "model" else []
-    r = generate(url, *extra, key="wrong" if case == "key" else KEY)
+    r = generate(url, key="wrong" if case == "key" else KEY)
     assert r.returncode == 1 and re.search(words, r.stderr), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_any_model_name_is_answered_by_the_loaded_pair(served):
+    """As llama-server does: a tool that hard-codes a model name still gets the loaded pair's answer."""
+    r = generate(served, "--model", "gpt-4o", key=KEY)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
 
 
 @contextmanager

@@ -111,12 +111,15 @@ class RemoteServer:
             except (httpx.HTTPError, ValueError):
                 return {}
 
+        listed = [m for m in probe("/v1/models").get("data", []) if isinstance(m, dict)]
+        owners = {m.get("owned_by") for m in listed}
+        said = next((m["speculation"] for m in listed if isinstance(m.get("speculation"), str)), None)  # specchat serve
+        if "specchat" in owners:  # (first: it serves llama-server's /props too)
+            return "specchat", said
         if "build_info" in (props := probe("/props")):
             types = (props.get("default_generation_settings") or {}).get("speculative.types")
             # Builds that speculate still say "none" here: only a real type is taken as the method.
             return "llama.cpp llama-server", types if types and types != "none" else None
-        listed = [m for m in probe("/v1/models").get("data", []) if isinstance(m, dict)]
-        owners = {m.get("owned_by") for m in listed}
         info = probe("/server_info") or probe("/get_server_info")
         if "sglang" in owners or "speculative_algorithm" in info:
             algo, n = info.get("speculative_algorithm"), info.get("speculative_num_draft_tokens")
@@ -126,7 +129,6 @@ class RemoteServer:
         if "version" in (version := probe("/version")):
             return f"vLLM {version['version']}", None
         owner = next((o for o in owners if o and o not in ("openai", "system")), None)
-        said = next((m["speculation"] for m in listed if isinstance(m.get("speculation"), str)), None)  # specchat serve
         return owner or "OpenAI-compatible", said
 
     @property
