@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, TextDelta
-from .openai_api import _cancel_on_disconnect, _Held, _json_body, _retry, timings
+from .openai_api import _Held, _json_body, _retry, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside Anthropic's.
@@ -146,10 +144,7 @@ class AnthropicMessages:
         if engine is None or loaded is None:
             raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.")
         job, ids, params, reader = await asyncio.to_thread(server._prepare, body, True, engine, loaded)
-        cancel = threading.Event()
-        leave = server._enter_queue(cancel)
-        batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
-        watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+        batches, watch = server._generate(request, engine, ids, params, job.drafter)
         handed_over = False
         try:
             try:

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
 from ..prompts import chat_prompt, tool_prompt
 from .request_body import ApiError, parse
@@ -178,17 +176,14 @@ class _Routes:
         ``{"content", "stop", "stop_type", "tokens_predicted", "tokens_evaluated", "timings", …}``; streamed, one
         ``data: {"content", "stop": false, …}`` event per batch and the whole answer's fields on the last (no
         ``[DONE]``, as llama-server)."""
-        from .openai_api import _cancel_on_disconnect, _json_body, _retry, timings
+        from .openai_api import _json_body, _retry, timings
 
         body = await _json_body(request)
         server, engine, loaded = self.server, self._engine(), self.server._loaded_name()
         if engine is None:
             return loading()
         job, ids, params, _ = await asyncio.to_thread(server._prepare, body, False, engine, loaded)
-        cancel = threading.Event()
-        leave = server._enter_queue(cancel)
-        batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
-        watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+        batches, watch = server._generate(request, engine, ids, params, job.drafter)
 
         def final(done: Done) -> dict:
             server._log({"model": loaded}, done, False)  # for the app's API section

@@ -161,10 +161,7 @@ class OpenAIServer:
         # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
         job, ids, params, reader = await asyncio.to_thread(self._prepare, body, chat, engine, loaded)
 
-        cancel = threading.Event()
-        leave = self._enter_queue(cancel)
-        batches = batches_async(lambda c: engine.generate(ids, params, job.drafter, c), leave, cancel)
-        watch = asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+        batches, watch = self._generate(request, engine, ids, params, job.drafter)
         handed_over = False
         try:
             try:
@@ -218,6 +215,14 @@ class OpenAIServer:
         if len(ids) >= engine.n_ctx:
             raise _too_long(f"The prompt is {len(ids)} tokens", engine.n_ctx, chat)
         return job, ids, params, reader
+
+    def _generate(self, request: Request, engine, ids: list[int], params, drafter: str):
+        """A prepared request's generation: a place in the queue, its batches (validation errors and the wait for
+        the engine come with the first), and a watch that cancels it when the client goes away."""
+        cancel = threading.Event()
+        leave = self._enter_queue(cancel)
+        batches = batches_async(lambda c: engine.generate(ids, params, drafter, c), leave, cancel)
+        return batches, asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
 
     def _enter_queue(self, cancel: threading.Event) -> Callable[[], None]:
         """Count a request in (503 when too many wait); returns what counts it out, called on the worker when its
