@@ -236,8 +236,7 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
         raise EngineError(f"--drafter {drafter} needs {what}, or use --drafter {registry.default_method(False, False)}.")
     dp = draft_params(args, resolved.draft_params)
     # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
-    head_arch = read_info(resolved.draft).architecture if resolved.draft else None
-    engine = load_engine(spec, resolved, with_draft=registry.needs_draft_file(drafter, head_arch))
+    engine = load_engine(spec, resolved, with_draft=registry.needs_draft_file(drafter, resolved.draft))
     if drafter != OFF and not batch_invariant():
         print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
               "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "

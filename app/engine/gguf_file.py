@@ -39,6 +39,11 @@ def metadata(path: Path) -> dict:
     return _cached_header(Path(path)).kv
 
 
+def tensor_names(path: Path) -> frozenset[str]:
+    """The names of the tensors a GGUF file (first shard) holds, as read once per process."""
+    return _cached_header(Path(path)).tensors
+
+
 def _cached_header(path: Path) -> _Header:
     st = path.stat() if path.is_file() else None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
@@ -97,6 +102,7 @@ _KEEP_STRING_ARRAYS = {"tokenizer.ggml.tokens"}  # other string arrays (merges) 
 class _Header:
     kv: dict
     data_end: int  # file size the header's tensors need
+    tensors: frozenset[str] = frozenset()
 
 
 def _parse(path: Path) -> _Header:
@@ -158,9 +164,10 @@ def _parse_bytes(data: bytes) -> _Header:
         key = raw_key.decode("utf-8", "replace")
         (vtype,) = struct.unpack_from("<I", data, off)
         kv[key], off = read_value(vtype, off + 4, key)
-    end = 0
+    end, names = 0, []
     for _ in range(n_tensors):
-        _, off = read_str(off)
+        name, off = read_str(off)
+        names.append(name.decode("utf-8", "replace"))
         (n_dims,) = struct.unpack_from("<I", data, off)
         dims = struct.unpack_from(f"<{n_dims}Q", data, off + 4)
         off += 4 + 8 * n_dims
@@ -173,7 +180,7 @@ def _parse_bytes(data: bytes) -> _Header:
         end = max(end, t_off + n_el * type_size // block)
     alignment = int(kv.get("general.alignment", 32))
     data_start = (off + alignment - 1) // alignment * alignment
-    return _Header(kv, data_start + end)
+    return _Header(kv, data_start + end, frozenset(names))
 
 
 # llama.cpp's vocabulary types (enum llama_vocab_type), by the tokenizer.ggml.model names that select them, with

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from .compat import compatibility_problems
 from .draft_control import MAX_DRAFT
-from .drafters import HEADS
+from .drafters import Drafter
 from .drafters.mtp import MtpDrafter
+from .drafters.registry import head_class as head_class_of
 from .errors import EngineError
 from .fit import Load, check_fits
-from .gguf_file import read_info
 from .llama import Context, Model, ModelSettings, default_threads, gpus
 
 DEFAULT_CTX = 4096
@@ -42,11 +42,11 @@ class LoadedPair:
             finally:
                 t_vocab.close()
                 d_vocab.close()
-        head_class = HEADS.get(read_info(draft.path).architecture) if draft is not None else None
+        head_class = head_class_of(draft.path) if draft is not None else None
         if head_class and self.cross_vocab:
             raise EngineError(f"{draft.path.name} cannot draft for {target.path.name}: "
                               + "; ".join(self.cross_vocab) + ".")
-        self.head: MtpDrafter | None = None
+        self.head: Drafter | None = None
         self._mtp: MtpDrafter | None = None  # the target's own MTP layers' drafter, made on first use
         models: list[Model] = []
         contexts: list[Context] = []

@@ -10,7 +10,8 @@ from . import size_ratio
 from .catalog import load_catalog, local_path, status
 from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
-from ..engine.drafters import HEADS, METHODS
+from ..engine.drafters import METHODS
+from ..engine.drafters.registry import head_class
 from ..engine.pair import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, read_info
 from ..engine.llama import ModelSettings, gpus
@@ -112,11 +113,12 @@ def head_note(r: PairReport, head) -> str:
     target's own state, so it suits only some targets (the engine checks the sizes when it loads)."""
     if problem := head.target_problem(r.target.architecture):
         return f"not usable: the draft is {head.DESCRIBED}, {problem}"
-    if not r.compatible:
-        return f"not usable: the draft is {head.DESCRIBED}, but " + "; ".join(r.problems)
+    if problems := r.problems or head.pair_problems(r.target.path, r.draft.path):
+        return f"not usable: the draft is {head.DESCRIBED}, but " + "; ".join(problems)
     spec_type = SPEC_TYPE_OF[head.METHOD]
+    needs = f"; it needs {needs}" if (needs := head.needs(r.draft.path)) else ""
     return (f"compatible: the draft is {head.DESCRIBED}, drafting from {head.READS} (llama.cpp: --spec-type {spec_type} "
-            "-md FILE)")
+            f"-md FILE){needs}")
 
 
 def describe(r: PairReport) -> list[str]:
@@ -129,7 +131,7 @@ def describe(r: PairReport) -> list[str]:
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
     if own := own_drafting(r.target):
         lines.append(own)
-    if r.draft and (head := HEADS.get(r.draft.architecture)):
+    if r.draft and (head := head_class(r.draft.path)):
         lines.append(head_note(r, head))
     elif r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else

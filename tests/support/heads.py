@@ -1,5 +1,5 @@
-"""The hidden-state head drafters the tests run (MTP layers, EAGLE-3 heads, Gemma 4's assistant), each with the tiny
-models it drafts for, and ``run``: one generation to its ``Done``. test_heads.py runs the checks every head must pass
+"""The hidden-state head drafters the tests run (MTP layers, EAGLE-3 heads, Gemma 4's assistant, DFlash and DSpark
+block drafts), each with the tiny models it drafts for, and ``run``: one generation to its ``Done``. test_heads.py runs the checks every head must pass
 for each of them; each head's own test file, what it alone does."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Callable
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, SamplingParams
 
+from .tiny_block import write_block_pair, write_dspark_pair
 from .tiny_eagle3 import write_eagle3_pair
 from .tiny_gemma4 import write_gemma4_pair
 from .tiny_recurrent import write_recurrent
@@ -28,6 +29,9 @@ HEADS = {h.name: h for h in [
     Head("eagle3", "eagle3", write_eagle3_pair),
     # a tiny Gemma 4 and its gemma4-assistant, which reads the target's cache (context 0.3 loops on a long second turn)
     Head("gemma4", "model", lambda folder: write_gemma4_pair(folder, context=0.2)),
+    # a tiny llama and block drafts reading two of its layers' inputs (tiny_block says how they agree with it)
+    Head("dflash", "dflash", write_block_pair),
+    Head("dspark", "dspark", write_dspark_pair),
 ]}
 
 

@@ -15,6 +15,7 @@ output stays identical to plain decoding and sampled output keeps the target's d
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -42,6 +43,21 @@ class MtpDrafter(Drafter):
             raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with.")
         self._open(target, model, model.n_embd, p_min, mtp_type=True)
         self.capture = captured(target, HiddenStates)
+
+    @classmethod
+    def kind(cls, path) -> type[MtpDrafter]:
+        """The drafter a head file of this class's architecture is (one class per architecture)."""
+        return cls
+
+    @staticmethod
+    def needs(head: Path) -> str:
+        """What this head needs of its target beyond its architecture, in words ('': nothing to add)."""
+        return ""
+
+    @staticmethod
+    def pair_problems(target: Path, head: Path) -> list[str]:
+        """Why this head cannot draft for ``target``, from the two headers (the engine checks more when it loads)."""
+        return []
 
     def _open(self, target: Context, model: Model, n_embd: int, p_min: float, mtp_type: bool) -> None:
         """A context for ``model``'s drafting layers on the target's, whose rows carry a token and an ``n_embd``-wide

@@ -5,12 +5,15 @@ UI's list, the pair check and the names in Stats all read this table: a new meth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 from ..errors import EngineError
+from ..gguf_file import read_info
 from ..llama import Context, Model
 from .base import Drafter, NoDrafter
 from .cross_vocab import TextDrafter
+from .dflash import DFlashDrafter, DSparkDrafter
 from .draft_model import ModelDrafter
 from .eagle3 import Eagle3Drafter
 from .gemma4_assistant import AssistantDrafter
@@ -24,7 +27,7 @@ class Pair(Protocol):
     target_ctx: Context
     draft_ctx: Context | None  # a draft model's own context
     cross_vocab: bool  # the draft model's vocabulary is not the target's: it drafts as text
-    head: MtpDrafter | None  # a head given as the draft file (Gemma 4's assistant, EAGLE-3)
+    head: Drafter | None  # a head given as the draft file (Gemma 4's assistant, EAGLE-3, a block draft)
 
     def mtp(self) -> MtpDrafter:
         """The target's own MTP layers' drafter (made once, on first use)."""
@@ -68,6 +71,14 @@ METHODS: tuple[Method, ...] = (
     Method(Eagle3Drafter.name, "EAGLE-3 head", ("draft-eagle3",),
            "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)",
            "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, p_min: pair.head),
+    Method(DFlashDrafter.name, "DFlash block draft", ("draft-dflash",),
+           "This pair has no DFlash block draft (give one as the draft: -md DFLASH.gguf)",
+           "a DFlash block draft: add --draft DFLASH.gguf", _head_for(DFlashDrafter.name),
+           lambda pair, p_min: pair.head.with_p_min(p_min)),
+    Method(DSparkDrafter.name, "DSpark block draft", ("draft-dspark",),
+           "This pair has no DSpark block draft (give one as the draft: -md DSPARK.gguf)",
+           "a DSpark block draft: add --draft DSPARK.gguf", _head_for(DSparkDrafter.name),
+           lambda pair, p_min: pair.head.with_p_min(p_min)),
     Method(NgramDrafter.name, "N-gram lookup",
            ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"), "", "",
            lambda *_: True, lambda pair, p_min: NgramDrafter()),
@@ -77,14 +88,13 @@ BY_NAME = {m.name: m for m in METHODS}
 DRAFTERS = tuple(BY_NAME)  # the names a person or a request may choose
 OFF = NoDrafter.name
 DRAFT_MODEL = ModelDrafter.name
-# llama.cpp's types that SpecChat does not run yet
-NOT_YET = ("draft-dflash", "draft-dspark")
 SPEC_TYPES = {t: m.name for m in METHODS for t in m.spec_types}
-# Draft files that are not models of their own but heads drafting through the target's context, by architecture
-HEADS: dict[str, type[MtpDrafter]] = {cls.ARCH: cls for cls in (AssistantDrafter, Eagle3Drafter)}
+# Draft files that are not models of their own but heads drafting from the target's state, by architecture
+HEADS: dict[str, type[MtpDrafter] | type[DFlashDrafter]] = {
+    cls.ARCH: cls for cls in (AssistantDrafter, Eagle3Drafter, DFlashDrafter)}
 # How each drafter's name reads (Stats, Compare, the API's model list); a server's own method shows as it is
 LABELS = {cls.name: cls.label for cls in (ModelDrafter, TextDrafter, MtpDrafter, AssistantDrafter, Eagle3Drafter,
-                                          NgramDrafter, NoDrafter)}
+                                          DFlashDrafter, DSparkDrafter, NgramDrafter, NoDrafter)}
 
 
 def label(drafter: str) -> str:
@@ -99,11 +109,8 @@ def method(name: str) -> Method:
 
 def drafter_for(spec_type: str) -> str:
     """The method a llama.cpp speculative type names."""
-    if isinstance(spec_type, str) and spec_type in NOT_YET:
-        runs = ", ".join(m.spec_types[0] for m in METHODS[:-1])
-        raise EngineError(f"{spec_type} is not available in SpecChat yet: use {runs}.")
     if not isinstance(spec_type, str) or spec_type not in SPEC_TYPES:
-        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join([*SPEC_TYPES, *NOT_YET])}.")
+        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}.")
     return SPEC_TYPES[spec_type]
 
 
@@ -112,10 +119,18 @@ def default_method(has_draft: bool, has_mtp_layers: bool) -> str:
     return ModelDrafter.name if has_draft else MtpDrafter.name if has_mtp_layers else NgramDrafter.name
 
 
-def needs_draft_file(name: str, head_arch: str | None) -> bool:
-    """Does this method load the pair's draft file (a draft model, or a head that answers to it)?"""
-    head = HEADS.get(head_arch) if head_arch else None
-    return name == ModelDrafter.name or (head is not None and head.METHOD == name)
+def head_class(draft: Path) -> type[MtpDrafter] | type[DFlashDrafter] | None:
+    """The head a draft file is (None: a draft model of its own): by its architecture, and for a block draft by the
+    heads it carries (DFlash or DSpark)."""
+    cls = HEADS.get(read_info(Path(draft)).architecture)
+    return cls.kind(Path(draft)) if cls else None
+
+
+def needs_draft_file(name: str, draft: Path | None) -> bool:
+    """Does this method load the pair's draft file (a draft model, a head that answers to it, or any file for a
+    method that drafts with one: a file of another kind is then refused in words, naming what it is for)?"""
+    head = head_class(draft) if draft else None
+    return name == ModelDrafter.name or bool(method(name).draft_file) or (head is not None and head.METHOD == name)
 
 
 def usable(target: Model, head: Drafter | None, has_draft_model: bool) -> tuple[str, ...]:

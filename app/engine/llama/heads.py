@@ -19,7 +19,7 @@ from .model import Model
 LAYER_INPUT_FUNCTIONS = ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp")
 
 
-def _nextn(name: str):
+def nextn_call(name: str):
     """One of llama-cpp-python's bindings of the MTP staging calls (C++ names, found when first imported)."""
     from llama_cpp import llama_cpp_ext
 
@@ -58,10 +58,10 @@ class HiddenStates(Capture):
 
     def __init__(self, target: Context):
         super().__init__(target)
-        _nextn("llama_set_embeddings_nextn")(target.ptr, True, False)
+        nextn_call("llama_set_embeddings_nextn")(target.ptr, True, False)
 
     def read(self, n: int) -> np.ndarray:
-        addr = ctypes.cast(_nextn("llama_get_embeddings_nextn")(self.target.ptr), ctypes.c_void_p).value
+        addr = ctypes.cast(nextn_call("llama_get_embeddings_nextn")(self.target.ptr), ctypes.c_void_p).value
         if not addr:
             raise EngineError("llama.cpp kept no hidden states for the MTP layers after a decode.")
         d = self.target.model.n_embd
@@ -121,7 +121,7 @@ class HeadContext:
                           "Try a smaller context (--ctx).")
         self.ptr = ptr
         self.mem = ll.llama_get_memory(ptr)
-        _nextn("llama_set_embeddings_nextn")(ptr, True, True)  # the head's own hidden state, for the next step
+        nextn_call("llama_set_embeddings_nextn")(ptr, True, True)  # the head's own hidden state, for the next step
         self._batch = ll.llama_batch_init(n_batch, n_embd, 1)  # rows carry a hidden state...
         self._tokens = (ll.llama_token * n_batch)()  # ...and a token (llama.cpp reads both)
         self._batch.token = ctypes.cast(self._tokens, ctypes.POINTER(ll.llama_token))
@@ -164,7 +164,7 @@ class HeadContext:
         return logits_row(self.ptr, self._last, self.model.n_vocab)
 
     def own_hidden(self) -> np.ndarray:
-        addr = ctypes.cast(_nextn("llama_get_embeddings_nextn_ith")(self.ptr, self._last), ctypes.c_void_p).value
+        addr = ctypes.cast(nextn_call("llama_get_embeddings_nextn_ith")(self.ptr, self._last), ctypes.c_void_p).value
         return np.asarray(FloatRow(addr, self.n_embd)).copy()
 
     def encode(self, features: list[np.ndarray], n_feat: int) -> list[np.ndarray]:
@@ -187,7 +187,7 @@ class HeadContext:
             rc = ll.llama_encode(self.ptr, b)
             if rc != 0:
                 raise failure(f"llama_encode failed in the {self.label} head (code {rc})", "Check the head's file.")
-            addr = ctypes.cast(_nextn("llama_get_embeddings_nextn")(self.ptr), ctypes.c_void_p).value
+            addr = ctypes.cast(nextn_call("llama_get_embeddings_nextn")(self.ptr), ctypes.c_void_p).value
             out += list(np.array(FloatRow(addr, len(chunk) * self.n_embd)).reshape(len(chunk), self.n_embd))
         return out
 

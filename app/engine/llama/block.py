@@ -1,0 +1,112 @@
+"""The context a block draft (DFlash, DSpark: ``general.architecture = dflash``) drafts in.
+
+It is the draft model's own, on the target's (``ctx_other``: a draft without token embeddings or an output head
+borrows the target's). Two kinds of batch go through it, as in llama.cpp's ``draft-dflash``: rows of the target's
+features (the inputs of the layers the draft names, side by side), which its graph projects and writes into its
+cache at the target's positions; and a block of tokens, ``[last, <mask> ...]``, decoded in one pass over that cache
+with every row an output (logits, and the rows' extra outputs: DSpark's confidences).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import llama_cpp.llama_cpp as ll
+
+from ..errors import EngineError
+from .backend import FloatRow, failure, logits_row
+from .context import Context
+from .heads import nextn_call
+from .model import Model
+
+
+class BlockContext:
+    def __init__(self, target: Context, model: Model, n_feat: int, n_block_max: int, causal: bool, label: str):
+        self.model, self.label = model, label
+        self.mask = int(ll.llama_vocab_mask(model.vocab))
+        if self.mask < 0:
+            raise EngineError(f"{model.path.name} names no mask token (tokenizer.ggml.mask_token_id), which a block "
+                              "draft fills its block with: the file is incomplete.")
+        self.n_batch = max(target.n_batch, n_block_max)
+        params = ll.llama_context_default_params()
+        params.n_ctx = target.n_ctx  # it holds the target's conversation, position by position
+        params.n_batch = params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_outputs_max = n_block_max  # every row of a block is an output
+        params.n_threads = params.n_threads_batch = target.n_threads
+        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.no_perf = True
+        params.ctx_other = target.ptr
+        ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise failure(f"llama.cpp could not create a {label} context for {model.path.name}",
+                          "Try a smaller context (--ctx).")
+        self.ptr = ptr
+        self.mem = ll.llama_get_memory(ptr)
+        ll.llama_set_causal_attn(ptr, causal)  # a block attends both ways unless the draft was trained causal
+        nextn_call("llama_set_embeddings_nextn")(ptr, True, True)  # the output rows' extra outputs (DSpark's confidences)
+        self.n_feat = n_feat
+        self._features = ll.llama_batch_init(self.n_batch, n_feat, 1)  # feature rows, no tokens
+        self._feat = np.ctypeslib.as_array(self._features.embd, shape=(self.n_batch * n_feat,)).reshape(-1, n_feat)
+        self._block = ll.llama_batch_init(n_block_max, 0, 1)
+
+    def set_threads(self, n: int) -> None:
+        ll.llama_set_n_threads(self.ptr, n, n)
+
+    def drop_from(self, pos: int) -> None:
+        """Forget the positions from ``pos`` on."""
+        ll.llama_memory_seq_rm(self.mem, 0, max(pos, 0), -1)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.mem, True)
+
+    def inject(self, positions: list[int], rows: list[np.ndarray]) -> None:
+        """Write the target's features of these positions into the cache (no outputs)."""
+        b = self._features
+        for i in range(0, len(positions), self.n_batch):
+            chunk = positions[i : i + self.n_batch]
+            for j, pos in enumerate(chunk):
+                self._feat[j] = rows[i + j]
+                b.pos[j] = pos
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = 0
+                b.logits[j] = 0
+            b.n_tokens = len(chunk)
+            self._run(b, "its target's features")
+
+    def decode_block(self, pos0: int, tokens: list[int]) -> None:
+        """Decode a block at positions ``pos0``...; every row's outputs can be read."""
+        b = self._block
+        for j, tok in enumerate(tokens):
+            b.token[j] = tok
+            b.pos[j] = pos0 + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = 0
+            b.logits[j] = 1
+        b.n_tokens = len(tokens)
+        self._run(b, "a block")
+
+    def _run(self, batch, what: str) -> None:
+        rc = ll.llama_decode(self.ptr, batch)
+        if rc != 0:
+            raise failure(f"llama_decode failed on {what} in the {self.label} draft's context (code {rc})",
+                          "The context may be full.")
+        ll.llama_synchronize(self.ptr)
+
+    def logits(self, row: int) -> np.ndarray:
+        """The last block's logits at ``row`` (a view, valid until the next decode)."""
+        return logits_row(self.ptr, row, self.model.n_vocab)
+
+    def extra(self, row: int) -> float:
+        """The first value of the last block's extra output at ``row`` (DSpark: its confidence head's)."""
+        addr = ctypes.cast(nextn_call("llama_get_embeddings_nextn_ith")(self.ptr, row), ctypes.c_void_p).value
+        if not addr:
+            raise EngineError(f"llama.cpp kept no confidences for the {self.label} draft's block.")
+        return float(np.asarray(FloatRow(addr, 1))[0])
+
+    def close(self) -> None:
+        if self.ptr:
+            ll.llama_batch_free(self._features)
+            ll.llama_batch_free(self._block)
+            ll.llama_free(self.ptr)
+            self.ptr = None
