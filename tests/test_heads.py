@@ -1,6 +1,6 @@
 """What every hidden-state head drafter must do, checked for each (support.heads): MTP (a tiny Qwen3.5's own MTP
 layer), EAGLE-3 (a head reading three layers of a tiny llama), Gemma 4's assistant (reading a tiny Gemma 4's
-cache) and the DFlash and DSpark block drafts (reading two layers of a tiny llama). Greedy output identical to speculation off at draft lengths 1 to 8 and adaptive, under each name the head
+cache) and the DFlash, DFlash2 and DSpark block drafts (reading two layers of a tiny llama). Greedy output identical to speculation off at draft lengths 1 to 8 and adaptive, under each name the head
 answers to; a second turn that reuses the prefix; the target's distribution when sampling; drafting under a grammar;
 and, for a head given as a file, the CLI under llama.cpp's names. What one head alone does is tested in its own file
 (test_mtp.py, test_eagle3.py, test_gemma4_assistant.py, test_block_drafters.py)."""
@@ -30,6 +30,7 @@ EXPECTED = {
     "eagle3": Expected(("eagle3", "eagle3", "model", "eagle3"), "eagle3", "EAGLE-3", False, "draft-eagle3"),
     "gemma4": Expected(("model", "model", "mtp", "model"), "assistant", "Gemma 4 assistant", False, "draft-mtp"),
     "dflash": Expected(("dflash", "dflash", "model", "dflash"), "dflash", "DFlash", False, "draft-dflash"),
+    "dflash2": Expected(("dflash", "dflash", "model", "dflash"), "dflash", "DFlash", False, "draft-dflash"),
     "dspark": Expected(("dspark", "dspark", "model", "dspark"), "dspark", "DSpark", True, "draft-dspark"),
 }
 DRAFTS = [dict(draft_max=1), dict(draft_max=4, draft_p_min=0.0), dict(draft_max=8, draft_p_min=0.0),

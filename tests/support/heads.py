@@ -31,6 +31,7 @@ HEADS = {h.name: h for h in [
     Head("gemma4", "model", lambda folder: write_gemma4_pair(folder, context=0.2)),
     # a tiny llama and block drafts reading two of its layers' inputs (tiny_block says how they agree with it)
     Head("dflash", "dflash", write_block_pair),
+    Head("dflash2", "dflash", lambda folder: write_block_pair(folder, selector_top_k=4)),
     Head("dspark", "dspark", write_dspark_pair),
 ]}
 

@@ -54,10 +54,12 @@ def write_dspark_pair(folder: Path, seed: int = 0, context: float = 0.2, **draft
 
 def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), block_size: int = 16,
                       markov: bool = False, sample_from_anchor: bool = True, confidence: bool = True,
-                      causal: bool = False) -> Path:
+                      causal: bool = False, selector_top_k: int = 0) -> Path:
     """A block draft for ``target`` (a tiny_gguf model of width 64) reading the inputs of ``layers``. ``markov``: a
     DSpark draft (a Markov head, and a confidence head unless ``confidence`` is False), drafting from the anchor's
-    row on (``sample_from_anchor``) or from the first mask's. ``causal``: its block attends causally."""
+    row on (``sample_from_anchor``) or from the first mask's. ``causal``: its block attends causally.
+    ``selector_top_k``: a DFlash2 draft, whose selector walks each row's top candidates (its convolutions are the
+    identity and its selector's pair scores small, so it picks as DFlash does, nearly)."""
     tensors = {t.name: np.array(t.data) for t in GGUFReader(str(target)).tensors}
     embd, out = tensors["token_embd.weight"], tensors["output.weight"]
     n_vocab, n_embd = embd.shape
@@ -77,6 +79,10 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
     w.add_array("dflash.target_layers", list(layers))
     w.add_uint32("dflash.block_size", block_size)
     w.add_bool("dflash.attention.causal", causal)
+    if selector_top_k:
+        for key, value in (("selector_rank", 8), ("selector_top_k", selector_top_k), ("conv_kernel_size", 3),
+                           ("conv_group_size", 16)):
+            w.add_uint32(f"dflash.{key}", value)
     if markov:
         w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
         w.add_bool("dflash.has_confidence_head", confidence)
@@ -122,6 +128,15 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
                         ("ffn_up", rng.standard_normal((32, WIDTH)) * WIDTH ** -0.5),
                         ("ffn_down", np.zeros((WIDTH, 32)))):
         w.add_tensor(p + name + ".weight", np.asarray(value, dtype=f32))
+    if selector_top_k:  # convolutions (before and after attention and the feed-forward): the identity
+        identity = np.zeros((2, 3, WIDTH), dtype=f32)
+        identity[:, 0] = 1.0  # tap 0 (this row) weighs 1, earlier rows 0; no per-row part
+        for part in ("attn", "ffn"):
+            w.add_tensor(p + f"{part}_conv_base", identity)
+            w.add_tensor(p + f"{part}_conv_proj.weight", np.zeros((2 * 3 * (WIDTH // 16), WIDTH), dtype=f32))
+        for name, shape in (("selector_predecessor", (n_vocab, 8)), ("selector_successor", (n_vocab, 8)),
+                            ("selector_hidden", (8, WIDTH))):
+            w.add_tensor(name + ".weight", (rng.standard_normal(shape) * 0.1).astype(f32))
     if markov:
         normed = embd / np.sqrt((embd ** 2).mean(axis=1, keepdims=True) + 1e-5)
         w.add_tensor("markov_w1.weight", normed.astype(f32))  # the previous token's normed embedding...

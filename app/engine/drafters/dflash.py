@@ -13,9 +13,12 @@ as llama.cpp does. The block's rows are dropped afterwards: the target's feature
 verified the block, so greedy output stays identical to plain decoding and sampled output keeps the target's
 distribution (each token is drawn from its row's distribution, which depends on the history alone).
 
+DFlash2 (``dflash.selector_top_k`` > 0: a selector and short convolutions in its layers) is ``draft-dflash`` too:
+its graph scores, per row, its top candidates against each of the previous row's, and the draft walks that lattice
+from the anchor as llama.cpp does (a deterministic proposal, so sampled output keeps the target's distribution).
+
 Block size (``dflash.block_size``), anchor layout and causality come from the draft's metadata; a block drafts at
-most ``block_size - 1`` tokens (DSpark from the anchor: ``block_size``). DFlash2's selector (a draft with
-``selector_hidden``) is not run here: such a file is refused in words.
+most ``block_size - 1`` tokens (DSpark from the anchor: ``block_size``).
 """
 from __future__ import annotations
 
@@ -38,7 +41,6 @@ from .eagle3 import LAYER_INPUT_ARCHS
 
 ARCH = "dflash"
 MARKOV_HEAD = "markov_w1.weight"  # llama.cpp tells DSpark from DFlash by it
-SELECTOR = "selector_hidden.weight"  # DFlash2
 
 
 @dataclass(frozen=True)
@@ -50,13 +52,14 @@ class BlockSettings:
     sample_from_anchor: bool  # DSpark: the anchor's row drafts too
     causal: bool
     confidence: bool  # DSpark: a confidence head
+    selector_top_k: int  # DFlash2: the candidates per row its selector scores (0: DFlash)
 
     @classmethod
     def of(cls, path: Path) -> BlockSettings:
         kv = metadata(path)
         return cls(tuple(int(x) for x in kv.get(f"{ARCH}.target_layers", ())), int(kv.get(f"{ARCH}.block_size", 16)),
                    bool(kv.get(f"{ARCH}.sample_from_anchor", True)), bool(kv.get(f"{ARCH}.attention.causal", False)),
-                   bool(kv.get(f"{ARCH}.has_confidence_head", True)))
+                   bool(kv.get(f"{ARCH}.has_confidence_head", True)), int(kv.get(f"{ARCH}.selector_top_k", 0)))
 
 
 def block_problems(target: Path, draft: Path) -> list[str]:
@@ -88,8 +91,9 @@ def block_problems(target: Path, draft: Path) -> list[str]:
 def block_needs(draft: Path) -> str:
     """What a block draft needs of its target, in words (the pair check shows it)."""
     s, width = BlockSettings.of(draft), int(metadata(draft).get(f"{ARCH}.embedding_length", 0))
+    selector = f", walked by a selector over each row's top {s.selector_top_k} (DFlash2)" if s.selector_top_k else ""
     return (f"a target of hidden size {width} whose layers {list(s.layers)} it reads (the target keeps their "
-            f"inputs), with its vocabulary; blocks of {s.block_size} positions")
+            f"inputs), with its vocabulary; blocks of {s.block_size} positions{selector}")
 
 
 class DFlashDrafter(Drafter):
@@ -123,10 +127,6 @@ class DFlashDrafter(Drafter):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which a block draft needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        if SELECTOR in tensor_names(draft.path):
-            raise EngineError(f"{draft.path.name} is a DFlash2 draft (a selector over each row's candidates), which "
-                              "SpecChat does not run yet: use llama.cpp's llama-server --spec-type draft-dflash, or "
-                              "a DFlash or DSpark draft.")
         s = self.settings = BlockSettings.of(draft.path)
         if problems := block_problems(target.model.path, draft.path):
             raise EngineError(f"{draft.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
@@ -135,7 +135,7 @@ class DFlashDrafter(Drafter):
         self.anchor_drafts = isinstance(self, DSparkDrafter) and s.sample_from_anchor  # the anchor's row drafts
         self.max_block = s.block_size if self.anchor_drafts else s.block_size - 1  # tokens one block can draft
         self.ctx = BlockContext(target, draft, len(s.layers) * target.model.n_embd, s.block_size + 1, s.causal,
-                                self.label)
+                                self.label, lattice=s.selector_top_k > 0)
         self.capture = captured(target, LayerInputs, s.layers)
         self._held: list[int] = []  # the history whose positions the draft's cache holds
 
@@ -179,17 +179,46 @@ class DFlashDrafter(Drafter):
         try:
             self.ctx.decode_block(n_past, block)
             gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
-            draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1,
+            walk = self.settings.selector_top_k > 0  # DFlash2: a deterministic proposal
+            draft = Draft(probs=None if sp.greedy or walk else [], signals=[] if gate else None, n_evals=1,
                           first_s=time.perf_counter() - t0, n_first=n_rows + len(block))
-            for row in range(skip, len(block)):
-                if not self._confident(row):
-                    break
-                tok = next_draft_token(draft, self.ctx.logits(row), sp, rng, self._p_min_of_probs(), gate)
-                if tok is None or (stop and stop(tok)):
-                    break
+            if walk:
+                self._walk(draft, len(block), gate, stop)
+            else:
+                self._read_rows(draft, range(skip, len(block)), sp, rng, gate, stop)
         finally:
             self.ctx.drop_from(n_past)  # the block's rows: the target's features replace them
         return draft
+
+    def _read_rows(self, draft: Draft, rows: range, sp: SamplingParams, rng: np.random.Generator, gate: Gate | None,
+                   stop: Stop | None) -> None:
+        """A token from each row's logits, in order: its greedy pick or a sample (with its distribution)."""
+        for row in rows:
+            if not self._confident(row):
+                break
+            tok = next_draft_token(draft, self.ctx.logits(row), sp, rng, self._p_min_of_probs(), gate)
+            if tok is None or (stop and stop(tok)):
+                break
+
+    def _walk(self, draft: Draft, n_rows: int, gate: Gate | None, stop: Stop | None) -> None:
+        """DFlash2, as llama.cpp walks it: row i (after the anchor's) holds its top-k candidate ids, then the score of
+        each candidate after each of row i - 1's; from the anchor, take the best after the previous pick. With
+        --draft-p-min above 0, stop where that pick's softmax share of its scores falls under it."""
+        k = self.settings.selector_top_k
+        pick = 0  # (the anchor's row: one predecessor, its scores repeated)
+        for row in self.ctx.lattice(n_rows)[1:]:
+            scores = row[k + pick * k : k + (pick + 1) * k]
+            pick = int(np.argmax(scores))
+            if self.p_min > 0.0 and 1.0 / np.exp(scores - scores[pick]).sum() < self.p_min:
+                break
+            if gate:
+                gap = float(scores[pick] - np.partition(scores, -2)[-2]) if k > 1 else float("inf")
+                if not gate.take(gap):
+                    break
+                draft.signals.append(gap)
+            draft.tokens.append(tok := int(row[pick]))
+            if stop and stop(tok):
+                break
 
     def _confident(self, row: int) -> bool:
         """Does the draft's own confidence let this row draft (DSpark's head; DFlash has none)?"""

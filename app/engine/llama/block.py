@@ -4,7 +4,7 @@ It is the draft model's own, on the target's (``ctx_other``: a draft without tok
 borrows the target's). Two kinds of batch go through it, as in llama.cpp's ``draft-dflash``: rows of the target's
 features (the inputs of the layers the draft names, side by side), which its graph projects and writes into its
 cache at the target's positions; and a block of tokens, ``[last, <mask> ...]``, decoded in one pass over that cache
-with every row an output (logits, and the rows' extra outputs: DSpark's confidences).
+with every row an output (logits, and the rows' extra outputs: DSpark's confidences, DFlash2's selector lattice).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from .model import Model
 
 
 class BlockContext:
-    def __init__(self, target: Context, model: Model, n_feat: int, n_block_max: int, causal: bool, label: str):
+    def __init__(self, target: Context, model: Model, n_feat: int, n_block_max: int, causal: bool, label: str,
+                 lattice: bool = False):
         self.model, self.label = model, label
         self.mask = int(ll.llama_vocab_mask(model.vocab))
         if self.mask < 0:
@@ -44,8 +45,9 @@ class BlockContext:
         self.ptr = ptr
         self.mem = ll.llama_get_memory(ptr)
         ll.llama_set_causal_attn(ptr, causal)  # a block attends both ways unless the draft was trained causal
-        nextn_call("llama_set_embeddings_nextn")(ptr, True, True)  # the output rows' extra outputs (DSpark's confidences)
-        self.n_feat = n_feat
+        # the rows' extra outputs: DSpark's confidences (output rows), DFlash2's lattice (every row of the block)
+        nextn_call("llama_set_embeddings_nextn")(ptr, True, not lattice)
+        self.n_feat, self.n_embd = n_feat, model.n_embd
         self._features = ll.llama_batch_init(self.n_batch, n_feat, 1)  # feature rows, no tokens
         self._feat = np.ctypeslib.as_array(self._features.embd, shape=(self.n_batch * n_feat,)).reshape(-1, n_feat)
         self._block = ll.llama_batch_init(n_block_max, 0, 1)
@@ -103,6 +105,14 @@ class BlockContext:
         if not addr:
             raise EngineError(f"llama.cpp kept no confidences for the {self.label} draft's block.")
         return float(np.asarray(FloatRow(addr, 1))[0])
+
+    def lattice(self, n_rows: int) -> np.ndarray:
+        """The last block's extra outputs, every row (DFlash2: per row its top candidates and their pair scores); a
+        view, valid until the next decode."""
+        addr = ctypes.cast(nextn_call("llama_get_embeddings_nextn")(self.ptr), ctypes.c_void_p).value
+        if not addr:
+            raise EngineError(f"llama.cpp kept no selector lattice for the {self.label} draft's block.")
+        return np.asarray(FloatRow(addr, n_rows * self.n_embd)).reshape(n_rows, self.n_embd)
 
     def close(self) -> None:
         if self.ptr:
