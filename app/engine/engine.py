@@ -51,7 +51,7 @@ class Engine:
 
     @property
     def draft_model(self) -> Model | None:
-        """The pair's second model: a draft model, or a head (Gemma 4's assistant, EAGLE-3)."""
+        """The pair's second model: a draft model, or a head (Gemma 4's assistant, EAGLE-3, a block draft)."""
         return self._pair.draft_model
 
     @property

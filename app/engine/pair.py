@@ -89,7 +89,7 @@ class LoadedPair:
 
     @property
     def draft_model(self) -> Model | None:
-        """The pair's second model: a draft model, or a head (Gemma 4's assistant, EAGLE-3)."""
+        """The pair's second model: a draft model, or a head (Gemma 4's assistant, EAGLE-3, a block draft)."""
         return self.draft.model if self.draft else self.head.model if self.head else None
 
     def mtp(self) -> MtpDrafter:

@@ -109,7 +109,7 @@ def own_drafting(info: GgufInfo) -> str:
 
 
 def head_note(r: PairReport, head) -> str:
-    """A head as the draft (Gemma 4's assistant, EAGLE-3: the drafter registry's ``HEADS``): it drafts from the
+    """A head as the draft (Gemma 4's assistant, EAGLE-3, a block draft: the registry's ``HEADS``): it drafts from the
     target's own state, so it suits only some targets (the engine checks the sizes when it loads)."""
     if problem := head.target_problem(r.target.architecture):
         return f"not usable: the draft is {head.DESCRIBED}, {problem}"
@@ -117,8 +117,8 @@ def head_note(r: PairReport, head) -> str:
         return f"not usable: the draft is {head.DESCRIBED}, but " + "; ".join(problems)
     spec_type = SPEC_TYPE_OF[head.METHOD]
     needs = f"; it needs {needs}" if (needs := head.needs(r.draft.path)) else ""
-    return (f"compatible: the draft is {head.DESCRIBED}, drafting from {head.READS} (llama.cpp: --spec-type {spec_type} "
-            f"-md FILE){needs}")
+    return (f"compatible: the draft is {head.DESCRIBED}, drafting from {head.READS} (llama.cpp: --spec-type "
+            f"{spec_type} -md FILE){needs}")
 
 
 def describe(r: PairReport) -> list[str]:

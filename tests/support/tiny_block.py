@@ -1,4 +1,4 @@
-"""Write tiny block drafts (``general.architecture = dflash``) for a tiny llama target: DFlash and DSpark.
+"""Write tiny block drafts (``general.architecture = dflash``) for a tiny llama target: DFlash, DFlash2, DSpark.
 
 A block draft decodes ``[last token, <mask> x k]`` in one pass over a cache holding the target's features
 (injected from the inputs of the target layers it names), and reads a draft token from each mask row. Random
@@ -7,19 +7,22 @@ target is nearly one, see tiny_gguf's ``context``):
 
 - DFlash: every mask row attends to the block's anchor (the last token) alone and reads the target's output head
   off the anchor's normed embedding. Its stream is the target's width, 64 (llama.cpp requires it): 62 units for the
-  token's embedding, then one that marks a real token and one that marks the mask. Queries come from the mask unit and keys from the
-  real-token unit in a dimension RoPE leaves alone, so a mask row's score for the anchor is ``head_dim x
-  attention.scale`` and for everything else 0 (the injected features have no real-token unit). So every mask row
-  drafts the anchor's bigram successor (as the content keeps 62 of the embedding's 64 units, nearly): the first is often accepted, later ones rarely (the reject path runs).
+  token's embedding, then one that marks a real token and one that marks the mask. Queries come from the mask unit
+  and keys from the real-token unit in a dimension RoPE leaves alone, so a mask row's score for the anchor is
+  ``head_dim x attention.scale`` and for everything else 0 (the injected features have no real-token unit). So
+  every mask row drafts the anchor's bigram successor (nearly: the content keeps 62 of the embedding's 64 units):
+  the first is often accepted, later ones rarely (the reject path runs).
 - DSpark: the same decoder with its output head zeroed, and a Markov head whose bias is exactly the target's
   bigram logits of the previous token (``markov_w1`` = normed embeddings, ``markov_w2`` = the target's output head),
   chained greedily inside llama.cpp's graph: long runs are accepted. A confidence head (random, biased high) rides
   along.
+- DFlash2 (``selector_top_k``): the DFlash draft with identity convolutions and a small random selector.
 
-Proven in llama.cpp itself first (the reference build's tools):
+Proven in llama.cpp itself first, with the reference build's tool (2026-11-25, the sdist's vendored llama.cpp):
     llama-speculative-simple -m tiny-block-target.gguf -md tiny-dflash.gguf --spec-type draft-dflash --temp 0 \
-        -p "the cat sat" -n 64 --draft-max 8 --draft-p-min 0
-(and ``-md tiny-dspark.gguf --spec-type draft-dspark``): n_drafted > 0, n_accept > 0.
+        -p "the cat sat" -n 64 --spec-draft-n-max 8 --spec-draft-p-min 0 -t 1
+drafted 252 tokens, 32 accepted (the DFlash2 draft the same); ``-md tiny-dspark.gguf --spec-type draft-dspark``:
+69 drafted, 64 accepted. test_block_drafters.py checks llama-server against SpecChat with the same files.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The small contexts heads draft in (MTP layers, EAGLE-3, Gemma 4's assistant), and what they read of the target.
+"""The small contexts heads draft in (MTP layers, EAGLE-3, Gemma 4's assistant), and what they read of the target
+(block drafts read the same layer inputs; their context is ``block``).
 
 A head drafts from the target's own state: the target keeps, by position, what the head reads of each token it
 evaluates (a ``Capture``: the hidden state MTP layers read, or an EAGLE-3 head's layer inputs), and the head's
@@ -69,9 +70,10 @@ class HiddenStates(Capture):
 
 
 class LayerInputs(Capture):
-    """The inputs of some layers side by side (an EAGLE-3 head's features). The graph only marks tensors it computes
-    anyway as outputs: the logits are the same (tested). Only some architectures' graphs expose layer inputs;
-    llama.cpp aborts the process on the next decode of any other, so the caller checks the architecture first."""
+    """The inputs of some layers side by side (an EAGLE-3 head's or a block draft's features). The graph only marks
+    tensors it computes anyway as outputs: the logits are the same (tested). Only some architectures' graphs expose
+    layer inputs; llama.cpp aborts the process on the next decode of any other, so the caller checks the architecture
+    first."""
 
     def __init__(self, target: Context, layers: tuple[int, ...]):
         super().__init__(target)
