@@ -20,6 +20,8 @@ KINDS = {"dflash": dict(), "dspark": dict(markov=True)}  # llama.cpp's two types
 VARIANTS = {  # name: (drafter, writer options)
     "dflash": ("dflash", {}),
     "dflash2": ("dflash", dict(selector_top_k=4)),
+    "dflash-features": ("dflash", dict(feature_key=0.85)),  # what it drafts depends on every feature it holds
+    "dflash-mrope": ("dflash", dict(feature_key=0.85, mrope=True)),  # as drafts for M-RoPE targets (Qwen3.5) are
     "dspark": ("dspark", dict(markov=True)),
     "dflash-bs4": ("dflash", dict(block_size=4)),
     "dspark-bs4": ("dspark", dict(markov=True, block_size=4)),
@@ -114,6 +116,23 @@ def test_dspark_stops_where_its_confidence_head_falls_under_p_min(engines, chat,
     assert rounds(bare, chat, "dspark", draft_max=8, draft_p_min=0.0)[1].token_ids == plain
 
 
+def test_the_draft_follows_the_target_through_turns_other_drafters_and_resets(engines, chat):
+    """The draft receives the target's features for every position the target evaluates, whatever drafts the turn
+    (the block draft, speculation off, prompt lookup): a fourth turn after such turns drafts exactly as the same turn
+    from a fresh start does, with a draft whose proposals depend on every feature it holds."""
+    e = engines("dflash-features")
+    e.reset()
+    turns, answers = [chat], []
+    for drafter in ("dflash", "none", "ngram", "dflash"):
+        answers.append(run(e, turns[-1], drafter, max_tokens=30, draft_max=6, draft_p_min=0.0))
+        turns.append(turns[-1] + answers[-1].token_ids + e.model.tokenize("and then?", add_special=False))
+    assert answers[3].stats.prompt_cached > 0
+    e.reset()
+    again = run(e, turns[3], "dflash", max_tokens=30, draft_max=6, draft_p_min=0.0)
+    assert again.token_ids == answers[3].token_ids and again.stats.prompt_cached == 0
+    assert (again.stats.n_drafted, again.stats.n_accepted) == (answers[3].stats.n_drafted, answers[3].stats.n_accepted)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_hybrid_target_rolls_back_exactly_under_a_block_draft(tmp_path, kind):
     """A tiny Qwen3.5 (gated DeltaNet and attention layers, whose llama.cpp graph exposes layer inputs): rejected
@@ -133,21 +152,27 @@ def test_a_hybrid_target_rolls_back_exactly_under_a_block_draft(tmp_path, kind):
         e.close()
 
 
-@pytest.mark.parametrize("name", ["dflash", "dflash2", "dspark"])
-def test_llama_server_drafts_with_the_same_files_to_the_same_tokens(files, engines, name):
+@pytest.mark.parametrize("name", ["dflash", "dflash2", "dflash-features", "dflash-mrope", "dspark"])
+def test_llama_server_drafts_with_the_same_files_as_specchat_does(files, engines, name):
     """llama.cpp's own llama-server, given the draft as llama.cpp takes it (-md FILE --spec-type draft-dflash or
-    draft-dspark), drafts with it and has drafts accepted, and answers as SpecChat does: the files are real block
-    drafts. (Its draft and acceptance counts come within a round of SpecChat's, whose last rounds budget
-    differently.)"""
+    draft-dspark), answers as SpecChat does and has as many drafts accepted, give or take one: the files are real
+    block drafts, and SpecChat feeds and reads them as llama.cpp does (the draft whose proposals depend on every
+    feature has 18 fewer accepted than the plain one at 100 tokens; an M-RoPE draft takes its features' positions in
+    four sections). Its rounds differ at the edges (llama-server
+    drafts nothing for the first token, and budgets the last rounds its own way), so drafted counts agree within a
+    block."""
     target, drafts = files
     drafter, e = VARIANTS[name][0], engines(name)
     ids = e.model.tokenize("the cat sat")
-    ours = rounds(e, ids, drafter, max_tokens=40, draft_max=8, draft_p_min=0.0)[1]
+    ours = rounds(e, ids, drafter, max_tokens=100, draft_max=8, draft_p_min=0.0)[1]
     with llama_server(target, None, "-md", str(drafts[name]), "--spec-type", f"draft-{drafter}",
                       "--spec-draft-p-min", "0", "--spec-draft-n-max", "8") as url:
         theirs = httpx.post(f"{url}/completion", timeout=120, json={
-            "prompt": "the cat sat", "n_predict": 40, "temperature": 0, "return_tokens": True}).json()
-    assert theirs["tokens"] == ours.token_ids and theirs["timings"]["draft_n_accepted"] > 0
+            "prompt": "the cat sat", "n_predict": 100, "temperature": 0, "return_tokens": True}).json()
+    assert theirs["tokens"] == ours.token_ids
+    timings = theirs["timings"]
+    assert timings["draft_n_accepted"] > 0 and abs(timings["draft_n_accepted"] - ours.stats.n_accepted) <= 1
+    assert abs(timings["draft_n"] - ours.stats.n_drafted) <= 8
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

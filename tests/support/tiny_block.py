@@ -6,12 +6,14 @@ weights would draft nothing the target accepts, so the drafts are built to compu
 target is nearly one, see tiny_gguf's ``context``):
 
 - DFlash: every mask row attends to the block's anchor (the last token) alone and reads the target's output head
-  off the anchor's normed embedding. Its stream is the target's width, 64 (llama.cpp requires it): 62 units for the
-  token's embedding, then one that marks a real token and one that marks the mask. Queries come from the mask unit
-  and keys from the real-token unit in a dimension RoPE leaves alone, so a mask row's score for the anchor is
-  ``head_dim x attention.scale`` and for everything else 0 (the injected features have no real-token unit). So
-  every mask row drafts the anchor's bigram successor (nearly: the content keeps 62 of the embedding's 64 units):
-  the first is often accepted, later ones rarely (the reject path runs).
+  off the anchor's normed embedding. Its stream is the target's width, 64 (llama.cpp requires it): 61 units for the
+  token's embedding, then one the target's features write, one that marks a real token and one that marks the
+  mask. Queries come from the mask unit and keys from the real-token unit in a dimension RoPE leaves alone, so a
+  mask row's score for the anchor is ``head_dim x attention.scale`` and for everything else 0 (the injected
+  features have no real-token unit). So every mask row drafts the anchor's bigram successor (nearly: the content
+  keeps 61 of the embedding's 64 units): the first is often accepted, later ones rarely (the reject path runs).
+  With ``feature_key`` the features' unit makes keys too, at that cosine to the query: each position's features
+  then take a share of every mask row's attention, so what the draft proposes depends on every feature it holds.
 - DSpark: the same decoder with its output head zeroed, and a Markov head whose bias is exactly the target's
   bigram logits of the previous token (``markov_w1`` = normed embeddings, ``markov_w2`` = the target's output head),
   chained greedily inside llama.cpp's graph: long runs are accepted. A confidence head (random, biased high) rides
@@ -33,8 +35,8 @@ from gguf import GGUFReader, GGUFWriter
 
 from .tiny_gguf import vocab, write_model
 
-WIDTH = 64  # the draft's stream (llama.cpp: the target's hidden size): 62 content units, then two markers
-REAL, MASK = 62, 63
+WIDTH = 64  # the draft's stream (llama.cpp: the target's hidden size): 61 content units, then three markers
+FEATURE, REAL, MASK = 61, 62, 63
 N_HEAD, HEAD_DIM = 4, 16
 KEY_DIM = HEAD_DIM - 1  # per head: RoPE rotates the first N_ROT dims only
 N_ROT = 4
@@ -57,12 +59,15 @@ def write_dspark_pair(folder: Path, seed: int = 0, context: float = 0.2, **draft
 
 def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), block_size: int = 16,
                       markov: bool = False, sample_from_anchor: bool = True, confidence: bool = True,
-                      causal: bool = False, selector_top_k: int = 0) -> Path:
+                      causal: bool = False, selector_top_k: int = 0, feature_key: float = 0.0,
+                      mrope: bool = False) -> Path:
     """A block draft for ``target`` (a tiny_gguf model of width 64) reading the inputs of ``layers``. ``markov``: a
     DSpark draft (a Markov head, and a confidence head unless ``confidence`` is False), drafting from the anchor's
     row on (``sample_from_anchor``) or from the first mask's. ``causal``: its block attends causally.
     ``selector_top_k``: a DFlash2 draft, whose selector walks each row's top candidates (its convolutions are the
-    identity and its selector's pair scores small, so it picks as DFlash does, nearly)."""
+    identity and its selector's pair scores small, so it picks as DFlash does, nearly). ``feature_key``: the cosine
+    of the injected features' keys to a mask row's query (0: they get no attention). ``mrope``: M-RoPE with the
+    degenerate sections llama.cpp's drafts for M-RoPE targets carry."""
     tensors = {t.name: np.array(t.data) for t in GGUFReader(str(target)).tensors}
     embd, out = tensors["token_embd.weight"], tensors["output.weight"]
     n_vocab, n_embd = embd.shape
@@ -76,6 +81,8 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD)
     w.add_rope_dimension_count(N_ROT)
+    if mrope:
+        w.add_rope_dimension_sections([N_ROT // 2, 0, 0, 0])
     w.add_layer_norm_rms_eps(1e-6)
     w.add_attention_scale(2.0)
     w.add_file_type(0)
@@ -102,27 +109,30 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
     rng = np.random.default_rng(seed + 7)
     f32 = np.float32
     stream = np.zeros((n_vocab, WIDTH), dtype=f32)  # token embeddings: the target's, marked as real tokens
-    stream[:, :REAL], stream[:, REAL] = embd[:, :REAL], 1.0
+    stream[:, :FEATURE], stream[:, REAL] = embd[:, :FEATURE], 1.0
     stream[MASK_ID] = 0.0
     stream[MASK_ID, MASK] = 1.0
     w.add_tensor("token_embd.weight", stream)
     n_feat = len(layers) * n_embd
-    fc = np.zeros((WIDTH, n_feat), dtype=f32)  # the features reach the content units only (keys stay 0)
+    fc = np.zeros((WIDTH, n_feat), dtype=f32)  # the features reach the content units and their own
     fc[:REAL] = rng.standard_normal((REAL, n_feat)) * n_feat ** -0.5
     w.add_tensor("fc.weight", fc)
     w.add_tensor("enc.output_norm.weight", np.ones(WIDTH, dtype=f32))
     w.add_tensor("output_norm.weight", np.ones(WIDTH, dtype=f32))
     head = np.zeros((n_vocab, WIDTH), dtype=f32)
     if not markov:  # (DSpark drafts from its Markov head alone)
-        head[:, :REAL] = out[:, :REAL]
+        head[:, :FEATURE] = out[:, :FEATURE]
     w.add_tensor("output.weight", head)
 
     wq, wk = np.zeros((WIDTH, WIDTH), dtype=f32), np.zeros((WIDTH, WIDTH), dtype=f32)
     for h in range(N_HEAD):
         wq[h * HEAD_DIM + KEY_DIM, MASK] = 1.0  # a mask row asks...
         wk[h * HEAD_DIM + KEY_DIM, REAL] = 1.0  # ...for the real token
+        if feature_key:  # (and the features' keys point partly the same way)
+            wk[h * HEAD_DIM + KEY_DIM, FEATURE] = feature_key
+            wk[h * HEAD_DIM + KEY_DIM - 1, FEATURE] = np.sqrt(1.0 - feature_key ** 2)
     wv = np.zeros((WIDTH, WIDTH), dtype=f32)
-    wv[:REAL, :REAL] = np.eye(REAL)
+    wv[:FEATURE, :FEATURE] = np.eye(FEATURE)
     p = "blk.0."
     for name, value in (("attn_norm", np.ones(WIDTH)), ("attn_q", wq), ("attn_k", wk), ("attn_v", wv),
                         ("attn_output", 10.0 * wv), ("attn_q_norm", np.ones(HEAD_DIM)),

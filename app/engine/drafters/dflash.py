@@ -2,10 +2,10 @@
 ``draft-dspark``.
 
 A block draft is a small model that drafts a whole block in one forward pass, conditioned on the target's hidden
-states. The target keeps, for every token it evaluates, the inputs of the layers the draft names
-(``dflash.target_layers``; ``llama.heads.LayerInputs``); the draft's context receives them by position (its graph
-projects them into its cache), and each round decodes ``[last token, <mask> x k]`` at the next positions in one
-pass, attending over that cache and the block, both ways unless the draft was trained causal. DFlash reads a draft
+states. For every token the target evaluates, the draft's context receives the inputs of the layers it names
+(``dflash.target_layers``) at the same position (its graph projects them into its cache; ``llama.block``), and
+each round decodes ``[last token, <mask> x k]`` at the next positions in one pass, attending over that cache and
+the block, both ways unless the draft was trained causal. DFlash reads a draft
 token from each mask row. DSpark adds a Markov head (each row's logits are biased by the previous row's pick,
 chained inside llama.cpp's graph) and a confidence head, and reads from the anchor's row on unless its metadata
 says ``sample_from_anchor = false``; with ``--draft-p-min`` above 0 it stops where the confidence falls under it,
@@ -30,10 +30,10 @@ import numpy as np
 
 from ..errors import EngineError
 from ..gguf_file import metadata, tensor_names
-from ..llama import Context, Model, common_prefix
+from ..llama import Context, Model
 from ..llama.backend import missing_ext
 from ..llama.block import BlockContext
-from ..llama.heads import LAYER_INPUT_FUNCTIONS, LayerInputs, captured
+from ..llama.heads import LAYER_INPUT_FUNCTIONS
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, Gate, Stop
 from .draft_model import ModelDrafter, next_draft_token
@@ -134,10 +134,9 @@ class DFlashDrafter(Drafter):
         self.target, self.model, self.p_min = target, draft, p_min
         self.anchor_drafts = isinstance(self, DSparkDrafter) and s.sample_from_anchor  # the anchor's row drafts
         self.max_block = s.block_size if self.anchor_drafts else s.block_size - 1  # tokens one block can draft
-        self.ctx = BlockContext(target, draft, len(s.layers) * target.model.n_embd, s.block_size + 1, s.causal,
-                                self.label, lattice=s.selector_top_k > 0)
-        self.capture = captured(target, LayerInputs, s.layers)
-        self._held: list[int] = []  # the history whose positions the draft's cache holds
+        # (made before the target decodes anything: from then on it follows every decode of the target's)
+        self.ctx = BlockContext(target, draft, s.layers, s.block_size + 1, s.causal, self.label,
+                                lattice=s.selector_top_k > 0)
 
     def with_p_min(self, p_min: float) -> DFlashDrafter:
         """This drafter, for a generation with this --draft-p-min (checked as llama.cpp checks it)."""
@@ -148,32 +147,16 @@ class DFlashDrafter(Drafter):
         self.ctx.set_threads(n)
 
     def clear(self) -> None:
-        self.ctx.clear()
-        self._held = []
-
-    def _catch_up(self, history: list[int]) -> int:
-        """Bring the draft's cache to the target's committed positions (all of history but the pending token):
-        the features of each position the target evaluated since. Positions whose features the target did not keep
-        (a cached prompt prefix after a reset, a turn with another drafter) are left out: the draft attends to
-        what it has, and the target still decides. Returns the rows injected."""
-        n_past = len(history) - 1
-        keep = common_prefix(self._held, history[:n_past])
-        self.ctx.drop_from(keep)
-        store = self.capture.rows
-        ps = [p for p in range(keep, n_past) if p in store]
-        self.ctx.inject(ps, [store[p] for p in ps])
-        self._held = history[:n_past]
-        store.clear()  # the cache holds them now; later positions' rows are the rejected tokens'
-        return len(ps)
+        self.ctx.clear()  # (with the target's cache: its next decode starts the mirror over)
 
     def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         t0 = time.perf_counter()
-        n_rows = self._catch_up(history)
         n = min(n_max, self.max_block)
         if n <= 0:
             return Draft()
-        n_past = len(history) - 1
+        n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending, at n_past
+        self.ctx.drop_from(n_past)  # what the target evaluated past it: the rejected part of the last draft
         skip = 0 if self.anchor_drafts else 1  # rows before the first that drafts
         block = [history[-1]] + [self.ctx.mask] * (n + skip - 1)
         try:
@@ -181,7 +164,7 @@ class DFlashDrafter(Drafter):
             gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
             walk = self.settings.selector_top_k > 0  # DFlash2: a deterministic proposal
             draft = Draft(probs=None if sp.greedy or walk else [], signals=[] if gate else None, n_evals=1,
-                          first_s=time.perf_counter() - t0, n_first=n_rows + len(block))
+                          first_s=time.perf_counter() - t0, n_first=len(block))
             if walk:
                 self._walk(draft, len(block), gate, stop)
             else:

@@ -5,6 +5,10 @@ borrows the target's). Two kinds of batch go through it, as in llama.cpp's ``dra
 features (the inputs of the layers the draft names, side by side), which its graph projects and writes into its
 cache at the target's positions; and a block of tokens, ``[last, <mask> ...]``, decoded in one pass over that cache
 with every row an output (logits, and the rows' extra outputs: DSpark's confidences, DFlash2's selector lattice).
+
+The features go in as each target decode leaves them (as llama.cpp's ``process`` hook does), whatever drafts that
+round: the cache mirrors the target's position for position, with no copy kept on the side however long the
+conversation.
 """
 from __future__ import annotations
 
@@ -16,14 +20,26 @@ import llama_cpp.llama_cpp as ll
 from ..errors import EngineError
 from .backend import FloatRow, failure, logits_row
 from .context import Context
-from .heads import nextn_call
+from .heads import LayerInputs, nextn_call
 from .model import Model
 
 
+class _Features(LayerInputs):
+    """The target's layer inputs, handed on to ``feed(start, rows)`` as each decode leaves them instead of kept."""
+
+    def __init__(self, target: Context, layers: tuple[int, ...], feed):
+        super().__init__(target, layers)
+        self.feed = feed
+
+    def keep(self, start: int, n: int) -> None:
+        self.feed(start, self.read(n))
+
+
 class BlockContext:
-    def __init__(self, target: Context, model: Model, n_feat: int, n_block_max: int, causal: bool, label: str,
-                 lattice: bool = False):
-        self.model, self.label = model, label
+    def __init__(self, target: Context, model: Model, layers: tuple[int, ...], n_block_max: int, causal: bool,
+                 label: str, lattice: bool = False):
+        """A context for ``model`` that follows ``target`` from now on (made before the target decodes anything)."""
+        self.target, self.model, self.label = target, model, label
         self.mask = int(ll.llama_vocab_mask(model.vocab))
         if self.mask < 0:
             raise EngineError(f"{model.path.name} names no mask token (tokenizer.ggml.mask_token_id), which a block "
@@ -47,10 +63,21 @@ class BlockContext:
         ll.llama_set_causal_attn(ptr, causal)  # a block attends both ways unless the draft was trained causal
         # the rows' extra outputs: DSpark's confidences (output rows), DFlash2's lattice (every row of the block)
         nextn_call("llama_set_embeddings_nextn")(ptr, True, not lattice)
-        self.n_feat, self.n_embd = n_feat, model.n_embd
+        self.n_embd = model.n_embd
+        n_feat = len(layers) * target.model.n_embd
         self._features = ll.llama_batch_init(self.n_batch, n_feat, 1)  # feature rows, no tokens
         self._feat = np.ctypeslib.as_array(self._features.embd, shape=(self.n_batch * n_feat,)).reshape(-1, n_feat)
+        # A draft for an M-RoPE target (Qwen3.5's) has M-RoPE too: llama.cpp reads an embedding row's position in 4
+        # sections, section-major ({p, p, p, 0}, as llama.cpp's draft-dflash gives them); a token row's in one.
+        mrope = ll.llama_model_rope_type(model.ptr) in (ll.LLAMA_ROPE_TYPE_MROPE, ll.LLAMA_ROPE_TYPE_IMROPE)
+        self._sections = (1, 1, 1, 0) if mrope else (1,)
+        self._own_pos = (ll.llama_pos * (len(self._sections) * self.n_batch))()
+        # ours in place of llama_batch_init's, whose address is kept (a ctypes field's value is a view of the field:
+        # it would follow the change, and llama_batch_free would then free ours)
+        self._batch_pos = ctypes.cast(self._features.pos, ctypes.c_void_p).value
+        self._features.pos = ctypes.cast(self._own_pos, ctypes.POINTER(ll.llama_pos))
         self._block = ll.llama_batch_init(n_block_max, 0, 1)
+        self._follow = _Features(target, layers, self.follow)
 
     def set_threads(self, n: int) -> None:
         ll.llama_set_n_threads(self.ptr, n, n)
@@ -62,18 +89,22 @@ class BlockContext:
     def clear(self) -> None:
         ll.llama_memory_clear(self.mem, True)
 
-    def inject(self, positions: list[int], rows: list[np.ndarray]) -> None:
-        """Write the target's features of these positions into the cache (no outputs)."""
+    def follow(self, start: int, rows: np.ndarray) -> None:
+        """The target decoded positions ``start``... and left these features: what the cache held from ``start`` on
+        was of tokens the target has dropped since (a rejected draft, an earlier turn), and these replace it."""
+        self.drop_from(start)
         b = self._features
-        for i in range(0, len(positions), self.n_batch):
-            chunk = positions[i : i + self.n_batch]
-            for j, pos in enumerate(chunk):
-                self._feat[j] = rows[i + j]
-                b.pos[j] = pos
+        for i in range(0, len(rows), self.n_batch):
+            chunk = rows[i : i + self.n_batch]
+            self._feat[: len(chunk)] = chunk
+            n = len(chunk)
+            for j in range(n):
+                for k, on in enumerate(self._sections):
+                    self._own_pos[k * n + j] = (start + i + j) * on
                 b.n_seq_id[j] = 1
                 b.seq_id[j][0] = 0
                 b.logits[j] = 0
-            b.n_tokens = len(chunk)
+            b.n_tokens = n
             self._run(b, "its target's features")
 
     def decode_block(self, pos0: int, tokens: list[int]) -> None:
@@ -115,7 +146,11 @@ class BlockContext:
         return np.asarray(FloatRow(addr, n_rows * self.n_embd)).reshape(n_rows, self.n_embd)
 
     def close(self) -> None:
+        if self._follow in self.target.captures:  # (the target outlives it)
+            self.target.captures.remove(self._follow)
         if self.ptr:
+            # llama_batch_init's own, which llama_batch_free frees (ours is Python's)
+            self._features.pos = ctypes.cast(self._batch_pos, ctypes.POINTER(ll.llama_pos))
             ll.llama_batch_free(self._features)
             ll.llama_batch_free(self._block)
             ll.llama_free(self.ptr)
