@@ -89,10 +89,16 @@ class BlockContext:
     def clear(self) -> None:
         ll.llama_memory_clear(self.mem, True)
 
+    def next_pos(self) -> int:
+        """The position after the last the cache holds."""
+        return int(ll.llama_memory_seq_pos_max(self.mem, 0)) + 1
+
     def follow(self, start: int, rows: np.ndarray) -> None:
         """The target decoded positions ``start``... and left these features: what the cache held from ``start`` on
         was of tokens the target has dropped since (a rejected draft, an earlier turn), and these replace it."""
         self.drop_from(start)
+        if start != self.next_pos():  # (a gap llama.cpp would refuse: none in this engine's decodes) the cache
+            return  # stops there, and the draft drafts nothing until the target decodes from that position again
         b = self._features
         for i in range(0, len(rows), self.n_batch):
             chunk = rows[i : i + self.n_batch]
