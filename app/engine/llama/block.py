@@ -111,7 +111,10 @@ class BlockContext:
                 b.seq_id[j][0] = 0
                 b.logits[j] = 0
             b.n_tokens = n
-            self._run(b, "its target's features")
+            if ll.llama_decode(self.ptr, b) != 0:  # (llama.cpp logged why) not the target's failure: the cache
+                self.drop_from(start)  # stops before these, and the draft drafts nothing until they come again
+                return
+        ll.llama_synchronize(self.ptr)
 
     def decode_block(self, pos0: int, tokens: list[int]) -> None:
         """Decode a block at positions ``pos0``...; every row's outputs can be read."""
@@ -123,14 +126,12 @@ class BlockContext:
             b.seq_id[j][0] = 0
             b.logits[j] = 1
         b.n_tokens = len(tokens)
-        self._run(b, "a block")
-
-    def _run(self, batch, what: str) -> None:
-        rc = ll.llama_decode(self.ptr, batch)
+        rc = ll.llama_decode(self.ptr, b)
         if rc != 0:
-            raise failure(f"llama_decode failed on {what} in the {self.label} draft's context (code {rc})",
+            raise failure(f"llama_decode failed on a block in the {self.label} draft's context (code {rc})",
                           "The context may be full.")
         ll.llama_synchronize(self.ptr)
+
 
     def logits(self, row: int) -> np.ndarray:
         """The last block's logits at ``row`` (a view, valid until the next decode)."""
