@@ -5,11 +5,10 @@ A block draft is a small model that drafts a whole block in one forward pass, co
 states. For every token the target evaluates, the draft's context receives the inputs of the layers it names
 (``dflash.target_layers``) at the same position (its graph projects them into its cache; ``llama.block``), and
 each round decodes ``[last token, <mask> x k]`` at the next positions in one pass, attending over that cache and
-the block, both ways unless the draft was trained causal. DFlash reads a draft
-token from each mask row. DSpark adds a Markov head (each row's logits are biased by the previous row's pick,
-chained inside llama.cpp's graph) and a confidence head, and reads from the anchor's row on unless its metadata
-says ``sample_from_anchor = false``; with ``--draft-p-min`` above 0 it stops where the confidence falls under it,
-as llama.cpp does. The block's rows are dropped afterwards: the target's features replace them once it has
+the block, both ways unless the draft was trained causal. DFlash reads a draft token from each mask row. DSpark
+adds a Markov head (each row's logits are biased by the previous row's pick, chained inside llama.cpp's graph) and
+a confidence head, and reads from the anchor's row on unless its metadata says ``sample_from_anchor = false``; with
+``--draft-p-min`` above 0 it stops where the confidence falls under it, as llama.cpp does. The block's rows are dropped afterwards: the target's features replace them once it has
 verified the block, so greedy output stays identical to plain decoding and sampled output keeps the target's
 distribution (each token is drawn from its row's distribution, which depends on the history alone).
 

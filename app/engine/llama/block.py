@@ -36,6 +36,8 @@ class _Features(LayerInputs):
 
 
 class BlockContext:
+    """A block draft's context, following its target's decodes from its making on."""
+
     def __init__(self, target: Context, model: Model, layers: tuple[int, ...], n_block_max: int, causal: bool,
                  label: str, lattice: bool = False):
         """A context for ``model`` that follows ``target`` from now on (made before the target decodes anything)."""
