@@ -99,9 +99,10 @@ def pick(choices: list[GgufChoice], repo: str, tag: str, kind: str = "") -> Gguf
     """The model of ``repo`` (from ``choices``) that ``tag`` names; EngineError, listing what the repo has, when
     the tag names none of them or several equally."""
     what = f"{kind} file" if kind else "GGUF"
-    if tag.lower().endswith(".gguf"):
+    if tag.lower().endswith(".gguf"):  # a file: its exact path, else its name in any case and any folder
+        what = "file"
         exact = [c for c in choices if tag in (c.file, *c.shards)]
-        found = exact or [c for c in choices if any(s.lower() == tag.lower() for s in (c.file, *c.shards))]
+        found = exact or [c for c in choices if any(matches(s, tag) for s in (c.file, *c.shards))]
     else:
         found = _plainest([c for c in choices if matches(c.file, tag, kind)], tag)
     if len(found) == 1:
