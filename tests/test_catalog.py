@@ -85,7 +85,7 @@ LISTING = [("Qwen3.8-27B-Q4_K_M.gguf", 16), ("Qwen3.8-27B-UD-Q4_K_M.gguf", 17), 
     ("Q4_K_M_L", "", "Qwen3.8-27B-Q4_K_M_L.gguf"),
     ("Q8_0", "", "Q8_0/Qwen3.8-27B-Q8_0-00001-of-00002.gguf"),  # split in a folder: named by its first shard
     ("Q4_0", "mtp", "mtp-Qwen3.8-27B-Q4_0.gguf"),
-    ("Q8_0", "mtp", "MTP/gemma-4-12B-it-Q8_0-MTP.gguf"),  # an MTP/ folder and a -MTP suffix also mark the kind
+    ("Q8_0", "mtp", "MTP/gemma-4-12B-it-Q8_0-MTP.gguf"),  # an MTP/ folder also marks the kind
     ("bf16", "mtp", "MTP/mtp-gemma-4-12B-it-BF16.gguf"),
     ("Q8_0", "eagle3", "eagle3-Qwen3.8-27B-Q8_0.gguf"),
     ("F16", "dflash", "dflash-Qwen3.8-27B-F16.gguf"),
@@ -113,9 +113,10 @@ def test_a_tag_that_fits_nothing_or_several_is_explained(tag, kind, words):
 
 
 def test_side_files_are_told_from_models_that_carry_mtp_layers():
-    assert [hf_files.side_kind(n) for n in ("MTP/mtp-gemma-4-31B-it-Q8_0.gguf", "gemma-4-12B-it-Q8_0-MTP.gguf",
-                                            "Qwen3.6-27B-MTP-Q4_K_M.gguf", "Qwen3.6-27B-Q4_K_M.gguf",
-                                            "dspark-x-Q8_0.gguf")] == ["mtp", "mtp", "", "", "dspark"]
+    assert [hf_files.side_kind(n) for n in ("MTP/mtp-gemma-4-31B-it-Q8_0.gguf", "MTP/gemma-4-12B-it-Q8_0-MTP.gguf",
+                                            "Qwen3.6-27B-MTP-Q4_K_M.gguf", "Qwen3.8-27B-GSQ-RCO-IQ3_XXS-mtp.gguf",
+                                            "Qwen3-8B-speculator.eagle3-F16.gguf", "dspark-x-Q8_0.gguf")] == [
+        "mtp", "mtp", "", "", "eagle3", "dspark"]
 
 
 def test_a_tag_source_is_found_in_the_local_cache_as_on_the_hub(tmp_path, monkeypatch):
@@ -141,3 +142,38 @@ def test_a_tag_source_is_found_in_the_local_cache_as_on_the_hub(tmp_path, monkey
     with pytest.raises(EngineError, match=r"o/r:Q4_K_M is not downloaded yet\. Download it with: specchat pull -hf "
                                           r"o/r:Q4_K_M"):
         local_path(missing)
+
+
+# File lists of the repos behind the entries fixed on 2026-11-25, as stored public listings and pinned downloads show
+# them (models.toml says where each name was seen), and the 2025 layouts the entries named before.
+TODAY = {
+    "ggml-org/gpt-oss-120b-GGUF": ["gpt-oss-120b-MXFP4.gguf"],
+    "ggml-org/gpt-oss-20b-GGUF": ["gpt-oss-20b-MXFP4.gguf", "eagle3-gpt-oss-20b-Q8_0.gguf"],
+    "unsloth/gemma-4-12B-it-qat-GGUF": ["gemma-4-12B-it-qat-UD-Q4_K_XL.gguf", "mmproj-F16.gguf",
+                                        "mtp-gemma-4-12B-it.gguf", "mtp-gemma-4-12B-it-Q4_0.gguf",
+                                        "MTP/mtp-gemma-4-12B-it-Q8_0.gguf"],
+    "ggml-org/gemma-4-31B-it-GGUF": ["gemma-4-31B-it-Q4_0.gguf", "gemma-4-31B-it-Q4_K_M.gguf",
+                                     "mmproj-gemma-4-31B-it-Q8_0.gguf", "mtp-gemma-4-31B-it-Q8_0.gguf"],
+}
+BEFORE = {
+    "ggml-org/gpt-oss-120b-GGUF": [f"gpt-oss-120b-mxfp4-{i:05d}-of-00003.gguf" for i in (1, 2, 3)],
+    "ggml-org/gpt-oss-20b-GGUF": ["gpt-oss-20b-mxfp4.gguf", "eagle3-gpt-oss-20b-Q8_0.gguf"],
+    "unsloth/gemma-4-12B-it-qat-GGUF": ["gemma-4-12B-it-qat-UD-Q4_K_XL.gguf", "MTP/gemma-4-12B-it-Q8_0-MTP.gguf"],
+}
+
+
+@pytest.mark.parametrize("pair,target,draft", [
+    ("gpt-oss-120b", "gpt-oss-120b-MXFP4.gguf", "gpt-oss-20b-MXFP4.gguf"),
+    ("gpt-oss-20b-eagle3", "gpt-oss-20b-MXFP4.gguf", "eagle3-gpt-oss-20b-Q8_0.gguf"),
+    ("gemma-4-12b-it-assistant", "gemma-4-12B-it-qat-UD-Q4_K_XL.gguf", "MTP/mtp-gemma-4-12B-it-Q8_0.gguf"),
+    ("gemma-4-31b-it", "gemma-4-31B-it-Q4_K_M.gguf", "mtp-gemma-4-31B-it-Q8_0.gguf"),
+])
+def test_the_fixed_entries_find_todays_files_and_would_have_found_yesterdays(pair, target, draft):
+    p = load_catalog()[pair]
+    found = [hf_files.pick(hf_files.group(s.repo, [(n, 1) for n in TODAY[s.repo]]), s.repo, s.tag, s.side_file).file
+             for s in p.sources]
+    assert found == [target, draft]
+    for s in p.sources:  # the same tags found the 2025 names (shards, lower case, the old assistant in MTP/)
+        if s.repo in BEFORE:
+            old = hf_files.pick(hf_files.group(s.repo, [(n, 1) for n in BEFORE[s.repo]]), s.repo, s.tag, s.side_file)
+            assert old.file in BEFORE[s.repo] and len(old.shards) == (3 if "120b" in s.repo else 1)

@@ -5,9 +5,9 @@ A repo's ``.gguf`` files are grouped into models (a split GGUF, ``x-00001-of-000
 first shard, in whatever folder it lives). A tag is matched without regard to case, as a whole label: ``Q4_K_M`` is
 found in ``Model-Q4_K_M.gguf``, ``model-q4_k_m-00001-of-00002.gguf`` and ``UD-Q4_K_M/Model-UD-Q4_K_M.gguf``, not in
 ``Model-Q4_K_M_L.gguf``. A tag ending in ``.gguf`` names a file (its exact name first, else the one name that differs
-only in case). Side files (Gemma 4's MTP assistant, EAGLE-3 heads, DFlash / DSpark block drafts: llama.cpp's
-``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-`` files, also an ``MTP/`` folder or a ``-MTP`` suffix) are never taken
-for the model itself; a source asks for one by its kind. Where a tag fits several models the plainest name wins
+only in case, or in another folder). Side files (Gemma 4's MTP assistant, EAGLE-3 heads, DFlash / DSpark block
+drafts: llama.cpp's ``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-`` files, also anything in an ``MTP/`` folder) are never
+taken for the model itself; a source asks for one by its kind. Where a tag fits several models the plainest name wins
 (``Model-Q4_K_M`` over ``Model-UD-Q4_K_M``); where none is plainer, or nothing fits, the error lists what the repo has.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..engine.errors import EngineError
 SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 SIDE_PREFIXES = ("mtp-", "eagle3-", "dflash-", "dspark-")  # llama.cpp's side-file keywords (gguf_filename_is_model)
 SIDE_KINDS = tuple(p.removesuffix("-") for p in SIDE_PREFIXES)
+_NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)  # vision projectors, importance matrices (llama.cpp's rule)
 _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|[BF]F?16|F32|MXFP4(?:_MOE)?|TQ\d_\d)(?![A-Za-z0-9])",
                     re.IGNORECASE)
 
@@ -65,11 +66,12 @@ def group(repo: str, entries: list[tuple[str, int]], whole_only: bool = True) ->
 
 
 def side_kind(path: str) -> str:
-    """The kind of side file ``path`` is ('' for a model): a folder named for the kind, or a file name that starts
-    with ``kind-`` or ends with ``-kind``."""
-    folders, stem = path.lower().split("/")[:-1], _stem(path).lower()
+    """The kind of side file ``path`` is ('' for a model): as llama.cpp tells them (``kind-`` in the file name, in
+    lower case: ``Qwen3.6-27B-MTP-Q4_K_M.gguf`` and ``…-IQ3_XXS-mtp.gguf`` are models that carry MTP layers), or a
+    folder named for the kind (unsloth's ``MTP/``)."""
+    folders, name = path.lower().split("/")[:-1], path.rsplit("/", 1)[-1]
     for kind in SIDE_KINDS:
-        if kind in folders or stem.startswith(kind + "-") or stem.endswith("-" + kind):
+        if kind in folders or kind + "-" in name:
             return kind
     return ""
 
@@ -92,6 +94,8 @@ def matches(name: str, tag: str, kind: str = "") -> bool:
     """Whether the file ``name`` is what ``tag`` (of side-file ``kind``, '' for a model) asks for."""
     if tag.lower().endswith(".gguf"):
         return name.lower() == tag.lower() or name.rsplit("/", 1)[-1].lower() == tag.rsplit("/", 1)[-1].lower()
+    if kind == "" and _NOT_A_MODEL.search(name.rsplit("/", 1)[-1]):
+        return False
     return side_kind(name) == kind and _tag_span(name, tag) is not None
 
 
