@@ -74,7 +74,8 @@ def test_catalog_offers_real_pairs_for_every_use():
 # A repo's listing today, as llama.cpp's -hf repo:TAG sees it (common/download.cpp: find_best_model, find_best_sibling).
 LISTING = [("Qwen3.8-27B-Q4_K_M.gguf", 16), ("Qwen3.8-27B-UD-Q4_K_M.gguf", 17), ("Qwen3.8-27B-Q4_K_M_L.gguf", 18),
            ("Q8_0/Qwen3.8-27B-Q8_0-00002-of-00002.gguf", 14), ("Q8_0/Qwen3.8-27B-Q8_0-00001-of-00002.gguf", 15),
-           ("mtp-Qwen3.8-27B-Q4_0.gguf", 1), ("MTP/gemma-4-12B-it-Q8_0-MTP.gguf", 1), ("MTP/mtp-gemma-4-12B-it-BF16.gguf", 1),
+           ("mtp-Qwen3.8-27B-Q4_0.gguf", 1), ("MTP/gemma-4-12B-it-Q8_0-MTP.gguf", 1),
+           ("MTP/mtp-gemma-4-12B-it-BF16.gguf", 1),
            ("eagle3-Qwen3.8-27B-Q8_0.gguf", 1), ("dflash-Qwen3.8-27B-F16.gguf", 1),
            ("Q6_K/Qwen3.8-27B-Q6_K-00001-of-00002.gguf", 9), ("README.md", 1)]
 

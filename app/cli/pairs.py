@@ -45,11 +45,11 @@ def cmd_pull(args) -> int:
         if not downloads.hub_files(pair.sources):
             print(f"{args.pair} is built in: nothing to download.")
             return 0
+        roles = [(role, s) for role, s in (("target", pair.target), ("draft", pair.draft)) if s and s.repo]
         files = []
-        for role, src in (("target", pair.target), ("draft", pair.draft)):
-            for c in downloads.remote_choices([src] if src and src.repo else []):  # the file the tag names today
-                _print_choice(c, role)
-                files.append((c.repo, c.file))
+        for (role, _), c in zip(roles, downloads.remote_choices([s for _, s in roles])):  # what each tag names today
+            _print_choice(c, role)
+            files.append((c.repo, c.file))
     else:
         raise EngineError("Name a pair to pull (see specchat list), or give --repo and --file.")
     bars = {}

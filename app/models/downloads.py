@@ -17,25 +17,25 @@ def hub_files(sources: list[Source]) -> list[tuple[str, str]]:
 
 
 def remote_choices(sources: list[Source], endpoint: str | None = None) -> list[GgufChoice]:
-    """The files on the Hub that the Hub sources name today, each resolved against its repo's file list as llama.cpp's
-    ``-hf repo:TAG`` does (any case, split files whole, side files in their folder): an upstream rename does not
-    break a pull, a tag that fits nothing or several says what the repo has."""
+    """The files on the Hub that the Hub sources name today (one per Hub source, in order), each resolved against its
+    repo's file list as llama.cpp's ``-hf repo:TAG`` does (any case, split files whole, side files in their folder):
+    an upstream rename does not break a pull, a tag that fits nothing or several says what the repo has."""
     from .discover import list_gguf
 
-    listed: dict[str, list[GgufChoice]] = {}
+    listed: dict[str, list[GgufChoice]] = {}  # one file list per repo (a Gemma 4 target and its assistant share one)
     found = []
     for s in sources:
         if s.repo:
             if s.repo not in listed:
                 listed[s.repo] = list_gguf(s.repo, endpoint)
             found.append(hf_files.pick(listed[s.repo], s.repo, s.tag, s.side_file))
-    return list(dict.fromkeys(found))
+    return found
 
 
 def pull(pair: Pair, on_progress: Callable[[hub.Progress], None] | None = None,
          cancel: threading.Event | None = None) -> list[Path]:
     """Download the pair's Hub files (target first, then draft); builtins need nothing."""
-    files = [(c.repo, c.file) for c in remote_choices(list(pair.sources))]
+    files = list(dict.fromkeys((c.repo, c.file) for c in remote_choices(list(pair.sources))))
     return hub.pull_files(files, on_progress=on_progress, cancel=cancel)
 
 

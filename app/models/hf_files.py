@@ -6,9 +6,10 @@ first shard, in whatever folder it lives). A tag is matched without regard to ca
 found in ``Model-Q4_K_M.gguf``, ``model-q4_k_m-00001-of-00002.gguf`` and ``UD-Q4_K_M/Model-UD-Q4_K_M.gguf``, not in
 ``Model-Q4_K_M_L.gguf``. A tag ending in ``.gguf`` names a file (its exact name first, else the one name that differs
 only in case, or in another folder). Side files (Gemma 4's MTP assistant, EAGLE-3 heads, DFlash / DSpark block
-drafts: llama.cpp's ``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-`` files, also anything in an ``MTP/`` folder) are never
-taken for the model itself; a source asks for one by its kind. Where a tag fits several models the plainest name wins
-(``Model-Q4_K_M`` over ``Model-UD-Q4_K_M``); where none is plainer, or nothing fits, the error lists what the repo has.
+drafts: llama.cpp's ``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-`` files, also anything in an ``MTP/`` folder) are
+never taken for the model itself; a source asks for one by its kind. Where a tag fits several models the plainest
+name wins (``Model-Q4_K_M`` over ``Model-UD-Q4_K_M``); where none is plainer, or nothing fits, the error lists what
+the repo has.
 """
 from __future__ import annotations
 
