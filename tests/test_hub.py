@@ -424,3 +424,39 @@ target = {{ repo = "{CASE_REPO}", quantization = "Q8_0", size_gb = 0.0003 }}
     r = specchat(env, "generate", "--pair", "gone", "--prompt", "x")
     assert r.returncode == 1 and f"{RENAMED_REPO}:Q2_K is not downloaded yet" in r.stderr
     assert "specchat pull gone" in r.stderr
+
+
+def test_a_pair_pulled_before_an_upstream_rename_keeps_working_and_pulls_the_new_files(tmp_path, fake, files, env):
+    """Pulled at one revision; upstream then publishes the model as three shards under new names. Until the next pull
+    the pair loads from the files it has (the cache's snapshot of the old revision); the next pull finds the new
+    names by the same tag and the pair loads from them."""
+    fake.add(RENAMED_REPO, {"tiny-q8_0.gguf": files["target"]}, commit="1" * 40)
+    catalog = tmp_path / "moving.toml"
+    catalog.write_text(f"""
+[pairs.moving]
+description = "a tag across an upstream rename"
+license = "test"
+target = {{ repo = "{RENAMED_REPO}", quantization = "Q8_0", size_gb = 0.0003 }}
+draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
+""")
+    env = {**env, "SPECCHAT_MODELS": str(catalog)}
+    assert specchat(env, "pull", "moving").returncode == 0
+    assert cached(env, RENAMED_REPO, "tiny-q8_0.gguf").read_bytes() == files["target"]
+
+    shards = {f"Tiny-Q8_0-{i:05d}-of-00003.gguf": data for i, (_, data) in enumerate(sorted(files["shards"].items()), 1)}
+    fake.add(RENAMED_REPO, shards, commit="2" * 40)
+    assert json.loads(specchat(env, "list", "--json").stdout)[0]["ready"]
+    args = ("generate", "--pair", "moving", "--prompt", "the cat", "--max-tokens", "6", "--temperature", "0", "--json")
+    before = specchat(env, *args)
+    assert before.returncode == 0, before.stderr
+
+    r = specchat(env, "pull", "moving")
+    assert r.returncode == 0, r.stderr
+    assert f"target: {RENAMED_REPO}/Tiny-Q8_0-00001-of-00003.gguf" in r.stderr
+    snapshot = Path(env["HF_HUB_CACHE"]) / "models--tests--renamed-target" / "snapshots" / ("2" * 40)
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(shards)
+    after = specchat(env, *args)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["token_ids"] == json.loads(before.stdout)["token_ids"]  # the same model, resplit
+    assert "Removed 4 file(s)" in specchat(env, "remove", "moving").stdout  # today's three shards and the draft
+    no_traffic_beyond_loopback(env)
