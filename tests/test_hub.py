@@ -443,7 +443,8 @@ draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32"
     assert specchat(env, "pull", "moving").returncode == 0
     assert cached(env, RENAMED_REPO, "tiny-q8_0.gguf").read_bytes() == files["target"]
 
-    shards = {f"Tiny-Q8_0-{i:05d}-of-00003.gguf": data for i, (_, data) in enumerate(sorted(files["shards"].items()), 1)}
+    shards = {f"Tiny-Q8_0-{i:05d}-of-00003.gguf": data
+              for i, (_, data) in enumerate(sorted(files["shards"].items()), 1)}
     fake.add(RENAMED_REPO, shards, commit="2" * 40)
     assert json.loads(specchat(env, "list", "--json").stdout)[0]["ready"]
     args = ("generate", "--pair", "moving", "--prompt", "the cat", "--max-tokens", "6", "--temperature", "0", "--json")

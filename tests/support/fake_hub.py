@@ -5,8 +5,8 @@ search (``GET /api/models?search=&filter=gguf&sort=downloads&limit=&expand=``) a
 It answers as the Hub does: ``HEAD/GET /{repo}/resolve/{rev}/{file}`` redirects LFS files to a content URL with
 ``X-Linked-Etag`` (the SHA-256), ``X-Linked-Size`` and ``X-Repo-Commit``; ``GET /lfs/{sha256}`` on a second port
 (the CDN) serves bytes with HTTP Range; errors carry ``X-Error-Code`` (RepoNotFound, GatedRepo, EntryNotFound) with the Hub's status codes.
-Tests select it with ``HF_ENDPOINT``. Knobs: private/gated repos, a new revision of a repo (files renamed upstream), a per-request rate limit (so a test can kill a
-download halfway), corrupting the next response of a file, cutting or stalling the next responses of a file
+Tests select it with ``HF_ENDPOINT``. Knobs: private/gated repos, a new revision of a repo (files renamed upstream),
+a per-request rate limit (so a test can kill a download halfway), corrupting the next response of a file, cutting or stalling the next responses of a file
 halfway through (a dropped connection, a transfer that stops moving), and a log of every request.
 """
 from __future__ import annotations
