@@ -41,4 +41,3 @@ def compatibility_problems(target: Model, draft: Model) -> list[str]:
                 )
                 break
     return problems
-

@@ -35,10 +35,6 @@ class GgufChoice:
     size: int  # bytes, all shards
     quantization: str
 
-    @property
-    def label(self) -> str:
-        return self.quantization or self.file
-
 
 def quantization(name: str) -> str:
     """'Qwen2.5-7B-Instruct-Q4_K_M.gguf' -> 'Q4_K_M' (upper case; '' when the name does not say)."""
