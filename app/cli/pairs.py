@@ -41,10 +41,15 @@ def cmd_pull(args) -> int:
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
         files = [(args.repo, args.file)]
     elif args.pair:
-        files = downloads.hub_files(get_pair(args.pair).sources)
-        if not files:
+        pair = get_pair(args.pair)
+        if not downloads.hub_files(pair.sources):
             print(f"{args.pair} is built in: nothing to download.")
             return 0
+        roles = [(role, s) for role, s in (("target", pair.target), ("draft", pair.draft)) if s and s.repo]
+        files = []
+        for (role, _), c in zip(roles, downloads.remote_choices([s for _, s in roles])):  # what each tag names today
+            _print_choice(c, role)
+            files.append((c.repo, c.file))
     else:
         raise EngineError("Name a pair to pull (see specchat list), or give --repo and --file.")
     bars = {}

@@ -70,7 +70,8 @@ def suggest_drafts(target: GgufInfo) -> list[str]:
         if key in seen:
             continue
         on_disk = status(src).state in ("builtin", "downloaded")
-        named = target.path.name in pair.target.files() or (family and _family(src.file or "") == family)
+        name = src.file or (src.repo or "").rsplit("/", 1)[-1]  # a tag source: its repo says the family
+        named = target.path.name in pair.target.files() or (family and _family(name) == family)
         if not (on_disk or named):
             continue
         seen.add(key)

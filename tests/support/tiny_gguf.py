@@ -40,7 +40,7 @@ def write_model(
     n_ctx: int = 512,
     extra_words: int = 40,
     rename: dict[int, str] | None = None,
-    bos: int = 1,
+    bos: int | None = 1,  # None: no tokenizer.ggml.bos_token_id key (llama.cpp then assumes its default id)
     eos: int = 2,
     add_bos: bool = True,
     vocab_model: str = "llama",
@@ -99,7 +99,8 @@ def write_model(
     w.add_token_types([int(k) for _, k in toks])
     if vocab_model == "gpt2":
         w.add_token_merges(["▁ t", "h e"])
-    w.add_bos_token_id(bos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)
     w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)
