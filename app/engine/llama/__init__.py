@@ -7,8 +7,9 @@ from .backend import (
 )
 from .context import Context, StateCosts, common_prefix
 from .model import Model, ModelSettings
+from .vision import Projector, is_image
 
 __all__ = [
-    "Cancelled", "Context", "Model", "ModelSettings", "StateCosts", "batch_invariant", "builtin_chat",
+    "Cancelled", "Context", "Model", "ModelSettings", "Projector", "is_image", "StateCosts", "batch_invariant", "builtin_chat",
     "common_prefix", "default_threads", "devices", "gpus", "quantize", "supports_gpu_offload", "system_info",
 ]

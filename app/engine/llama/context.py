@@ -102,6 +102,7 @@ class Context:
         self._round: _Saved | None = None  # saved before the latest speculative batch
         self._spec_open = False  # the last decode was speculative and nothing was truncated since
         self.captures: list = []  # what heads read, kept by position after each decode (heads.Capture)
+        self.media = None  # a vision.Projector: evaluates the images whose placeholders (negative ids) a prompt holds
 
     @property
     def n_held(self) -> int:
@@ -152,6 +153,7 @@ class Context:
         n_keep = max(n_keep, 0)
         if n_keep >= len(self.tokens):
             return
+        n_keep = self._image_start(n_keep)  # an image is kept whole or not at all
         del self.tokens[n_keep:]
         if not self.recurrent:
             self._drop_from(n_keep)
@@ -166,6 +168,17 @@ class Context:
             self._n_mem, self._rollback = n_keep, 0  # a snapshot serves once
             return
         self._restore(n_keep)
+
+    def _image_start(self, n: int) -> int:
+        """``n``, or where the image that position ``n`` falls inside starts."""
+        key = self.tokens[n]
+        if n == 0 or key >= 0 or self.tokens[n - 1] != key:
+            return n
+        start = n
+        while start > 0 and self.tokens[start - 1] == key:
+            start -= 1
+        size = self.media.n_tokens(key) if self.media else n - start  # (the same image twice in a row: two runs)
+        return start + (n - start) // size * size
 
     def _drop_from(self, n_keep: int) -> None:
         """Attention caches: remove positions >= n_keep (all of them when llama.cpp refuses a partial removal)."""
@@ -252,7 +265,7 @@ class Context:
         if abortable:
             ll.llama_set_abort_callback(self.ptr, self._abort_cb, ctypes.c_void_p(0))
         try:
-            self._decode_chunks(batch, self._n_mem, n_logits)
+            self._evaluate(batch, self._n_mem, n_logits)
         finally:
             if abortable:
                 ll.llama_set_abort_callback(self.ptr, ll.ggml_abort_callback(), ctypes.c_void_p(0))
@@ -263,7 +276,7 @@ class Context:
     def prefill(self, tokens: list[int]) -> None:
         """Evaluate a prompt's uncached tokens, logits for the last. Recurrent memory keeps a checkpoint before that
         last token: where Regenerate restarts, and the nearest way back when the next turn changes the answer."""
-        if self.recurrent and len(tokens) > 1:
+        if self.recurrent and len(tokens) > 1 and tokens[-1] >= 0:
             self.decode(tokens[:-1], n_logits=0)
             self.checkpoint()
             tokens = tokens[-1:]
@@ -280,6 +293,25 @@ class Context:
         if n_speculative <= min(self.n_rs_seq, n_batch - 1):
             return  # llama.cpp's snapshots of this batch's last positions will do
         self._round = self._save(reuse=self._round)
+
+    def _evaluate(self, tokens: list[int], start: int, n_logits: int) -> None:
+        """Decode ``tokens`` at ``start``: text in batches, each image's positions through the projector."""
+        if min(tokens) >= 0:
+            return self._decode_chunks(tokens, start, n_logits)
+        if self.media is None:
+            raise EngineError(f"The prompt holds an image but no projector (--mmproj) is loaded for "
+                              f"{self.model.path.name}.")
+        try:
+            for i, j, image in _runs(tokens, self.media.n_tokens):
+                last = j == len(tokens)
+                if image:
+                    self.media.evaluate(self.ptr, tokens[i], start + i, self.n_batch, last and n_logits > 0)
+                    self._n_out, self._last_chunk = 1, 0  # (logits(-1): the last output, row -1)
+                else:
+                    self._decode_chunks(tokens[i:j], start + i, min(n_logits, j - i) if last else 0)
+        except BaseException:
+            self._undo_failed(start)
+            raise
 
     def _decode_chunks(self, tokens: list[int], start: int, n_logits: int) -> None:
         batch = self._batch
@@ -345,6 +377,24 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+def _runs(tokens: list[int], image_size) -> list[tuple[int, int, bool]]:
+    """(start, end, is an image) of each text run and each image's positions in ``tokens``."""
+    runs, i = [], 0
+    while i < len(tokens):
+        if tokens[i] >= 0:
+            j = i
+            while j < len(tokens) and tokens[j] >= 0:
+                j += 1
+            runs.append((i, j, False))
+        else:
+            j = i + image_size(tokens[i])
+            if tokens[i:j] != [tokens[i]] * (j - i) or j > len(tokens):
+                raise EngineError("An image's positions were cut apart in the prompt.")
+            runs.append((i, j, True))
+        i = j
+    return runs
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -1,0 +1,157 @@
+"""Images in the prompt (libmtmd): a tiny random-weight llama target with a llava-type projector the tests write,
+proven first in llama.cpp's own llama-mtmd-cli; speculation on an image prompt stays exact; bad input gets words."""
+from __future__ import annotations
+
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from support.tiny_gguf import write_model
+from support.tiny_vision import png_bytes, write_png, write_projector
+
+from app.engine import Engine, EngineError, GenerationParams, ModelSettings, SamplingParams
+from app.engine.draft_control import DraftParams
+from app.engine.images import prepare_image, text_view
+from app.prompts import chat_tokens
+
+MTMD_CLI = Path("/work/llama-ref/build/bin/llama-mtmd-cli")
+GREEDY = GenerationParams(max_tokens=40, sampling=SamplingParams(temperature=0), draft=DraftParams(adaptive=False))
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-vision")
+    return {
+        "target": write_model(d / "target.gguf", seed=3),
+        "draft": write_model(d / "draft.gguf", seed=4, base_seed=3, noise=0.3),  # same vocabulary, noisy copy
+        "mmproj": write_projector(d / "mmproj-target.gguf", n_embd_text=64),
+        "a": write_png(d / "a.png", seed=1),
+        "b": write_png(d / "b.png", seed=2),
+        "dir": d,
+    }
+
+
+@pytest.fixture(scope="module")
+def engine(vision):
+    e = Engine(ModelSettings(vision["target"], n_ctx=512), ModelSettings(vision["draft"], n_ctx=512), vision["mmproj"])
+    yield e
+    e.close()
+
+
+def ask(image: bytes, text: str = "the cat sat on") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
+
+
+def answer(engine, messages, drafter="none", params=GREEDY):
+    engine.reset()
+    ids = chat_tokens(engine.model, messages, engine.projector)
+    return ids, list(engine.generate(ids, params, drafter))[-1]
+
+
+@pytest.mark.skipif(not MTMD_CLI.exists(), reason="llama.cpp's reference llama-mtmd-cli is not built here")
+def test_llama_mtmd_cli_reads_the_tiny_set_and_we_answer_as_it_does(vision, engine):
+    texts = []
+    for key in ("a", "b"):
+        run = subprocess.run([str(MTMD_CLI), "-m", str(vision["target"]), "--mmproj", str(vision["mmproj"]),
+                              "--image", str(vision[key]), "-p", "the cat sat on", "-n", "8", "--temp", "0", "-t", "2"],
+                             capture_output=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        cli = run.stdout.decode("utf-8", "replace").strip()
+        _, done = answer(engine, ask(vision[key].read_bytes()), params=GenerationParams(
+            max_tokens=8, sampling=SamplingParams(temperature=0)))
+        assert cli == done.text.strip(), run.stderr[-3000:]
+        texts.append(cli)
+    assert texts[0] != texts[1]  # the image matters
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_output_with_speculation_is_the_same_on_an_image_prompt(engine, drafter):
+    outputs = []
+    for seed in (1, 2):
+        ids, off = answer(engine, ask(png_bytes(seed)))
+        assert min(ids) < 0 and off.stats.prompt_tokens == len(ids)  # image positions count as prompt tokens
+        _, on = answer(engine, ask(png_bytes(seed)), drafter)
+        assert on.token_ids == off.token_ids
+        assert on.stats.n_drafted > 0 and on.stats.drafter == drafter
+        outputs.append(off.token_ids)
+    assert outputs[0] != outputs[1]  # two images, two answers
+
+
+def test_the_draft_reads_the_text_around_the_image(engine):
+    ids = chat_tokens(engine.model, ask(png_bytes(1)), engine.projector)
+    n_image = engine.projector.n_tokens(min(ids))
+    assert ids.count(min(ids)) == n_image == 16
+    view = text_view(ids)
+    assert min(view) >= 0 and len(view) == len(ids) - n_image
+    assert view == [t for t in ids if t >= 0]
+
+
+def test_a_second_turn_does_not_evaluate_the_image_again(engine):
+    first = ask(png_bytes(1))
+    ids, done = answer(engine, first, "model")
+    image_end = max(i for i, t in enumerate(ids) if t < 0) + 1
+    turn2 = first + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "and the dog"}]
+    ids2 = chat_tokens(engine.model, turn2, engine.projector)
+    done2 = list(engine.generate(ids2, GREEDY, "model"))[-1]
+    assert done2.stats.prompt_cached >= image_end
+    assert done2.stats.prompt_tokens == len(ids2) - done2.stats.prompt_cached
+    engine.reset()  # the same turn from an empty cache: the same answer
+    assert list(engine.generate(ids2, GREEDY, "none"))[-1].token_ids == done2.token_ids
+
+
+def test_a_model_without_a_projector_refuses_an_image_in_words(vision):
+    e = Engine(ModelSettings(vision["target"], n_ctx=256))
+    try:
+        with pytest.raises(EngineError, match="takes no images"):
+            chat_tokens(e.model, ask(png_bytes(1)), e.projector)
+    finally:
+        e.close()
+
+
+def test_a_projector_for_another_model_or_a_damaged_one_is_a_clear_error(vision, tmp_path):
+    wrong = write_projector(tmp_path / "mmproj-wrong.gguf", n_embd_text=32)
+    with pytest.raises(EngineError, match="could not load the projector.*(n_embd|mismatch)"):
+        Engine(ModelSettings(vision["target"], n_ctx=256), None, wrong)
+    cut = tmp_path / "mmproj-cut.gguf"
+    cut.write_bytes(vision["mmproj"].read_bytes()[:3000])
+    with pytest.raises(EngineError, match="mmproj-cut.gguf"):
+        Engine(ModelSettings(vision["target"], n_ctx=256), None, cut)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that claims a size and holds no pixels (a huge image without the memory)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data  # noqa: E731
+                                + struct.pack(">I", zlib.crc32(kind + data)))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def test_bad_images_get_one_clear_message_each(engine):
+    png = png_bytes(1)
+    cases = [(b"just some text", "not an image"), (png[: len(png) // 2], "damaged or cut short"),
+             (_png_header(12_000, 9_000), "108 megapixels"), (b"", "empty")]
+    for data, words in cases:
+        with pytest.raises(EngineError, match=words):
+            chat_tokens(engine.model, ask(data), engine.projector)
+    from PIL import Image
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="WEBP")
+    with pytest.raises(EngineError, match="WEBP.*PNG or JPEG"):
+        prepare_image(buf.getvalue())
+
+
+def test_a_large_image_is_scaled_down_and_answered(engine):
+    from PIL import Image
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (5000, 40), (200, 30, 30)).save(buf, format="PNG")
+    small = prepare_image(buf.getvalue())
+    assert Image.open(io.BytesIO(small)).size == (4096, 33)
+    _, done = answer(engine, ask(buf.getvalue()), "model")
+    assert done.token_ids and done.finish_reason in ("length", "stop")
