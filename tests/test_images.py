@@ -2,6 +2,7 @@
 proven first in llama.cpp's own llama-mtmd-cli; speculation on an image prompt stays exact; bad input gets words."""
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import zlib
@@ -155,3 +156,105 @@ def test_a_large_image_is_scaled_down_and_answered(engine):
     assert Image.open(io.BytesIO(small)).size == (4096, 33)
     _, done = answer(engine, ask(buf.getvalue()), "model")
     assert done.token_ids and done.finish_reason in ("length", "stop")
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+def cli(*args, timeout=300):
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "app", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def generate_json(vision, *flags) -> dict:
+    r = cli("generate", "--target", vision["target"], "--chat", "-p", "the cat sat on", "-n", "24", "--temperature",
+            "0", "--no-adaptive", "--json", *flags)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_generate_with_an_image_speculates_exactly_and_finds_the_projector_beside_the_target(vision):
+    a = ("--image", vision["a"])
+    off = generate_json(vision, *a, "--drafter", "none")  # mmproj-target.gguf sits beside the target: found
+    on = generate_json(vision, "--draft", vision["draft"], "--mmproj", vision["mmproj"], *a)
+    assert on["token_ids"] == off["token_ids"] and on["n_drafted"] > 0 and on["n_images"] == 1
+    assert off["prompt_tokens"] > 16  # the image's 16 positions count as prompt tokens
+    other = generate_json(vision, "--image", vision["b"], "--drafter", "ngram")
+    assert other["token_ids"] != off["token_ids"] and other["n_drafted"] > 0
+    two = generate_json(vision, *a, "--image", vision["b"], "--drafter", "none")
+    assert two["n_images"] == 2 and two["prompt_tokens"] == off["prompt_tokens"] + 16
+
+
+def test_no_mmproj_turns_the_projector_off_and_an_image_is_refused_in_one_line(vision, tmp_path):
+    r = cli("generate", "--target", vision["target"], "--no-mmproj", "-p", "hi", "--image", vision["a"], "-n", "4")
+    assert_one_line_error(r, "takes no images")
+    r = cli("generate", "--target", vision["target"], "-p", "hi", "--image", tmp_path / "missing.png", "-n", "4")
+    assert_one_line_error(r, "Cannot read the image")
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(png_bytes(1)[:200])
+    r = cli("generate", "--target", vision["target"], "-p", "hi", "--image", bad, "-n", "4")
+    assert_one_line_error(r, "damaged or cut short")
+
+
+def assert_one_line_error(r, words):
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+# --- the API ------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(vision, specchat_home):
+    from support.servers import specchat_serve
+
+    models = ("--target", str(vision["target"]), "--draft", str(vision["draft"]), "--mmproj", str(vision["mmproj"]),
+              "--ctx", "512")
+    with specchat_serve(specchat_home, None, models=models) as url:
+        yield url
+
+
+def data_url(data: bytes) -> str:
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def chat(url, image_url, n_max=None, text="the cat sat on"):
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": text},
+                                                      {"type": "image_url", "image_url": {"url": image_url}}]}],
+            "max_tokens": 24, "temperature": 0}
+    if n_max is not None:
+        body["speculative.n_max"] = n_max
+    return httpx.post(f"{url}/chat/completions", json=body, timeout=120)
+
+
+def test_the_api_takes_a_data_url_and_answers_the_same_with_speculation_on_and_off(served):
+    on, off = chat(served, data_url(png_bytes(1))), chat(served, data_url(png_bytes(1)), n_max=0)
+    assert on.status_code == 200 and off.status_code == 200, on.text + off.text
+    assert on.json()["choices"][0]["message"]["content"] == off.json()["choices"][0]["message"]["content"]
+    t_on, t_off = on.json()["timings"], off.json()["timings"]
+    assert t_on["draft_n"] > 0 and t_off["draft_n"] == 0
+    # the image's 16 positions are prompt tokens, as llama-server counts them (the cached prefix left out)
+    assert off.json()["usage"]["prompt_tokens"] > 16
+    other = chat(served, data_url(png_bytes(2)))
+    assert other.json()["choices"][0]["message"]["content"] != on.json()["choices"][0]["message"]["content"]
+
+
+def test_the_api_refuses_a_remote_image_url_and_bad_images_with_a_400_in_words(served):
+    r = chat(served, "https://example.com/cat.png")
+    assert r.status_code == 400 and "not fetched" in r.json()["error"]["message"]
+    r = chat(served, "data:image/png;base64,@@@")
+    assert r.status_code == 400 and "base64" in r.json()["error"]["message"]
+    r = chat(served, data_url(b"GIF89a but not really"))
+    assert r.status_code == 400 and "not an image" in r.json()["error"]["message"]
+    assert chat(served, data_url(png_bytes(1))).status_code == 200  # and it keeps serving
+
+
+def test_an_image_for_a_model_without_a_projector_is_a_400(vision, specchat_home):
+    from support.servers import specchat_serve
+
+    with specchat_serve(specchat_home, None, models=("--target", str(vision["target"]), "--no-mmproj")) as url:
+        r = chat(url, data_url(png_bytes(1)))
+        assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]

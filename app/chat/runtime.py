@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 from ..engine import DRAFTERS, OFF, DraftParams, Engine, EngineError, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
-from ..prompts import chat_prompt, chat_tokens
+from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens
 from .comparison import Comparison
 from .live_answer import Live
 from .remote_server import RemoteServer, ServerSpec
@@ -159,11 +159,12 @@ class Runtime:
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
-        prompt = chat_prompt(engine.model, messages, enable_thinking=settings.enable_thinking)
+        text_messages, images = image_messages(engine.model, messages, engine.projector)  # (image parts: bytes)
+        prompt = chat_prompt(engine.model, text_messages, enable_thinking=settings.enable_thinking)
         live = Live()
         if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
             live.segments.append([OPEN + "\n", False])
-        ids = chat_tokens(engine.model, prompt)
+        ids = prompt_tokens(engine.model, prompt, engine.projector, images)
         for _ in _stream(lambda c: engine.generate(ids, params, drafter, c), cancel, interval, live):
             yield live
 
@@ -181,7 +182,7 @@ class Runtime:
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
-        ids = chat_tokens(engine.model, messages, enable_thinking=settings.enable_thinking)
+        ids = chat_tokens(engine.model, messages, engine.projector, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
         cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
         for phase, kind in (("off", OFF), ("on", drafter)):

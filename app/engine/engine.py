@@ -22,9 +22,12 @@ class Engine:
     """Owns the llama.cpp models and contexts. One generation at a time (others wait on the lock), and the KV
     caches persist between generations so a chat turn only evaluates what is new."""
 
-    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None):
+    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None,
+                 mmproj_found: bool = False):
+        """``mmproj``: the target's vision projector; ``mmproj_found``: found beside it, not asked for, so one that
+        does not fit the target is left out (``projector_problem`` says why) rather than failing the load."""
         self._lock = FairLock()  # one generation at a time, in the order they asked
-        self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj)
+        self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj, mmproj_found)
         self._threads = ThreadChooser(default_threads())
 
     # --- the loaded pair ------------------------------------------------------------------------------------
@@ -118,7 +121,8 @@ class Engine:
     def _with_images(self, d: Drafter) -> Drafter:
         """A drafter for a prompt with images: one that reads text drafts from the text around them."""
         if self.projector is None:
-            raise EngineError(f"{self.model.path.name} takes no images: load its projector (--mmproj).")
+            raise EngineError(f"{self.model.path.name} takes no images: load its projector (--mmproj)."
+                              + (f" ({self._pair.projector_problem})" if self._pair.projector_problem else ""))
         if d in self._pair.heads():  # they read the target's hidden states position by position
             raise EngineError(f"{d.label} does not draft on prompts with images yet: use a draft model or "
                               "n-gram lookup.")

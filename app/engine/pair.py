@@ -26,7 +26,8 @@ class Loaded:
 class LoadedPair:
     """The models and contexts of one pair (the drafter registry's ``Pair``). ``close`` frees them, heads first."""
 
-    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None):
+    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None,
+                 mmproj_found: bool = False):
         settings = [s for s in (target, draft) if s is not None]
         for s in settings:
             for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
@@ -50,6 +51,7 @@ class LoadedPair:
         self.head: MtpDrafter | None = None
         self._mtp: MtpDrafter | None = None  # the target's own MTP layers' drafter, made on first use
         self.projector: Projector | None = None  # the target's vision projector (--mmproj)
+        self.projector_problem = ""  # why a projector found beside the target (not asked for) was not loaded
         models: list[Model] = []
         contexts: list[Context] = []
         try:
@@ -69,9 +71,14 @@ class LoadedPair:
             if head_class:  # before the target decodes anything (Gemma 4's assistant resets the target's cache)
                 self.head = head_class(contexts[0], models[1])
             if mmproj is not None:
-                self.projector = Projector(mmproj, models[0], target.n_threads or default_threads(),
-                                           use_gpu=target.n_gpu_layers != 0)
-                contexts[0].media = self.projector
+                try:
+                    self.projector = Projector(mmproj, models[0], target.n_threads or default_threads(),
+                                               use_gpu=target.n_gpu_layers != 0)
+                    contexts[0].media = self.projector
+                except EngineError as exc:
+                    if not mmproj_found:
+                        raise
+                    self.projector_problem = str(exc)  # a folder's projector for another model: text only
         except Exception:
             if self.projector:
                 self.projector.close()

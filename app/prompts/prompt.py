@@ -62,9 +62,16 @@ def image_messages(model: Model, messages: list[dict], projector: Projector | No
     return out, images
 
 
-def plain_tokens(model: Model, text: str) -> list[int]:
-    """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed."""
-    return model.tokenize(text, add_special=True, parse_special=True)
+def plain_tokens(model: Model, text: str, projector: Projector | None = None, images: list[bytes] = ()) -> list[int]:
+    """Plain text prompt: the model's BOS (if it uses one), special tokens written as text are parsed. Images go
+    where the text holds the media marker, else before the text (as llama-mtmd-cli puts them)."""
+    if not images:
+        return model.tokenize(text, add_special=True, parse_special=True)
+    if projector is None:
+        raise EngineError(f"{model.path.name} takes no images: load its vision projector (--mmproj).")
+    if projector.marker not in text:
+        text = projector.marker * len(images) + "\n" + text
+    return projector.tokenize(text, [prepare_image(b, f"Image {i + 1}") for i, b in enumerate(images)])
 
 
 def tool_prompt(model: Model, messages: list[dict], tools: list[Tool], choice: ToolChoice,
