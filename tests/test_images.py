@@ -81,6 +81,16 @@ def test_greedy_output_with_speculation_is_the_same_on_an_image_prompt(engine, d
     assert outputs[0] != outputs[1]  # two images, two answers
 
 
+def test_sampling_with_speculation_on_an_image_prompt_keeps_the_target_distribution(engine):
+    from test_exact_sampling import compare, samples
+
+    ids = chat_tokens(engine.model, ask(png_bytes(1)), engine.projector)
+    plain, _ = samples(engine, ids, "none", seed0=10_000)
+    spec, drafted = samples(engine, ids, "model", draft_max=3, adaptive=False)
+    assert drafted > 0
+    compare(plain, spec)
+
+
 def test_the_draft_reads_the_text_around_the_image(engine):
     ids = chat_tokens(engine.model, ask(png_bytes(1)), engine.projector)
     n_image = engine.projector.n_tokens(min(ids))
@@ -240,6 +250,10 @@ def test_the_api_takes_a_data_url_and_answers_the_same_with_speculation_on_and_o
     assert off.json()["usage"]["prompt_tokens"] > 16
     other = chat(served, data_url(png_bytes(2)))
     assert other.json()["choices"][0]["message"]["content"] != on.json()["choices"][0]["message"]["content"]
+    import httpx
+
+    props = httpx.get(served.removesuffix("/v1") + "/props", timeout=30).json()
+    assert props["modalities"]["vision"] is True  # as llama-server says it takes images
 
 
 def test_the_api_refuses_a_remote_image_url_and_bad_images_with_a_400_in_words(served):

@@ -135,6 +135,7 @@ class Runtime:
             "pair": self.spec.describe() if self.spec else None,
             "target": e.target.model.path.name if e else r.model if r else None,
             "draft": e.draft_model.path.name if e and e.draft_model else None,
+            "mmproj": e.projector.path.name if e and e.projector else None,  # takes images
             "n_ctx": e.n_ctx if e else 0,
             "memory_bytes": e.memory_bytes() if e else 0,
             "recurrent": [x.ctx.recurrent_state() for x in (e.target, e.draft) if x and x.model.recurrent]

@@ -59,9 +59,12 @@ class LoadedPair:
                 models.append(Model(s.path, n_gpu_layers=s.n_gpu_layers))
             # The draft shares the target's context size: it must hold the same conversation.
             n_ctx = target.n_ctx or min(models[0].n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
-            check_fits([Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers,
-                             m.recurrent_bytes, n_rs, s.n_checkpoints)
-                        for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))], gpus())
+            loads = [Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers,
+                          m.recurrent_bytes, n_rs, s.n_checkpoints)
+                     for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))]
+            if mmproj is not None and mmproj.is_file():  # the projector's weights, beside the target's
+                loads.append(Load(mmproj.name, mmproj.stat().st_size, 0, 0, n_ctx, -1 if target.n_gpu_layers else 0))
+            check_fits(loads, gpus())
             # The draft needs one output, and no recurrent-state snapshots: it drafts one token per decode, and
             # llama.cpp snapshots only the positions of the last decode (a rejected draft restores a saved state).
             with_context = models[:1] if head_class else models

@@ -104,7 +104,7 @@ class _Routes:
             "total_slots": 1,
             "model_alias": self.server._loaded_name(),
             "model_path": str(model.path),
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": engine.projector is not None, "video": False, "audio": False},
             "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": False,
             "chat_template": model.chat_template() or "",
             "bos_token": bos, "eos_token": eos,

@@ -10,6 +10,7 @@ not. The projector keeps the prepared image (its ``mtmd_input_chunk``) for each 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -74,6 +75,9 @@ class Projector:
         self.marker = mt.mtmd_default_marker().decode()
         self.size_bytes = self.path.stat().st_size
         self._chunks: OrderedDict[int, tuple[int, int]] = OrderedDict()  # placeholder -> (chunk, n_tokens)
+        # A request is tokenized (adding images, dropping the oldest) while another generates: a chunk being
+        # evaluated must not be freed under it.
+        self._lock = threading.Lock()
 
     # --- prompts --------------------------------------------------------------------------------------------
     def tokenize(self, text: str, images: list[bytes], add_special: bool = True) -> list[int]:
@@ -124,16 +128,18 @@ class Projector:
         return ids
 
     def _keep(self, key: int, chunk: int, n_tokens: int) -> None:
-        old = self._chunks.pop(key, None)
-        if old:
-            self._mt.mtmd_input_chunk_free(old[0])
-        self._chunks[key] = (chunk, n_tokens)
-        while len(self._chunks) > KEEP_IMAGES:
-            self._mt.mtmd_input_chunk_free(self._chunks.popitem(last=False)[1][0])
+        with self._lock:
+            old = self._chunks.pop(key, None)
+            if old:
+                self._mt.mtmd_input_chunk_free(old[0])
+            self._chunks[key] = (chunk, n_tokens)
+            while len(self._chunks) > KEEP_IMAGES:
+                self._mt.mtmd_input_chunk_free(self._chunks.popitem(last=False)[1][0])
 
     def n_tokens(self, key: int) -> int:
         """Positions the image with this placeholder takes."""
-        return self._chunk(key)[1]
+        with self._lock:
+            return self._chunk(key)[1]
 
     def _chunk(self, key: int) -> tuple[int, int]:
         held = self._chunks.get(key)
@@ -145,11 +151,12 @@ class Projector:
     # --- evaluation -----------------------------------------------------------------------------------------
     def evaluate(self, ctx_ptr, key: int, n_past: int, n_batch: int, logits_last: bool) -> None:
         """Encode the image and decode its embeddings into sequence 0 of a context at ``n_past``."""
-        chunk, n_tokens = self._chunk(key)
         new_n_past = ll.llama_pos(0)
         log_tail.clear()
-        rc = self._mt.mtmd_helper_eval_chunk_single(self.ptr, ctx_ptr, chunk, n_past, 0, n_batch, logits_last,
-                                                     ctypes.byref(new_n_past))
+        with self._lock:
+            chunk, _ = self._chunk(key)
+            rc = self._mt.mtmd_helper_eval_chunk_single(self.ptr, ctx_ptr, chunk, n_past, 0, n_batch, logits_last,
+                                                         ctypes.byref(new_n_past))
         if rc == 2:
             raise Cancelled()
         if rc != 0:
@@ -157,7 +164,7 @@ class Projector:
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
-            for chunk, _ in self._chunks.values() if hasattr(self, "_chunks") else ():
+            for chunk, _ in getattr(self, "_chunks", {}).values():
                 self._mt.mtmd_input_chunk_free(chunk)
             self._chunks = OrderedDict()
             self._mt.mtmd_free(self.ptr)
