@@ -58,6 +58,53 @@ def write_projector(path: Path, n_embd_text: int = 64, seed: int = 7, n_embd: in
     return path
 
 
+def write_qwen2vl_projector(path: Path, n_embd_text: int = 64, seed: int = 8, n_embd: int = 32, n_ff: int = 64,
+                            patch: int = PATCH) -> Path:
+    """Qwen2-VL's projector (``qwen2vl_merger``): two patch convolutions, one vision layer with M-RoPE, 2×2 patches
+    merged into one embedding. Its images take fewer positions than tokens in the text model (M-RoPE)."""
+    w = GGUFWriter(str(path), "clip")
+    w.add_string("clip.projector_type", "qwen2vl_merger")
+    w.add_bool("clip.has_vision_encoder", True)
+    for key, value in (("embedding_length", n_embd), ("feed_forward_length", n_ff), ("block_count", 1),
+                       ("projection_dim", n_embd_text), ("attention.head_count", 4)):
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_uint32("clip.vision.image_size", 64)
+    w.add_uint32("clip.vision.patch_size", patch)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_file_type(0)
+    rng = np.random.default_rng(seed)
+
+    def t(*shape, scale=None):
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        return (rng.standard_normal(shape) * (scale if scale is not None else fan_in ** -0.5)).astype(np.float32)
+
+    zeros, ones = (lambda n: np.zeros(n, np.float32)), (lambda n: np.ones(n, np.float32))
+    w.add_tensor("v.patch_embd.weight", t(n_embd, 3, patch, patch))
+    w.add_tensor("v.patch_embd.weight.1", t(n_embd, 3, patch, patch))
+    p = "v.blk.0."
+    for name in ("ln1", "ln2"):
+        w.add_tensor(p + name + ".weight", ones(n_embd))
+        w.add_tensor(p + name + ".bias", zeros(n_embd))
+    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        w.add_tensor(p + name + ".weight", t(n_embd, n_embd))
+        w.add_tensor(p + name + ".bias", zeros(n_embd))
+    w.add_tensor(p + "ffn_up.weight", t(n_ff, n_embd))
+    w.add_tensor(p + "ffn_up.bias", zeros(n_ff))
+    w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff))
+    w.add_tensor(p + "ffn_down.bias", zeros(n_embd))
+    w.add_tensor("mm.0.weight", t(n_ff, 4 * n_embd))
+    w.add_tensor("mm.0.bias", zeros(n_ff))
+    w.add_tensor("mm.2.weight", t(n_embd_text, n_ff, scale=2.0 * n_ff ** -0.5))
+    w.add_tensor("mm.2.bias", zeros(n_embd_text))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def png_bytes(seed: int, size: int = IMAGE_SIZE) -> bytes:
     """A small random-colour RGB PNG."""
     from PIL import Image

@@ -103,6 +103,9 @@ class Context:
         self._spec_open = False  # the last decode was speculative and nothing was truncated since
         self.captures: list = []  # what heads read, kept by position after each decode (heads.Capture)
         self.media = None  # a vision.Projector: evaluates the images whose placeholders (negative ids) a prompt holds
+        # (where an image ends in ``tokens``, how far positions run behind indices from there): an M-RoPE model's
+        # image takes fewer positions than cache cells, so after it a token's position is less than its index
+        self._gaps: list[tuple[int, int]] = []
 
     @property
     def n_held(self) -> int:
@@ -127,7 +130,8 @@ class Context:
                 "saved_bytes": saved_bytes}
 
     def memory_pos_max(self) -> int:
-        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); equals n_held - 1."""
+        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); position(n_held) - 1 where
+        no M-RoPE image took fewer positions than cells."""
         return int(ll.llama_memory_seq_pos_max(self.mem, 0))
 
     @property
@@ -155,6 +159,7 @@ class Context:
             return
         n_keep = self._image_start(n_keep)  # an image is kept whole or not at all
         del self.tokens[n_keep:]
+        self._trim_gaps(n_keep)
         if not self.recurrent:
             self._drop_from(n_keep)
             return
@@ -163,11 +168,22 @@ class Context:
             self._round = None
         if n_keep >= self._n_mem:  # only tokens awaiting replay were dropped
             return
-        if self._n_mem - n_keep <= self._rollback and ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
+        if self._n_mem - n_keep <= self._rollback and ll.llama_memory_seq_rm(self.mem, 0, self.position(n_keep), -1):
             self.state_costs.rollbacks += 1
             self._n_mem, self._rollback = n_keep, 0  # a snapshot serves once
             return
         self._restore(n_keep)
+
+    def position(self, i: int) -> int:
+        """The position of ``tokens[i]`` (its index, less what M-RoPE images before it saved)."""
+        for end, behind in reversed(self._gaps):
+            if end <= i:
+                return i - behind
+        return i
+
+    def _trim_gaps(self, n: int) -> None:
+        while self._gaps and self._gaps[-1][0] > n:
+            self._gaps.pop()
 
     def _image_start(self, n: int) -> int:
         """``n``, or where the image that position ``n`` falls inside starts."""
@@ -182,10 +198,11 @@ class Context:
 
     def _drop_from(self, n_keep: int) -> None:
         """Attention caches: remove positions >= n_keep (all of them when llama.cpp refuses a partial removal)."""
-        if n_keep <= 0 or not ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
+        if n_keep <= 0 or not ll.llama_memory_seq_rm(self.mem, 0, self.position(n_keep), -1):
             ll.llama_memory_clear(self.mem, True)
             n_keep = 0
         del self.tokens[n_keep:]
+        self._trim_gaps(n_keep)
         self._n_mem = n_keep
 
     def reuse_prefix(self, history: list[int]) -> int:
@@ -229,7 +246,7 @@ class Context:
         ok = saved is not None and (
             ll.llama_state_seq_set_data_ext(self.ptr, saved.data, len(saved.data), 0, _PARTIAL) == len(saved.data)
             # the attention part of a hybrid still holds the later positions
-            and ll.llama_memory_seq_rm(self.mem, 0, saved.n, -1))
+            and ll.llama_memory_seq_rm(self.mem, 0, self.position(saved.n), -1))
         if ok:
             self._n_mem = saved.n
             self.state_costs.restores += 1
@@ -305,11 +322,16 @@ class Context:
             for i, j, image in _runs(tokens, self.media.n_tokens):
                 last = j == len(tokens)
                 if image:
-                    self.media.evaluate(self.ptr, tokens[i], start + i, self.n_batch, last and n_logits > 0)
+                    pos = self.position(start + i)
+                    self.media.evaluate(self.ptr, tokens[i], pos, self.n_batch, last and n_logits > 0)
                     self._n_out, self._last_chunk = 1, 0  # (logits(-1): the last output, row -1)
+                    behind = start + j - (pos + self.media.n_pos(tokens[i]))
+                    if behind and (not self._gaps or self._gaps[-1][0] < start + j):  # (a replay notes it once)
+                        self._gaps.append((start + j, behind))
                 else:
                     self._decode_chunks(tokens[i:j], start + i, min(n_logits, j - i) if last else 0)
         except BaseException:
+            self._trim_gaps(len(self.tokens))
             self._undo_failed(start)
             raise
 
@@ -320,6 +342,7 @@ class Context:
         # recurrent memory, every position its snapshots can roll back).
         assert n_logits <= min(self.n_outputs_max, len(tokens), self.n_batch)
         first_logit = len(tokens) - n_logits
+        pos0 = self.position(start)  # (the index, but after an M-RoPE image)
         done = 0
         while done < len(tokens):
             size = (len(tokens) - 1) % self.n_batch + 1 if done == 0 else self.n_batch
@@ -329,7 +352,7 @@ class Context:
             for j, t in enumerate(chunk):
                 i = done + j
                 tok[j] = t
-                pos[j] = start + i
+                pos[j] = pos0 + i
                 nseq[j] = 1
                 seq[j][0] = 0
                 lg[j] = 1 if i >= first_logit else 0

@@ -66,15 +66,9 @@ class Projector:
         if not mt.mtmd_support_vision(ptr):
             self.close()
             raise EngineError(f"{self.path.name} is not a vision projector (it takes no images).")
-        if mt.mtmd_decode_use_mrope(ptr):
-            # Positions of M-RoPE models (Qwen2-VL and later) run apart from cache cells after an image; the
-            # context's bookkeeping counts one position per cell.
-            self.close()
-            raise EngineError(f"{self.path.name} is for a model with M-RoPE positions (Qwen-VL style), which "
-                              "SpecChat does not run images through yet.")
         self.marker = mt.mtmd_default_marker().decode()
         self.size_bytes = self.path.stat().st_size
-        self._chunks: OrderedDict[int, tuple[int, int]] = OrderedDict()  # placeholder -> (chunk, n_tokens)
+        self._chunks: OrderedDict[int, tuple[int, int, int]] = OrderedDict()  # placeholder -> chunk, n_tokens, n_pos
         # A request is tokenized (adding images, dropping the oldest) while another generates: a chunk being
         # evaluated must not be freed under it.
         self._lock = threading.Lock()
@@ -121,18 +115,19 @@ class Projector:
             elif kind == mt.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 n_tokens = int(mt.mtmd_input_chunk_get_n_tokens(chunk))
                 key = placeholder(mt.mtmd_input_chunk_get_id(chunk) or b"")
-                self._keep(key, mt.mtmd_input_chunk_copy(chunk), n_tokens)
+                # (M-RoPE models' images take fewer positions than tokens: Context.position)
+                self._keep(key, mt.mtmd_input_chunk_copy(chunk), n_tokens, int(mt.mtmd_input_chunk_get_n_pos(chunk)))
                 ids.extend([key] * n_tokens)
             else:
                 raise EngineError("Only images are taken (not audio).")
         return ids
 
-    def _keep(self, key: int, chunk: int, n_tokens: int) -> None:
+    def _keep(self, key: int, chunk: int, n_tokens: int, n_pos: int) -> None:
         with self._lock:
             old = self._chunks.pop(key, None)
             if old:
                 self._mt.mtmd_input_chunk_free(old[0])
-            self._chunks[key] = (chunk, n_tokens)
+            self._chunks[key] = (chunk, n_tokens, n_pos)
             while len(self._chunks) > KEEP_IMAGES:
                 self._mt.mtmd_input_chunk_free(self._chunks.popitem(last=False)[1][0])
 
@@ -141,7 +136,12 @@ class Projector:
         with self._lock:
             return self._chunk(key)[1]
 
-    def _chunk(self, key: int) -> tuple[int, int]:
+    def n_pos(self, key: int) -> int:
+        """Positions (of the text that follows) the image takes: its tokens, or fewer on an M-RoPE model."""
+        with self._lock:
+            return self._chunk(key)[2]
+
+    def _chunk(self, key: int) -> tuple[int, int, int]:
         held = self._chunks.get(key)
         if held is None:
             raise EngineError("An image of this conversation is no longer held by the engine: send it again.")
@@ -154,7 +154,7 @@ class Projector:
         new_n_past = ll.llama_pos(0)
         log_tail.clear()
         with self._lock:
-            chunk, _ = self._chunk(key)
+            chunk = self._chunk(key)[0]
             rc = self._mt.mtmd_helper_eval_chunk_single(self.ptr, ctx_ptr, chunk, n_past, 0, n_batch, logits_last,
                                                          ctypes.byref(new_n_past))
         if rc == 2:
@@ -164,7 +164,7 @@ class Projector:
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
-            for chunk, _ in getattr(self, "_chunks", {}).values():
+            for chunk, *_ in getattr(self, "_chunks", {}).values():
                 self._mt.mtmd_input_chunk_free(chunk)
             self._chunks = OrderedDict()
             self._mt.mtmd_free(self.ptr)
