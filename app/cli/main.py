@@ -388,9 +388,13 @@ def cmd_bench(args) -> int:
 
 def cmd_chat(args) -> int:
     """A terminal chat with the local engine, or with --server another server's (same loop, same events)."""
+    images = read_images(args.image)
     if args.server:
         from ..chat.remote_server import RemoteServer, ServerSpec
         from .remote import remote_summary
+
+        if args.image:
+            raise EngineError("--image goes to the local engine; a server's images go in its requests.")
 
         server = RemoteServer(ServerSpec(args.server, args.server_api_key or None, args.model, args.method))
         params = _generation_params(args, DraftParams())
@@ -399,7 +403,6 @@ def cmd_chat(args) -> int:
     else:
         if not (args.pair or args.target):
             args.pair = "starter"
-        images = read_images(args.image)
         engine, drafter, dp = build_engine(args)
         params = _generation_params(args, dp)
         answer = lambda msgs, cancel: engine.generate(  # noqa: E731
@@ -419,7 +422,7 @@ def cmd_chat(args) -> int:
             messages = messages[:1] if args.system else []
             continue
         first = not any(m["role"] == "user" for m in messages)
-        messages.append({"role": "user", "content": with_images(line, images if first and not args.server else [])})
+        messages.append({"role": "user", "content": with_images(line, images if first else [])})
         cancel = threading.Event()
         reply = ""
         try:
