@@ -366,3 +366,17 @@ def test_chat_in_the_terminal_takes_an_image_with_the_first_message(vision):
     assert r.stderr.count("drafter model") == 2  # two answers, each with its summary line
     first = generate_json(vision, "--image", vision["a"], "-n", "8", "--drafter", "none")
     assert r.stdout.startswith("> " + first["text"])  # the first answer saw the image, as generate's does
+
+
+def test_a_grammar_on_an_image_prompt_stays_exact_with_speculation(engine):
+    from dataclasses import replace
+
+    from app.engine.grammar import Grammar
+
+    grammar = Grammar.gbnf('root ::= ("the" | " cat" | " dog" | " sat" | " on" | " mat" | "," | ".")+')
+    params = replace(GREEDY, grammar=grammar)
+    _, off = answer(engine, ask(png_bytes(1)), "none", params)
+    assert off.text.strip() and set(off.text) <= set("the cat dog sat on mat,.")  # (max_tokens may cut a word)
+    for drafter in ("model", "ngram"):
+        _, on = answer(engine, ask(png_bytes(1)), drafter, params)
+        assert on.token_ids == off.token_ids and on.stats.n_drafted > 0
