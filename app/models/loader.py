@@ -55,9 +55,12 @@ class Resolved:
 def resolve(spec: LoadSpec) -> Resolved:
     r = _resolve_models(spec)
     if spec.no_mmproj:
+        return Resolved(r.target, r.draft, r.draft_params)
+    if spec.mmproj:
+        return Resolved(r.target, r.draft, r.draft_params, Path(spec.mmproj).expanduser())
+    if r.mmproj:  # a catalog pair's own
         return r
-    mmproj = Path(spec.mmproj).expanduser() if spec.mmproj else find_projector(r.target)
-    return Resolved(r.target, r.draft, r.draft_params, mmproj, mmproj_found=not spec.mmproj)
+    return Resolved(r.target, r.draft, r.draft_params, find_projector(r.target), mmproj_found=True)
 
 
 def find_projector(target: Path) -> Path | None:
@@ -77,7 +80,7 @@ def _resolve_models(spec: LoadSpec) -> Resolved:
 
         pair = get_pair(spec.pair)
         return Resolved(local_path(pair.target, pair.name), local_path(pair.draft, pair.name) if pair.draft else None,
-                        pair.draft_params)
+                        pair.draft_params, local_path(pair.mmproj, pair.name) if pair.mmproj else None)
     if not spec.target:
         raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
     target = Path(spec.target).expanduser()
