@@ -416,3 +416,13 @@ def test_a_catalog_pair_with_a_projector_pulls_it_and_takes_images(vision, tmp_p
         no_traffic_beyond_loopback(env)
     finally:
         hub.close()
+
+
+def test_the_pair_check_judges_the_projector_from_its_header(vision, tmp_path):
+    r = cli("check", "--target", vision["target"], "--draft", vision["draft"])  # the projector beside it is found
+    assert r.returncode == 0, r.stderr
+    assert "projector: mmproj-target.gguf [mlp" in r.stdout and "takes images into this target's 64-wide" in r.stdout
+    wrong = write_projector(tmp_path / "mmproj-wrong.gguf", n_embd_text=32)
+    r = cli("check", "--target", vision["target"], "--mmproj", wrong)
+    assert "made for a model 32 wide, not this target (64): it will be refused" in r.stdout
+    assert "projector" not in cli("check", "--target", vision["target"], "--no-mmproj").stdout

@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--pair", help="a downloaded pair from models.toml")
     ck.add_argument("--target", "-m", type=Path, help="target GGUF file")
     ck.add_argument("--draft", "-md", type=Path, help="draft GGUF file (omit to get draft suggestions)")
+    ck.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (default: one found beside it)")
+    ck.add_argument("--no-mmproj", action="store_true", help="judge the pair without a projector")
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
     ck.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int,
