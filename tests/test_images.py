@@ -426,3 +426,22 @@ def test_the_pair_check_judges_the_projector_from_its_header(vision, tmp_path):
     r = cli("check", "--target", vision["target"], "--mmproj", wrong)
     assert "made for a model 32 wide, not this target (64): it will be refused" in r.stdout
     assert "projector" not in cli("check", "--target", vision["target"], "--no-mmproj").stdout
+
+
+def test_the_runtime_answers_a_message_with_image_parts_as_the_ui_will_send_it(vision, engine):
+    """The app's core below any UI: a chat message whose content holds text and image parts (images as bytes)."""
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.models.loader import LoadSpec
+
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(vision["target"]), draft=str(vision["draft"]), ctx=512))  # projector found beside
+    try:
+        assert rt.info()["mmproj"] == "mmproj-target.gguf"
+        settings = Settings(max_tokens=24, temperature=0.0, adaptive=False)
+        *_, live = rt.answer(ask(png_bytes(1)), settings)
+        _, plain = answer(engine, ask(png_bytes(1)), "none", GenerationParams(
+            max_tokens=24, sampling=SamplingParams(temperature=0)))
+        assert live.done.token_ids == plain.token_ids and live.stats.n_drafted > 0
+    finally:
+        rt.close()
