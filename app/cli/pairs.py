@@ -146,13 +146,14 @@ def cmd_check(args) -> int:
         return _check_on_hub(args.hf, args.hfd)
     if args.ctx < 0:
         raise EngineError(f"Invalid --ctx {args.ctx}: use a positive number, or 0 for the default.")
-    mmproj = None if args.no_mmproj else args.mmproj
+    off = args.no_mmproj
+    mmproj = None if off else args.mmproj
     if args.pair:
-        r = resolve(LoadSpec(pair=args.pair, mmproj=str(mmproj) if mmproj else None, no_mmproj=args.no_mmproj))
+        r = resolve(LoadSpec(pair=args.pair, mmproj=str(mmproj) if mmproj else None, no_mmproj=off))
         target, draft, mmproj = r.target, r.draft, r.mmproj
     elif args.target:
         target, draft = args.target, args.draft
-        mmproj = mmproj or (None if args.no_mmproj else find_projector(Path(target).expanduser()))
+        mmproj = mmproj or (None if off else find_projector(Path(target).expanduser()))
     else:
         raise EngineError("Give --pair NAME, or --target PATH with an optional --draft PATH.")
     report = check_files(target, draft, args.ctx, args.ngl, args.ngld, mmproj)
