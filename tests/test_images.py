@@ -382,42 +382,6 @@ def test_a_grammar_on_an_image_prompt_stays_exact_with_speculation(engine):
         assert on.token_ids == off.token_ids and on.stats.n_drafted > 0
 
 
-def test_a_catalog_pair_with_a_projector_pulls_it_and_takes_images(vision, tmp_path):
-    """A catalog entry names the target's projector (``mmproj``): a pull fetches it with the pair (from the local
-    stand-in for the Hub) and the pair answers with an image, exactly, speculating."""
-    import os
-
-    from support.fake_hub import FakeHub
-    from test_hub import no_traffic_beyond_loopback, specchat
-
-    hub = FakeHub()
-    hub.add("tests/tiny-vl", {"tiny-vl-F32.gguf": vision["target"].read_bytes(),
-                              "mmproj-tiny-vl-F32.gguf": vision["mmproj"].read_bytes()})
-    hub.add("tests/tiny-draft", {"draft-F32.gguf": vision["draft"].read_bytes()})
-    catalog = tmp_path / "models.toml"
-    catalog.write_text('[pairs.tiny-vl]\ndescription = "sees"\nlicense = "test"\n'
-                       'target = { repo = "tests/tiny-vl", file = "tiny-vl-F32.gguf", size_gb = 0.001 }\n'
-                       'draft = { repo = "tests/tiny-draft", file = "draft-F32.gguf", size_gb = 0.001 }\n'
-                       'mmproj = { repo = "tests/tiny-vl", file = "mmproj-tiny-vl-F32.gguf", size_gb = 0.0001 }\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_MODELS=str(catalog),
-               SPECCHAT_NET_LOG=str(tmp_path / "net.log"), HF_HUB_DISABLE_TELEMETRY="1")
-    (tmp_path / "net.log").write_text("")
-    try:
-        pulled = specchat(env, "pull", "tiny-vl")
-        assert pulled.returncode == 0 and "mmproj-tiny-vl-F32.gguf" in pulled.stderr, pulled.stderr
-        assert json.loads(specchat(env, "list", "--json").stdout)[0]["ready"]
-        args = ("generate", "--pair", "tiny-vl", "--chat", "-p", "the cat sat on", "--image", vision["a"], "-n",
-                "24", "--temperature", "0", "--no-adaptive", "--json")
-        on, off = (json.loads(specchat(env, *map(str, args), *extra).stdout) for extra in ([], ["--drafter", "none"]))
-        assert on["token_ids"] == off["token_ids"] and on["n_drafted"] > 0 and on["n_images"] == 1
-        local = generate_json(vision, "--image", vision["a"], "--drafter", "none")
-        assert local["token_ids"] == off["token_ids"]  # the pulled files answer as the originals
-        no_traffic_beyond_loopback(env)
-    finally:
-        hub.close()
-
-
 def test_the_pair_check_judges_the_projector_from_its_header(vision, tmp_path):
     r = cli("check", "--target", vision["target"], "--draft", vision["draft"])  # the projector beside it is found
     assert r.returncode == 0, r.stderr

@@ -12,7 +12,7 @@ from ..engine.gguf_file import shard_names
 from ..resources import resource
 
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
-              "target", "draft", "mmproj"}
+              "target", "draft"}
 _SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "size_gb"}
 USES = ("chat", "code", "reasoning")
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -45,11 +45,10 @@ class Pair:
     context: int = 0
     license: str = ""
     draft_params: DraftParams = field(default_factory=DraftParams)
-    mmproj: Source | None = None  # the target's vision projector, for images (pulled with the pair)
 
     @property
     def sources(self) -> tuple[Source, ...]:
-        return (self.target,) + tuple(s for s in (self.draft, self.mmproj) if s)
+        return (self.target,) + ((self.draft,) if self.draft else ())
 
 
 def catalog_path() -> Path:
@@ -94,7 +93,6 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
                 context=context,
                 license=str(raw.get("license", "")),
                 draft_params=dp,
-                mmproj=_source(raw["mmproj"], f"{where} mmproj") if "mmproj" in raw else None,
             )
         except (TypeError, ValueError) as exc:
             raise EngineError(f"{where}: {exc}") from exc

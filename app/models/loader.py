@@ -58,8 +58,6 @@ def resolve(spec: LoadSpec) -> Resolved:
         return Resolved(r.target, r.draft, r.draft_params)
     if spec.mmproj:
         return Resolved(r.target, r.draft, r.draft_params, Path(spec.mmproj).expanduser())
-    if r.mmproj:  # a catalog pair's own
-        return r
     return Resolved(r.target, r.draft, r.draft_params, find_projector(r.target), mmproj_found=True)
 
 
@@ -80,7 +78,7 @@ def _resolve_models(spec: LoadSpec) -> Resolved:
 
         pair = get_pair(spec.pair)
         return Resolved(local_path(pair.target, pair.name), local_path(pair.draft, pair.name) if pair.draft else None,
-                        pair.draft_params, local_path(pair.mmproj, pair.name) if pair.mmproj else None)
+                        pair.draft_params)
     if not spec.target:
         raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
     target = Path(spec.target).expanduser()
