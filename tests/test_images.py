@@ -92,8 +92,8 @@ def mtmd_cli(files, image, expected: str) -> str:
     the process exits on a busy machine (common/log.cpp says so), so it is asked up to five times for the whole."""
     outputs = []
     for _ in range(5):
-        run = subprocess.run([str(MTMD_CLI), "-m", str(files["target"]), "--mmproj", str(files["mmproj"]),
-                              "--image", str(files[image]), "-p", "the cat sat on", "-n", "8", "--temp", "0", "-t", "2"],
+        run = subprocess.run([str(MTMD_CLI), "-m", str(files["target"]), "--mmproj", str(files["mmproj"]), "--image",
+                              str(files[image]), "-p", "the cat sat on", "-n", "8", "--temp", "0", "-t", "2"],
                              capture_output=True, timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
         outputs.append(run.stdout.decode("utf-8", "replace").strip())

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 from ..engine import DRAFTERS, OFF, DraftParams, Engine, EngineError, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
-from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens
+from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
 from .comparison import Comparison
 from .live_answer import Live
 from .remote_server import RemoteServer, ServerSpec
@@ -185,7 +185,7 @@ class Runtime:
         drafter = self._drafter(settings.drafter)
         ids = chat_tokens(engine.model, messages, engine.projector, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
-        cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
+        cmp = Comparison(text_of(messages[-1]["content"]), drafter, params.sampling.temperature == 0)
         for phase, kind in (("off", OFF), ("on", drafter)):
             cmp.phase = phase
             live = getattr(cmp, phase)

@@ -39,6 +39,11 @@ def chat_tokens(model: Model, messages: list[dict] | str, projector: Projector |
     return prompt_tokens(model, chat_prompt(model, messages, **variables), projector, images)
 
 
+def text_of(content: str | list[dict]) -> str:
+    """A message content's text (its image parts left out)."""
+    return content if isinstance(content, str) else "".join(p.get("text") or "" for p in content)
+
+
 def image_messages(model: Model, messages: list[dict], projector: Projector | None) -> tuple[list[dict], list[bytes]]:
     """Messages as templates take them (text content) and the images of their content parts, in order. A content
     list holds ``{"type": "text", "text": str}`` and ``{"type": "image", "image": bytes}`` parts; each image part
@@ -75,7 +80,8 @@ def plain_tokens(model: Model, text: str, projector: Projector | None = None, im
 
 
 def tool_prompt(model: Model, messages: list[dict], tools: list[Tool], choice: ToolChoice,
-                projector: Projector | None = None, **variables) -> tuple[list[int], Grammar | None, Format | None, frozenset[int]]:
+                projector: Projector | None = None,
+                **variables) -> tuple[list[int], Grammar | None, Format | None, frozenset[int]]:
     """A conversation with tools: its tokens, the grammar the answer must follow (None: unconstrained), the
     format to read calls back with (None: no call may be made; ``tool_choice: none`` leaves the tools out of
     the prompt) and the special tokens among its markers, which the answer's text must show to be read."""

@@ -30,9 +30,9 @@ from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
-from ..prompts import chat_tokens, plain_tokens, tool_prompt
+from ..prompts import chat_tokens, plain_tokens, text_of, tool_prompt
 from . import llama_server_api
-from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse, text_of
+from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
 

@@ -280,11 +280,6 @@ def _image(value, where: str) -> bytes:
         raise ApiError(400, f"{where}: the image's data URL is not valid base64.", param="messages") from None
 
 
-def text_of(content: str | list[dict]) -> str:
-    """A message content's text (its image parts left out)."""
-    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
-
-
 def _messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -34,10 +34,6 @@ def _mtmd():
     return mt
 
 
-def is_image(token: int) -> bool:
-    return token < 0
-
-
 def placeholder(image_id: bytes) -> int:
     """The negative token id every position of an image holds, from its id (libmtmd's SHA-256 of the bytes)."""
     return -1 - int(image_id[:7] or b"0", 16)
