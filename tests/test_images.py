@@ -133,9 +133,11 @@ def test_greedy_output_with_speculation_is_the_same_on_an_image_prompt(request, 
     assert outputs[0] != outputs[1]  # two images, two answers
 
 
-def test_sampling_with_speculation_on_an_image_prompt_keeps_the_target_distribution(engine):
+@BOTH
+def test_sampling_with_speculation_on_an_image_prompt_keeps_the_target_distribution(request, kind):
     from test_exact_sampling import compare, samples
 
+    _, engine = pick(request, kind)
     ids = chat_tokens(engine.model, ask(png_bytes(1)), engine.projector)
     plain, _ = samples(engine, ids, "none", seed0=10_000)
     spec, drafted = samples(engine, ids, "model", draft_max=3, adaptive=False)
