@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ..models import downloads, hub
 from ..models.catalog import get_pair
@@ -143,21 +144,24 @@ def cmd_files(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ..models.loader import LoadSpec, resolve
+    from ..models.loader import LoadSpec, find_projector, resolve
     from ..models.check import check_files, describe
 
     if args.hf or args.hfd:
         return _check_on_hub(args.hf, args.hfd)
     if args.ctx < 0:
         raise EngineError(f"Invalid --ctx {args.ctx}: use a positive number, or 0 for the default.")
+    off = args.no_mmproj
+    mmproj = None if off else args.mmproj
     if args.pair:
-        r = resolve(LoadSpec(pair=args.pair))
-        target, draft = r.target, r.draft
+        r = resolve(LoadSpec(pair=args.pair, mmproj=str(mmproj) if mmproj else None, no_mmproj=off))
+        target, draft, mmproj = r.target, r.draft, r.mmproj
     elif args.target:
         target, draft = args.target, args.draft
+        mmproj = mmproj or (None if off else find_projector(Path(target).expanduser()))
     else:
         raise EngineError("Give --pair NAME, or --target PATH with an optional --draft PATH.")
-    report = check_files(target, draft, args.ctx, args.ngl, args.ngld)
+    report = check_files(target, draft, args.ctx, args.ngl, args.ngld, mmproj)
     print("\n".join(describe(report)))
     if args.measure and report.fit.ok:
         if not draft:
