@@ -294,7 +294,8 @@ def test_the_api_key_is_required(server):
     (json.dumps({"messages": PROMPT, "top_k": -1}), 400, "top-k"),
     (json.dumps({"messages": PROMPT, "n": 2}), 400, "n = 1"),
     (json.dumps({"messages": PROMPT, "speculative.n_max": 2, "speculative.n_min": 5}), 400, "draft-min"),
-    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "only text"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "image_url part needs"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}), 400, "only text and image"),
     (json.dumps({"messages": [{"role": "user", "content": "word " * 5000}]}), 400, "context holds"),
     (json.dumps([1, 2]), 400, "JSON object"),
 ])

@@ -145,8 +145,14 @@ def render(family: str, messages=CHAT, **variables) -> str:
     return render_chat(template(family), messages, bos_token=bos, eos_token=eos, **variables)
 
 
+# Catalog families whose template the pinned sdist keeps no copy of, so nothing here can check it: SpecChat renders the
+# template inside their GGUF, as for any model. Qwen3.8 (2026-08) has reasoning-effort levels, not Qwen3.5's template.
+UNTESTED = {"qwen3.8": r"Qwen3\.8-\d"}
+
+
 def test_every_catalog_model_belongs_to_a_family_tested_here():
     repos = {src.repo for pair in load_catalog().values() for src in pair.sources if src.repo}
+    repos = {r for r in repos if not any(re.search(p, r) for p in UNTESTED.values())}
     assert repos and {repo: family_of(repo) for repo in repos if family_of(repo) is None} == {}
     assert {family_of(repo) for repo in repos} == set(FAMILIES)  # and no family here is left untested
 

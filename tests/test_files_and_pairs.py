@@ -133,3 +133,41 @@ def test_kv_estimate_matches_the_model_shape(models):
     m = Model(models["target"])  # tiny model: 2 layers, 64 dims, 4 heads (all KV heads)
     assert m.kv_bytes_per_token == 2 * 2 * 64 * 2
     m.close()
+
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_a_draft_without_a_bos_id_shares_the_targets_tokens(tmp_path, add_bos):
+    """A draft file that lacks tokenizer.ggml.bos_token_id (byte-level BPE: llama.cpp then assumes id 11, not the
+    target's 1) but has the target's vocabulary drafts in the target's tokens, judged alike from the headers and from
+    llama.cpp's vocabularies, and speculates exactly. Where neither adds a BOS (Qwen3.5/3.6 GGUFs, some of which name
+    no BOS id) the ids never mattered; where both add one, the missing id no longer sends the pair to drafting as
+    text."""
+    from support.tiny_gguf import write_model
+
+    from app.engine import Done, DraftParams, GenerationParams
+    from app.engine.gguf_file import read_info
+
+    kw = dict(vocab_model="gpt2", add_bos=add_bos)
+    target = write_model(tmp_path / "target.gguf", seed=1, **kw)
+    draft = write_model(tmp_path / "draft.gguf", seed=2, base_seed=1, noise=0.3, bos=None, **kw)
+    other = write_model(tmp_path / "other.gguf", seed=2, base_seed=1, noise=0.3, bos=3, **kw)
+    t, d = Model(target, vocab_only=True), Model(draft, vocab_only=True)
+    try:
+        assert not d.bos_named and d.bos != t.bos  # llama.cpp's default id
+        assert compatibility_problems(t, d) == []
+    finally:
+        t.close()
+        d.close()
+    assert not read_info(draft).bos_named and compatibility_problems(read_info(target), read_info(draft)) == []
+    named_other = compatibility_problems(read_info(target), read_info(other))  # a BOS id that differs still counts
+    assert ("start text differently" in "; ".join(named_other)) == add_bos
+    e = Engine(ModelSettings(target, n_ctx=256), ModelSettings(draft, n_ctx=256))
+    try:
+        assert e.cross_vocab == []
+        plain = list(e.generate([1, 300, 301], GenerationParams(max_tokens=40), "none"))[-1]
+        spec = list(e.generate([1, 300, 301], GenerationParams(max_tokens=40, draft=DraftParams(draft_p_min=0)),
+                               "model"))[-1]
+    finally:
+        e.close()
+    assert isinstance(spec, Done) and spec.token_ids == plain.token_ids
+    assert spec.stats.drafter == "model" and spec.stats.n_drafted > 0

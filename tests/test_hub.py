@@ -107,10 +107,11 @@ def test_pull_list_generate_remove(env, fake, files):
     assert g.returncode == 0, g.stderr
     assert json.loads(g.stdout)["n_tokens"] == 8
 
-    # a second pull finds everything in place: verified by hash, nothing fetched again
-    served = len([q for q in fake.log if q.method == "GET"])
+    # a second pull finds everything in place: verified by hash, nothing fetched again (the file lists are read
+    # again: that is how a catalog tag finds today's file)
+    served = len([q for q in fake.log if q.method == "GET" and not q.path.startswith("/api/")])
     assert specchat(env, "pull", "tiny").returncode == 0
-    assert len([q for q in fake.log if q.method == "GET"]) == served
+    assert len([q for q in fake.log if q.method == "GET" and not q.path.startswith("/api/")]) == served
 
     r = specchat(env, "remove", "tiny")
     assert r.returncode == 0 and "Removed 2 file(s)" in r.stdout
@@ -340,3 +341,123 @@ def test_stop_keeps_the_partial_download_and_remove_frees_it(tmp_path, fake, fil
     assert (freed, removed) == (kept, ["big-Q4_K_M.gguf"])
     assert hub.partial_bytes(BIG_REPO, "big-Q4_K_M.gguf", tmp_path) == 0
     assert not list((tmp_path / "models--tests--big").rglob("*.incomplete"))
+
+
+RENAMED_REPO, CASE_REPO, SIDE_REPO = "tests/renamed-target", "tests/renamed-case", "tests/renamed-side"
+
+
+def test_a_catalog_pair_whose_files_were_renamed_upstream_still_pulls(tmp_path, fake, files, env):
+    """The catalog names a repo and a tag (or a file in yesterday's case); upstream the target became three shards
+    in a Q8_0/ folder beside a UD- variant, the file took upper case, the draft moved into MTP/ with an mtp- prefix
+    beside a model of the same tag. `specchat pull` resolves each against today's file list (as llama.cpp's -hf
+    repo:TAG does), downloads every shard, and the pair loads from the cache."""
+    shards = {f"Q8_0/Tiny-Q8_0-{i:05d}-of-00003.gguf": data
+              for i, (_, data) in enumerate(sorted(files["shards"].items()), 1)}
+    fake.add(RENAMED_REPO, {**shards, "Tiny-UD-Q8_0.gguf": files["draft"]})  # the UD file is not the plain tag's
+    fake.add(CASE_REPO, {"Tiny-MXFP4.gguf": files["target"]})
+    fake.add(SIDE_REPO, {"MTP/mtp-Tiny-Q8_0.gguf": files["draft"], "Tiny-Q8_0.gguf": files["target"]})
+    catalog = tmp_path / "renamed.toml"
+    catalog.write_text(f"""
+[pairs.renamed]
+description = "tagged entries"
+license = "test"
+target = {{ repo = "{RENAMED_REPO}", quantization = "q8_0", size_gb = 0.0003 }}
+draft = {{ repo = "{SIDE_REPO}", quantization = "Q8_0", side_file = "mtp", size_gb = 0.0003 }}
+
+[pairs.case]
+description = "an explicit file named in yesterday's case"
+license = "test"
+target = {{ repo = "{CASE_REPO}", file = "tiny-mxfp4.gguf", quantization = "MXFP4", size_gb = 0.0003 }}
+draft = {{ repo = "{SIDE_REPO}", quantization = "Q8_0", side_file = "mtp", size_gb = 0.0003 }}
+""")
+    env = {**env, "SPECCHAT_MODELS": str(catalog)}
+    assert not json.loads(specchat(env, "list", "--json").stdout)[0]["ready"]
+    r = specchat(env, "pull", "renamed")
+    assert r.returncode == 0, r.stderr
+    assert f"target: {RENAMED_REPO}/Q8_0/Tiny-Q8_0-00001-of-00003.gguf" in r.stderr and "3 files" in r.stderr
+    assert f"draft: {SIDE_REPO}/MTP/mtp-Tiny-Q8_0.gguf" in r.stderr
+    for name, data in shards.items():
+        assert cached(env, RENAMED_REPO, name).read_bytes() == data
+    assert cached(env, SIDE_REPO, "MTP/mtp-Tiny-Q8_0.gguf").read_bytes() == files["draft"]
+    rows = {r["pair"]: r for r in json.loads(specchat(env, "list", "--json").stdout)}
+    assert rows["renamed"]["ready"] and rows["renamed"]["target"] == f"{RENAMED_REPO}:q8_0"
+    assert rows["case"]["draft_status"] == "downloaded" and rows["case"]["target_status"] == "not downloaded"
+    g = specchat(env, "generate", "--pair", "renamed", "--prompt", "the cat", "--max-tokens", "8", "--json")
+    assert g.returncode == 0, g.stderr
+    assert json.loads(g.stdout)["n_tokens"] == 8
+
+    r = specchat(env, "pull", "case")
+    assert r.returncode == 0, r.stderr
+    assert cached(env, CASE_REPO, "Tiny-MXFP4.gguf").read_bytes() == files["target"]
+    g = specchat(env, "generate", "--pair", "case", "--prompt", "the cat", "--max-tokens", "4", "--json")
+    assert g.returncode == 0, g.stderr
+
+    r = specchat(env, "remove", "renamed")
+    assert "Removed 3 file(s)" in r.stdout and "Kept MTP/mtp-Tiny-Q8_0.gguf" in r.stdout, r.stdout
+    no_traffic_beyond_loopback(env)
+
+
+def test_a_tag_that_names_nothing_or_several_files_is_explained(tmp_path, fake, files, env):
+    fake.add(RENAMED_REPO, {"Tiny-Q8_0.gguf": files["target"], "MTP/mtp-Tiny-Q8_0.gguf": files["draft"]})
+    fake.add(CASE_REPO, {"a-Q8_0.gguf": files["target"], "b-Q8_0.gguf": files["draft"]})
+    catalog = tmp_path / "stale.toml"
+    catalog.write_text(f"""
+[pairs.gone]
+description = "a quantization the repo no longer has"
+license = "test"
+target = {{ repo = "{RENAMED_REPO}", quantization = "Q2_K", size_gb = 0.0003 }}
+
+[pairs.twice]
+description = "a tag two models carry"
+license = "test"
+target = {{ repo = "{CASE_REPO}", quantization = "Q8_0", size_gb = 0.0003 }}
+""")
+    env = {**env, "SPECCHAT_MODELS": str(catalog)}
+    r = specchat(env, "pull", "gone")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert (f"{RENAMED_REPO} has no Q2_K GGUF; it has: MTP/mtp-Tiny-Q8_0.gguf, Tiny-Q8_0.gguf. The catalog entry may "
+            f"be out of date: see `specchat files {RENAMED_REPO}`.") in r.stderr
+    r = specchat(env, "pull", "twice")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"Q8_0 fits more than one GGUF in {CASE_REPO}: a-Q8_0.gguf, b-Q8_0.gguf. Name it in full" in r.stderr
+    assert not [q for q in fake.log if "/lfs/" in q.path]  # nothing was downloaded
+    r = specchat(env, "generate", "--pair", "gone", "--prompt", "x")
+    assert r.returncode == 1 and f"{RENAMED_REPO}:Q2_K is not downloaded yet" in r.stderr
+    assert "specchat pull gone" in r.stderr
+
+
+def test_a_pair_pulled_before_an_upstream_rename_keeps_working_and_pulls_the_new_files(tmp_path, fake, files, env):
+    """Pulled at one revision; upstream then publishes the model as three shards under new names. Until the next pull
+    the pair loads from the files it has (the cache's snapshot of the old revision); the next pull finds the new
+    names by the same tag and the pair loads from them."""
+    fake.add(RENAMED_REPO, {"tiny-q8_0.gguf": files["target"]}, commit="1" * 40)
+    catalog = tmp_path / "moving.toml"
+    catalog.write_text(f"""
+[pairs.moving]
+description = "a tag across an upstream rename"
+license = "test"
+target = {{ repo = "{RENAMED_REPO}", quantization = "Q8_0", size_gb = 0.0003 }}
+draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
+""")
+    env = {**env, "SPECCHAT_MODELS": str(catalog)}
+    assert specchat(env, "pull", "moving").returncode == 0
+    assert cached(env, RENAMED_REPO, "tiny-q8_0.gguf").read_bytes() == files["target"]
+
+    shards = {f"Tiny-Q8_0-{i:05d}-of-00003.gguf": data
+              for i, (_, data) in enumerate(sorted(files["shards"].items()), 1)}
+    fake.add(RENAMED_REPO, shards, commit="2" * 40)
+    assert json.loads(specchat(env, "list", "--json").stdout)[0]["ready"]
+    args = ("generate", "--pair", "moving", "--prompt", "the cat", "--max-tokens", "6", "--temperature", "0", "--json")
+    before = specchat(env, *args)
+    assert before.returncode == 0, before.stderr
+
+    r = specchat(env, "pull", "moving")
+    assert r.returncode == 0, r.stderr
+    assert f"target: {RENAMED_REPO}/Tiny-Q8_0-00001-of-00003.gguf" in r.stderr
+    snapshot = Path(env["HF_HUB_CACHE"]) / "models--tests--renamed-target" / "snapshots" / ("2" * 40)
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(shards)
+    after = specchat(env, *args)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["token_ids"] == json.loads(before.stdout)["token_ids"]  # the same model, resplit
+    assert "Removed 4 file(s)" in specchat(env, "remove", "moving").stdout  # today's three shards and the draft
+    no_traffic_beyond_loopback(env)

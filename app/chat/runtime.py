@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 from ..engine import DRAFTERS, OFF, DraftParams, Engine, EngineError, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
-from ..prompts import chat_prompt, chat_tokens
+from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
 from .comparison import Comparison
 from .live_answer import Live
 from .remote_server import RemoteServer, ServerSpec
@@ -135,6 +135,7 @@ class Runtime:
             "pair": self.spec.describe() if self.spec else None,
             "target": e.target.model.path.name if e else r.model if r else None,
             "draft": e.draft_model.path.name if e and e.draft_model else None,
+            "mmproj": e.projector.path.name if e and e.projector else None,  # takes images
             "n_ctx": e.n_ctx if e else 0,
             "memory_bytes": e.memory_bytes() if e else 0,
             "recurrent": [x.ctx.recurrent_state() for x in (e.target, e.draft) if x and x.model.recurrent]
@@ -159,11 +160,12 @@ class Runtime:
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
-        prompt = chat_prompt(engine.model, messages, enable_thinking=settings.enable_thinking)
+        text_messages, images = image_messages(engine.model, messages, engine.projector)  # (image parts: bytes)
+        prompt = chat_prompt(engine.model, text_messages, enable_thinking=settings.enable_thinking)
         live = Live()
         if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
             live.segments.append([OPEN + "\n", False])
-        ids = chat_tokens(engine.model, prompt)
+        ids = prompt_tokens(engine.model, prompt, engine.projector, images)
         for _ in _stream(lambda c: engine.generate(ids, params, drafter, c), cancel, interval, live):
             yield live
 
@@ -181,9 +183,9 @@ class Runtime:
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
-        ids = chat_tokens(engine.model, messages, enable_thinking=settings.enable_thinking)
+        ids = chat_tokens(engine.model, messages, engine.projector, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
-        cmp = Comparison(messages[-1]["content"], drafter, params.sampling.temperature == 0)
+        cmp = Comparison(text_of(messages[-1]["content"]), drafter, params.sampling.temperature == 0)
         for phase, kind in (("off", OFF), ("on", drafter)):
             cmp.phase = phase
             live = getattr(cmp, phase)

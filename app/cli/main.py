@@ -43,6 +43,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--spec-type", dest="drafter", type=spec_type, metavar="TYPE",
                      help="--drafter by llama.cpp's names: " + "; ".join(
                          f"{', '.join(m.spec_types)} ({m.name})" for m in registry.METHODS))
+    src.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (an mmproj GGUF), for images "
+                     "(default: the one mmproj-*.gguf beside the target file, where there is exactly one)")
+    src.add_argument("--no-mmproj", action="store_true", help="load no projector, even one found beside the target")
     src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
     src.add_argument("--threads-draft", "-td", "--spec-draft-threads", dest="threads_draft", type=int, default=0,
@@ -93,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-file", "-f", type=Path, help="read the prompt from a file")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template (prompt = one user turn)")
     g.add_argument("--system", help="system message (with --chat)")
+    g.add_argument("--image", action="append", type=Path, default=[], help="an image for the prompt (repeatable; "
+                   "needs a projector): where the prompt writes <__media__>, else before it")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     # llama.cpp's constrained-output flags: the answer follows the schema or grammar, exactly under speculation
     g.add_argument("--json-schema", "-j", help="JSON schema the answer must follow (text; {} = any JSON)")
@@ -114,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(c)
     _remote_flags(c)
     c.add_argument("--system", help="system message")
+    c.add_argument("--image", action="append", type=Path, default=[], help="an image for your first message "
+                   "(repeatable; needs a projector)")
     _sampling_flags(c, max_tokens=1024)
 
     a = sub.add_parser("app", help="the chat app in your browser, with the OpenAI-compatible API at /v1 (what "
@@ -155,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--pair", help="a downloaded pair from models.toml")
     ck.add_argument("--target", "-m", type=Path, help="target GGUF file")
     ck.add_argument("--draft", "-md", type=Path, help="draft GGUF file (omit to get draft suggestions)")
+    ck.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (default: one found beside it)")
+    ck.add_argument("--no-mmproj", action="store_true", help="judge the pair without a projector")
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
     ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
     ck.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int,
@@ -209,8 +218,21 @@ LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld", "ctx_checkpoints
 def load_spec(args) -> LoadSpec:
     return LoadSpec(
         pair=args.pair, target=str(args.target) if args.target else None, draft=str(args.draft) if args.draft else None,
+        mmproj=str(args.mmproj) if args.mmproj else None, no_mmproj=args.no_mmproj,
         **{k: getattr(args, k) for k in LOAD_FLAGS},
     )
+
+
+def read_images(paths: list[Path]) -> list[bytes]:
+    try:
+        return [p.read_bytes() for p in paths]
+    except OSError as exc:
+        raise EngineError(f"Cannot read the image: {exc}") from exc
+
+
+def with_images(text: str, images: list[bytes]) -> str | list[dict]:
+    """A user message's content: the images first, then the text (as llama-mtmd-cli puts them)."""
+    return [{"type": "image", "image": b} for b in images] + [{"type": "text", "text": text}] if images else text
 
 
 def draft_params(args, defaults: DraftParams) -> DraftParams:
@@ -295,6 +317,8 @@ def cmd_generate(args) -> int:
     if args.server:
         from .remote import generate_remote
 
+        if args.image:
+            raise EngineError("--image goes to the local engine; with --server, send images in the request.")
         if _grammar(args):
             raise EngineError("--json-schema and --grammar constrain the local engine; with --server, ask the server "
                               "for structured output in the request.")
@@ -303,15 +327,16 @@ def cmd_generate(args) -> int:
     if args.system and not args.chat:
         raise EngineError("--system only applies with --chat.")
     _grammar(args)  # a bad schema or grammar is refused before the models load
+    images = read_images(args.image)
     engine, drafter, dp = build_engine(args)
     params = _generation_params(args, dp)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}
+            {"role": "user", "content": with_images(prompt, images)}
         ]
-        ids = chat_tokens(engine.model, messages)
+        ids = chat_tokens(engine.model, messages, engine.projector)
     else:
-        ids = plain_tokens(engine.model, prompt)
+        ids = plain_tokens(engine.model, prompt, engine.projector, images)
     done = None
     for ev in engine.generate(ids, params, drafter):
         if isinstance(ev, TextDelta) and not args.json:
@@ -330,7 +355,7 @@ def cmd_generate(args) -> int:
             "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
             "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags, "n_forced": s.n_forced,
             "n_forced_accepted": s.n_forced_accepted, "grammar_seconds": s.grammar_seconds,
-            "batch_invariant": batch_invariant(),
+            "batch_invariant": batch_invariant(), "n_images": len(images),
         }))
     else:
         print("\n" + summary_line(s))
@@ -364,9 +389,13 @@ def cmd_bench(args) -> int:
 
 def cmd_chat(args) -> int:
     """A terminal chat with the local engine, or with --server another server's (same loop, same events)."""
+    images = read_images(args.image)
     if args.server:
         from ..chat.remote_server import RemoteServer, ServerSpec
         from .remote import remote_summary
+
+        if args.image:
+            raise EngineError("--image goes to the local engine; a server's images go in its requests.")
 
         server = RemoteServer(ServerSpec(args.server, args.server_api_key or None, args.model, args.method))
         params = _generation_params(args, DraftParams())
@@ -378,7 +407,7 @@ def cmd_chat(args) -> int:
         engine, drafter, dp = build_engine(args)
         params = _generation_params(args, dp)
         answer = lambda msgs, cancel: engine.generate(  # noqa: E731
-            chat_tokens(engine.model, msgs), params, drafter, cancel)
+            chat_tokens(engine.model, msgs, engine.projector), params, drafter, cancel)
         summary = summary_line
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("SpecChat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
@@ -393,7 +422,8 @@ def cmd_chat(args) -> int:
         if line == "/reset":
             messages = messages[:1] if args.system else []
             continue
-        messages.append({"role": "user", "content": line})
+        first = not any(m["role"] == "user" for m in messages)
+        messages.append({"role": "user", "content": with_images(line, images if first else [])})
         cancel = threading.Event()
         reply = ""
         try:

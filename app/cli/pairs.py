@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ..models import downloads, hub
 from ..models.catalog import get_pair
@@ -41,10 +42,15 @@ def cmd_pull(args) -> int:
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
         files = [(args.repo, args.file)]
     elif args.pair:
-        files = downloads.hub_files(get_pair(args.pair).sources)
-        if not files:
+        pair = get_pair(args.pair)
+        if not downloads.hub_files(pair.sources):
             print(f"{args.pair} is built in: nothing to download.")
             return 0
+        roles = [(role, s) for role, s in (("target", pair.target), ("draft", pair.draft)) if s and s.repo]
+        files = []
+        for (role, _), c in zip(roles, downloads.remote_choices([s for _, s in roles])):  # what each tag names today
+            _print_choice(c, role)
+            files.append((c.repo, c.file))
     else:
         raise EngineError("Name a pair to pull (see specchat list), or give --repo and --file.")
     bars = {}
@@ -138,21 +144,24 @@ def cmd_files(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ..models.loader import LoadSpec, resolve
+    from ..models.loader import LoadSpec, find_projector, resolve
     from ..models.check import check_files, describe
 
     if args.hf or args.hfd:
         return _check_on_hub(args.hf, args.hfd)
     if args.ctx < 0:
         raise EngineError(f"Invalid --ctx {args.ctx}: use a positive number, or 0 for the default.")
+    off = args.no_mmproj
+    mmproj = None if off else args.mmproj
     if args.pair:
-        r = resolve(LoadSpec(pair=args.pair))
-        target, draft = r.target, r.draft
+        r = resolve(LoadSpec(pair=args.pair, mmproj=str(mmproj) if mmproj else None, no_mmproj=off))
+        target, draft, mmproj = r.target, r.draft, r.mmproj
     elif args.target:
         target, draft = args.target, args.draft
+        mmproj = mmproj or (None if off else find_projector(Path(target).expanduser()))
     else:
         raise EngineError("Give --pair NAME, or --target PATH with an optional --draft PATH.")
-    report = check_files(target, draft, args.ctx, args.ngl, args.ngld)
+    report = check_files(target, draft, args.ctx, args.ngl, args.ngld, mmproj)
     print("\n".join(describe(report)))
     if args.measure and report.fit.ok:
         if not draft:

@@ -19,7 +19,10 @@ def compatibility_problems(target: Model, draft: Model) -> list[str]:
             f"they use different tokenizer types ({_VOCAB_TYPES.get(t.vocab_type, t.vocab_type)} vs "
             f"{_VOCAB_TYPES.get(d.vocab_type, d.vocab_type)})"
         )
-    if t.add_bos != d.add_bos or (t.add_bos and t.bos != d.bos):
+    # A file without tokenizer.ggml.bos_token_id (several public Qwen3.5 GGUFs) gets llama.cpp's default id, which
+    # says nothing of its tokenizer: when both add a BOS, the ids are compared only where both files name one, and the
+    # token texts below decide (a same-vocabulary draft is fed the target's ids, BOS included).
+    if t.add_bos != d.add_bos or (t.add_bos and t.bos != d.bos and t.bos_named and d.bos_named):
         problems.append(f"they start text differently (BOS token {t.bos if t.add_bos else 'none'} vs {d.bos if d.add_bos else 'none'})")
     if t.add_eos != d.add_eos or (t.add_eos and t.eos != d.eos):
         problems.append(f"they end text differently (EOS token {t.eos if t.add_eos else 'none'} vs {d.eos if d.add_eos else 'none'})")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict
+from pathlib import Path
 from typing import Iterator
 
 from .costs import Costs, measure
@@ -10,7 +11,8 @@ from .drafters import Drafter, ModelDrafter, registry
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .fair_lock import FairLock
-from .llama import Model, ModelSettings, default_threads
+from .images import TextOnly, has_images
+from .llama import Model, ModelSettings, Projector, default_threads
 from .loop import GenerationParams, speculative_generate
 from .pair import Loaded, LoadedPair
 from .threads import RECHECK_S, ThreadChooser
@@ -20,9 +22,12 @@ class Engine:
     """Owns the llama.cpp models and contexts. One generation at a time (others wait on the lock), and the KV
     caches persist between generations so a chat turn only evaluates what is new."""
 
-    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None):
+    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None,
+                 mmproj_found: bool = False):
+        """``mmproj``: the target's vision projector; ``mmproj_found``: found beside it, not asked for, so one that
+        does not fit the target is left out (``projector_problem`` says why) rather than failing the load."""
         self._lock = FairLock()  # one generation at a time, in the order they asked
-        self._pair: LoadedPair | None = LoadedPair(target, draft)
+        self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj, mmproj_found)
         self._threads = ThreadChooser(default_threads())
 
     # --- the loaded pair ------------------------------------------------------------------------------------
@@ -59,6 +64,11 @@ class Engine:
         """A head given as the draft: (its drafter's name, the method besides the draft model's that picks it)."""
         head = self._pair.head
         return (head.name, head.METHOD) if head else None
+
+    @property
+    def projector(self) -> Projector | None:
+        """The target's vision projector (--mmproj): prompts with images are tokenized by it."""
+        return self._pair.projector if self._pair else None
 
     def detokenize(self, ids: list[int]) -> str:
         return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
@@ -104,7 +114,19 @@ class Engine:
         params.validate()
         self._check_loaded()
         d = self.make_drafter(drafter, params) if isinstance(drafter, str) else drafter
+        if has_images(prompt_ids):
+            d = self._with_images(d)
         return self._run(d, prompt_ids, params, cancel)
+
+    def _with_images(self, d: Drafter) -> Drafter:
+        """A drafter for a prompt with images: one that reads text drafts from the text around them."""
+        if self.projector is None:
+            raise EngineError(f"{self.model.path.name} takes no images: load its projector (--mmproj)."
+                              + (f" ({self._pair.projector_problem})" if self._pair.projector_problem else ""))
+        if d in self._pair.heads():  # they read the target's hidden states position by position
+            raise EngineError(f"{d.label} does not draft on prompts with images yet: use a draft model or "
+                              "n-gram lookup.")
+        return TextOnly(d) if d.speculates and not isinstance(d, TextOnly) else d
 
     def _check_loaded(self) -> None:
         if self._pair is None:
@@ -175,9 +197,9 @@ class Engine:
     def memory_bytes(self) -> int:
         """Weights plus caches of the loaded models (what the pair costs in RAM or VRAM): KV, and for recurrent
         models the state with its snapshots and the saved states held now."""
-        head = self._pair.head
+        head, projector = self._pair.head, self._pair.projector
         return (sum(x.model.size_bytes + x.ctx.cache_bytes() for x in (self.target, self.draft) if x)
-                + (head.model.size_bytes if head else 0))
+                + (head.model.size_bytes if head else 0) + (projector.size_bytes if projector else 0))
 
     def close(self) -> None:
         """Frees the models; waits for a generation in progress (another thread's) to finish first."""

@@ -206,11 +206,15 @@ class GgufInfo:
     recurrent_bytes: int  # one sequence's recurrent state (0: attention only)
     vocab_type: int
     tokens: list = field(repr=False)
-    bos: int
+    bos: int  # -1: the file names none (tokenizer.ggml.bos_token_id missing)
     eos: int
     add_bos: bool
     add_eos: bool
     has_chat_template: bool
+
+    @property
+    def bos_named(self) -> bool:
+        return self.bos >= 0
 
     @property
     def n_vocab(self) -> int:

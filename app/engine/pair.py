@@ -3,6 +3,7 @@ or a head drafting through the target's), loaded in the order llama.cpp needs an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .compat import compatibility_problems
 from .draft_control import MAX_DRAFT
@@ -11,7 +12,7 @@ from .drafters.mtp import MtpDrafter
 from .drafters.registry import head_class as head_class_of
 from .errors import EngineError
 from .fit import Load, check_fits
-from .llama import Context, Model, ModelSettings, default_threads, gpus
+from .llama import Context, Model, ModelSettings, Projector, default_threads, gpus
 
 DEFAULT_CTX = 4096
 
@@ -25,7 +26,8 @@ class Loaded:
 class LoadedPair:
     """The models and contexts of one pair (the drafter registry's ``Pair``). ``close`` frees them, heads first."""
 
-    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None):
+    def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None,
+                 mmproj_found: bool = False):
         settings = [s for s in (target, draft) if s is not None]
         for s in settings:
             for name, value in (("context size", s.n_ctx), ("threads", s.n_threads)):
@@ -48,6 +50,8 @@ class LoadedPair:
                               + "; ".join(self.cross_vocab) + ".")
         self.head: Drafter | None = None
         self._mtp: MtpDrafter | None = None  # the target's own MTP layers' drafter, made on first use
+        self.projector: Projector | None = None  # the target's vision projector (--mmproj)
+        self.projector_problem = ""  # why a projector found beside the target (not asked for) was not loaded
         models: list[Model] = []
         contexts: list[Context] = []
         try:
@@ -55,9 +59,12 @@ class LoadedPair:
                 models.append(Model(s.path, n_gpu_layers=s.n_gpu_layers))
             # The draft shares the target's context size: it must hold the same conversation.
             n_ctx = target.n_ctx or min(models[0].n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
-            check_fits([Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers,
-                             m.recurrent_bytes, n_rs, s.n_checkpoints)
-                        for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))], gpus())
+            loads = [Load(m.path.name, m.size_bytes, m.kv_bytes_per_token, m.n_layer, n_ctx, s.n_gpu_layers,
+                          m.recurrent_bytes, n_rs, s.n_checkpoints)
+                     for m, s, n_rs in zip(models, settings, (target.n_rs_seq, 0))]
+            if mmproj is not None and mmproj.is_file():  # the projector's weights, beside the target's
+                loads.append(Load(mmproj.name, mmproj.stat().st_size, 0, 0, n_ctx, -1 if target.n_gpu_layers else 0))
+            check_fits(loads, gpus())
             # The draft needs one output, and no recurrent-state snapshots: it drafts one token per decode, and
             # llama.cpp snapshots only the positions of the last decode (a rejected draft restores a saved state).
             with_context = models[:1] if head_class else models
@@ -66,7 +73,18 @@ class LoadedPair:
                                         s.n_checkpoints))
             if head_class:  # before the target decodes anything (Gemma 4's assistant resets the target's cache)
                 self.head = head_class(contexts[0], models[1])
+            if mmproj is not None:
+                try:
+                    self.projector = Projector(mmproj, models[0], target.n_threads or default_threads(),
+                                               use_gpu=target.n_gpu_layers != 0)
+                    contexts[0].media = self.projector
+                except EngineError as exc:
+                    if not mmproj_found:
+                        raise
+                    self.projector_problem = str(exc)  # a folder's projector for another model: text only
         except Exception:
+            if self.projector:
+                self.projector.close()
             if self.head:  # it reads the target's context: it goes first
                 self.head.close()
             for c in contexts:  # contexts before their models
@@ -115,6 +133,9 @@ class LoadedPair:
         if self.head:
             self.head.model.close()
         self._mtp = self.head = None
+        if self.projector:
+            self.projector.close()
+            self.projector = None
         for loaded in (self.draft, self.target):
             if loaded:
                 loaded.ctx.close()

@@ -10,10 +10,11 @@ from pathlib import Path
 from ..engine import DraftParams, EngineError
 from ..engine.gguf_file import shard_names
 from ..resources import resource
+from . import hf_files
 
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
               "target", "draft"}
-_SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "size_gb"}
+_SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "side_file", "size_gb"}
 USES = ("chat", "code", "reasoning")
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 BUILTINS = ("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1")
@@ -21,18 +22,35 @@ BUILTINS = ("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1")
 
 @dataclass(frozen=True)
 class Source:
+    """Where a model comes from: a builtin, or a Hub repo and either a quantization tag (matched against the repo's
+    file list as llama.cpp's ``-hf repo:TAG`` does, see ``hf_files``) or an explicit file name. ``side_file``: the
+    model is a side file of that kind (an ``mtp-`` assistant, an ``eagle3-`` head, a ``dflash-`` / ``dspark-`` block
+    draft), never the repo's main model."""
     builtin: str | None = None
     repo: str | None = None
     file: str | None = None
     quantization: str = ""
     size_gb: float = 0.0
+    side_file: str = ""
+
+    @property
+    def tag(self) -> str:
+        """What picks the file from the repo's list: the file name where one is given, else the quantization."""
+        return self.file or self.quantization
 
     def describe(self) -> str:
-        return self.builtin or f"{self.repo}/{self.file}"
+        if self.builtin:
+            return self.builtin
+        side = f" ({self.side_file} file)" if self.side_file else ""
+        return f"{self.repo}/{self.file}" if self.file else f"{self.repo}:{self.quantization}{side}"
 
     def files(self) -> list[str]:
-        """Every file this source needs on disk (all shards of a split GGUF)."""
-        return shard_names(self.file) if self.file else []
+        """Every file this source needs on disk (all shards of a split GGUF): as found in the local Hub cache, else
+        the given file's names ([] for a tag nothing was downloaded for yet)."""
+        if self.builtin:
+            return []
+        found = local_choice(self)
+        return shard_names(found.file) if found else shard_names(self.file) if self.file else []
 
 
 @dataclass(frozen=True)
@@ -112,10 +130,13 @@ def _source(raw, where: str) -> Source:
     if src.builtin:
         if src.builtin not in BUILTINS:
             raise EngineError(f"{where}: unknown builtin {src.builtin!r} (known: {', '.join(BUILTINS)})")
-    elif not (src.repo and src.file):
-        raise EngineError(f"{where} needs either builtin = ... or both repo = ... and file = ...")
-    elif not _REPO_ID.match(str(src.repo)) or not str(src.file).endswith(".gguf"):
+    elif not (src.repo and (src.file or src.quantization)):
+        raise EngineError(f"{where} needs either builtin = ..., or repo = ... and file = ... or a quantization tag "
+                          "(quantization = \"Q4_K_M\")")
+    elif not _REPO_ID.match(str(src.repo)) or (src.file and not str(src.file).endswith(".gguf")):
         raise EngineError(f"{where}: repo must look like owner/name and file must be a .gguf file name")
+    elif src.side_file not in ("", *hf_files.SIDE_KINDS):
+        raise EngineError(f"{where}: side_file must be one of {', '.join(hf_files.SIDE_KINDS)}, not {src.side_file!r}")
     return src
 
 
@@ -136,10 +157,24 @@ def local_path(src: Source, pair: str | None = None) -> Path:
     from .hub import cached_path
 
     paths = [cached_path(src.repo, f) for f in src.files()]
-    if all(paths):
+    if paths and all(paths):
         return paths[0]
-    how = f"specchat pull {pair}" if pair else f"specchat pull --repo {src.repo} --file {src.file}"
-    raise EngineError(f"{src.file} is not downloaded yet. Download it with: {how} (or in the app's Models tab)")
+    how = (f"specchat pull {pair}" if pair else f"specchat pull --repo {src.repo} --file {src.file}" if src.file
+           else f"specchat pull -hf {src.repo}:{src.quantization}")
+    raise EngineError(f"{src.file or src.describe()} is not downloaded yet. Download it with: {how} (or in the app's "
+                      "Models tab)")
+
+
+def local_choice(src: Source) -> hf_files.GgufChoice | None:
+    """The file of the local Hub cache (downloaded or partly downloaded) that a Hub source names, if any: the tag is
+    matched against what is on disk exactly as against the repo's list at pull time."""
+    from .hub import local_names
+
+    entries = [(name, 0) for name in local_names(src.repo)]
+    try:
+        return hf_files.pick(hf_files.group(src.repo, entries, whole_only=False), src.repo, src.tag, src.side_file)
+    except EngineError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -163,8 +198,9 @@ def status(src: Source) -> Status:
 
     total = int(src.size_gb * 1e9)
     have = 0
-    complete = True
-    for f in src.files():
+    files = src.files()
+    complete = bool(files)  # nothing of a tag on disk yet: missing
+    for f in files:
         path = cached_path(src.repo, f)
         if path:
             have += path.stat().st_size

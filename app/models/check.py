@@ -13,7 +13,7 @@ from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_class
 from ..engine.pair import DEFAULT_CTX
-from ..engine.gguf_file import GgufInfo, read_info
+from ..engine.gguf_file import GgufInfo, metadata, read_info
 from ..engine.llama import ModelSettings, gpus
 from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
@@ -29,6 +29,7 @@ class PairReport:
     fit: Fit  # at the chosen -ngl / -ngld
     recommended: tuple[int, int]  # (-ngl, -ngld) for this machine
     suggestions: list[str] = field(default_factory=list)
+    projector: str = ""  # the target's vision projector, judged from its header ("": none given or found)
 
     @property
     def compatible(self) -> bool:
@@ -36,7 +37,7 @@ class PairReport:
 
 
 def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ngl: int | None = None,
-                ngld: int | None = None) -> PairReport:
+                ngld: int | None = None, mmproj: str | Path | None = None) -> PairReport:
     t = read_info(Path(target).expanduser())
     d = read_info(Path(draft).expanduser()) if draft else None
     problems = compatibility_problems(t, d) if d else []
@@ -45,8 +46,30 @@ def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ng
     loads = [_load(t, ctx, 0, True)] + ([_load(d, ctx, 0, False)] if d else [])
     rec = recommend_offload(loads[0], loads[1] if d else None, devices)
     chosen = (rec[0] if ngl is None else ngl, rec[1] if ngld is None else ngld)
-    fit = estimate([_load(t, ctx, chosen[0], True)] + ([_load(d, ctx, chosen[1], False)] if d else []), devices)
-    return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [])
+    mm = Path(mmproj).expanduser() if mmproj else None
+    extra = [Load(mm.name, mm.stat().st_size, 0, 0, ctx, -1 if chosen[0] else 0)] if mm and mm.is_file() else []
+    fit = estimate([_load(t, ctx, chosen[0], True)] + ([_load(d, ctx, chosen[1], False)] if d else []) + extra,
+                   devices)
+    return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [],
+                      projector_note(t, mm) if mm else "")
+
+
+def projector_note(target: GgufInfo, path: Path) -> str:
+    """A vision projector against its target, from both headers: a projector's ``projection_dim`` is the width
+    of the text model it was converted for (llama.cpp's converter writes it so), which must be the target's."""
+    try:
+        kv = metadata(path)
+    except EngineError as exc:
+        return f"projector: {exc}"
+    if kv.get("general.architecture") != "clip":
+        return f"projector: {path.name} is not a vision projector (a {kv.get('general.architecture')} model)"
+    kind = kv.get("clip.projector_type") or kv.get("clip.vision.projector_type") or "?"
+    width, wanted = kv.get("clip.vision.projection_dim"), metadata(target.path).get(
+        f"{target.architecture}.embedding_length")
+    line = f"projector: {path.name} [{kind}, {path.stat().st_size / GIB:.2f} GiB]"
+    if width and wanted and width != wanted:
+        return f"{line}: made for a model {width} wide, not this target ({wanted}): it will be refused"
+    return f"{line}: takes images" + (f" into this target's {wanted}-wide embeddings" if width == wanted else "")
 
 
 def _load(info: GgufInfo, n_ctx: int, gpu_layers: int, target: bool) -> Load:
@@ -71,7 +94,8 @@ def suggest_drafts(target: GgufInfo) -> list[str]:
         if key in seen:
             continue
         on_disk = status(src).state in ("builtin", "downloaded")
-        named = target.path.name in pair.target.files() or (family and _family(src.file or "") == family)
+        name = src.file or (src.repo or "").rsplit("/", 1)[-1]  # a tag source: its repo says the family
+        named = target.path.name in pair.target.files() or (family and _family(name) == family)
         if not (on_disk or named):
             continue
         seen.add(key)
@@ -136,6 +160,8 @@ def describe(r: PairReport) -> list[str]:
     elif r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
                      f"{AS_TEXT}: " + "; ".join(r.problems))
+    if r.projector:
+        lines.append(r.projector)
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
     ngl, ngld = r.recommended

@@ -19,14 +19,12 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.errors import EngineError
 from ..engine.gguf_file import GgufInfo, header_info
-from . import hub, size_ratio
+from . import hf_files, hub, size_ratio
 from .catalog import load_catalog
+from .hf_files import GgufChoice
 
 HEADER_FIRST_READ = 1 << 20  # most GGUF headers fit; a 150k-token vocabulary needs a few MB
 HEADER_MAX_READ = 64 << 20
-_SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
-_QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|[BF]F?16|F32|MXFP4(?:_MOE)?|TQ\d_\d)(?![A-Za-z0-9])",
-                    re.IGNORECASE)
 _NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)  # vision projectors and importance matrices
 
 
@@ -42,16 +40,6 @@ class RepoHit:
     @property
     def family(self) -> str:
         return family(self.repo)
-
-
-@dataclass(frozen=True)
-class GgufChoice:
-    """One model in a repo: a single .gguf, or every shard of a split one (named by its first shard)."""
-    repo: str
-    file: str
-    shards: tuple[str, ...]
-    size: int  # bytes, all shards
-    quantization: str
 
 
 @dataclass
@@ -96,28 +84,8 @@ def list_gguf(repo: str, endpoint: str | None = None) -> list[GgufChoice]:
         entries = [e for e in api(endpoint).list_repo_tree(repo, recursive=True) if hasattr(e, "size")]
     except Exception as exc:
         raise hub.explain(exc, repo, "its file list", endpoint) from exc
-    groups: dict[str, list] = {}
-    for e in entries:
-        name = e.path
-        if not name.endswith(".gguf") or _NOT_A_MODEL.search(name.rsplit("/", 1)[-1]):
-            continue
-        m = _SHARD.match(name)
-        groups.setdefault(f"{m['stem']}-00001-of-{m['n']}.gguf" if m else name, []).append(e)
-    choices = []
-    for first, parts in groups.items():
-        m = _SHARD.match(first)
-        if m and len(parts) != int(m["n"]):
-            continue  # an incomplete split upload: nothing that could be loaded
-        parts.sort(key=lambda e: e.path)
-        choices.append(GgufChoice(repo, first, tuple(e.path for e in parts), sum(e.size for e in parts),
-                                  quantization(first)))
-    return sorted(choices, key=lambda c: (c.size, c.file))
-
-
-def quantization(name: str) -> str:
-    """'Qwen2.5-7B-Instruct-Q4_K_M.gguf' -> 'Q4_K_M' (upper case; '' when the name does not say)."""
-    found = _QUANT.findall(name.rsplit("/", 1)[-1].removesuffix(".gguf"))
-    return found[-1].upper() if found else ""
+    return hf_files.group(repo, [(e.path, e.size) for e in entries
+                                 if not _NOT_A_MODEL.search(e.path.rsplit("/", 1)[-1])])
 
 
 def family(name: str) -> str:
@@ -223,15 +191,14 @@ def other_family_drafts(target: GgufChoice, skip: set[str], limit: int = 3,
     """Drafts of other families for a target that has none of its own vocabulary: the catalog's small Hub drafts
     (chat models known to draft well), nearest to a 1:20 size ratio first. Sizes come from the catalog to pick
     the candidates, then from the Hub; a candidate the Hub no longer has is left out."""
-    sources = {(s.repo, s.file): s for p in load_catalog().values() for s in [p.draft]
+    sources = {s.describe(): s for p in load_catalog().values() for s in [p.draft]
                if s and s.repo and s.repo not in skip and s.repo != target.repo}
     out = []
     for src in size_ratio.rank(sources.values(), target.size, lambda s: int(s.size_gb * 1e9)):
         try:
-            found = [c for c in list_gguf(src.repo, endpoint) if c.file == src.file]
+            out.append(hf_files.pick(list_gguf(src.repo, endpoint), src.repo, src.tag, src.side_file))
         except EngineError:
             continue
-        out += found[:1]
         if len(out) == limit:
             break
     return size_ratio.rank(out, target.size, lambda c: c.size)
@@ -272,14 +239,8 @@ def choose(ref: str, role: str = "target", endpoint: str | None = None) -> GgufC
     files = list_gguf(repo, endpoint)
     if not files:
         raise EngineError(f"{repo} has no GGUF model files (vision projectors and imatrix files do not count).")
-    if tag.endswith(".gguf"):
-        found = [c for c in files if tag in (c.file, *c.shards)]
-    else:
-        want = (tag or ("Q8_0" if role == "draft" else "Q4_K_M")).upper()
-        found = [c for c in files if c.quantization == want]
-        if not found and not tag:
-            found = [pick_draft_file(files) if role == "draft" else files[0]]
-    if not found:
-        have = ", ".join(c.quantization or c.file for c in files)
-        raise EngineError(f"{repo} has no {tag} GGUF; it has: {have}. See `specchat files {repo}`.")
-    return found[0]
+    if tag:
+        return hf_files.pick(files, repo, tag)  # as llama.cpp's -hf: any case, a whole label, not a side file
+    models = [c for c in files if not hf_files.side_kind(c.file)] or files
+    found = [c for c in models if c.quantization == ("Q8_0" if role == "draft" else "Q4_K_M")]
+    return found[0] if found else pick_draft_file(models) if role == "draft" else models[0]

@@ -5,19 +5,43 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from . import hub
+from . import hf_files, hub
 from .catalog import Pair, Source, load_catalog, status
+from .hf_files import GgufChoice
 
 
 def hub_files(sources: list[Source]) -> list[tuple[str, str]]:
-    """(repo, file) of the Hub sources, each once (a draft shared by two pairs is one download)."""
-    return list(dict.fromkeys((s.repo, s.file) for s in sources if s.repo))
+    """(repo, file or tag) of the Hub sources, each once (a draft shared by two pairs is one download); none for
+    builtins."""
+    return list(dict.fromkeys((s.repo, s.tag) for s in sources if s.repo))
+
+
+def remote_choices(sources: list[Source], endpoint: str | None = None) -> list[GgufChoice]:
+    """The files on the Hub that the Hub sources name today (one per Hub source, in order), each resolved against its
+    repo's file list as llama.cpp's ``-hf repo:TAG`` does (any case, split files whole, side files in their folder):
+    an upstream rename does not break a pull, a tag that fits nothing or several says what the repo has."""
+    from .discover import list_gguf
+
+    listed: dict[str, list[GgufChoice]] = {}  # one file list per repo (a Gemma 4 target and its assistant share one)
+    found = []
+    for s in sources:
+        if s.repo:
+            if s.repo not in listed:
+                listed[s.repo] = list_gguf(s.repo, endpoint)
+            found.append(hf_files.pick(listed[s.repo], s.repo, s.tag, s.side_file))
+    return found
 
 
 def pull(pair: Pair, on_progress: Callable[[hub.Progress], None] | None = None,
          cancel: threading.Event | None = None) -> list[Path]:
     """Download the pair's Hub files (target first, then draft); builtins need nothing."""
-    return hub.pull_files(hub_files(pair.sources), on_progress=on_progress, cancel=cancel)
+    files = list(dict.fromkeys((c.repo, c.file) for c in remote_choices(list(pair.sources))))
+    return hub.pull_files(files, on_progress=on_progress, cancel=cancel)
+
+
+def local_files(sources: list[Source]) -> list[tuple[str, str]]:
+    """(repo, file) on this machine (downloaded or partly) for each Hub source, each once."""
+    return list(dict.fromkeys((s.repo, files[0]) for s in sources if s.repo and (files := s.files())))
 
 
 READY = ("builtin", "downloaded")
@@ -36,9 +60,9 @@ def downloaded_pairs() -> list[str]:
 def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
     """Delete the pair's downloaded files, except those another downloaded pair still uses.
     Returns (bytes freed, files removed, files kept for other pairs)."""
-    mine = hub_files(pair.sources)
+    mine = local_files(list(pair.sources))
     others = {f for p in load_catalog().values() if p.name != pair.name and is_downloaded(p)
-              for f in hub_files(p.sources)}
+              for f in local_files(list(p.sources))}
     freed, removed = hub.remove_files(mine, keep=others)
     kept = [name for repo, name in mine if (repo, name) in others]
     return freed, removed, kept

@@ -84,6 +84,19 @@ def cached_path(repo: str, name: str, cache: Path | None = None) -> Path | None:
     return Path(found) if isinstance(found, str) and Path(found).is_file() else None
 
 
+def local_names(repo: str, cache: Path | None = None) -> list[str]:
+    """Paths of ``repo``'s files in the cache: those of the snapshot huggingface_hub serves (``refs/main``, as
+    ``cached_path`` reads them), then the partial downloads waiting to be resumed."""
+    folder = Path(cache or cache_dir()) / repo_folder_name(repo_id=repo, repo_type="model")
+    names = []
+    try:
+        snapshot = folder / "snapshots" / (folder / "refs" / "main").read_text(encoding="utf-8").strip()
+        names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    except (OSError, ValueError):
+        pass
+    return names + [n for n in _partials(folder / "blobs") if n not in names]
+
+
 def partial_bytes(repo: str, name: str, cache: Path | None = None) -> int:
     """Bytes of an interrupted download of ``name`` waiting to be resumed (0 if none)."""
     blobs = _blobs(repo, Path(cache or cache_dir()))

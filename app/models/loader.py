@@ -19,6 +19,8 @@ class LoadSpec:
     ngl: int = 0  # target layers on the GPU (-1: all)
     ngld: int = 0  # draft layers on the GPU
     ctx_checkpoints: int = 8  # recurrent/hybrid models: saved states kept between chat turns
+    mmproj: str | None = None  # the target's vision projector (None: the one found beside the target, if any)
+    no_mmproj: bool = False  # load no projector at all
     # Or an OpenAI-compatible server that speculates itself (its API key lives in app/chat/server_keys.py, not here).
     server: str | None = None  # base URL
     model: str | None = None  # the server's model id (None: the first it lists)
@@ -46,9 +48,27 @@ class Resolved:
     target: Path
     draft: Path | None
     draft_params: DraftParams  # the pair's recommended settings (defaults for files)
+    mmproj: Path | None = None  # the target's vision projector
+    mmproj_found: bool = False  # found beside the target, not asked for
 
 
 def resolve(spec: LoadSpec) -> Resolved:
+    r = _resolve_models(spec)
+    if spec.no_mmproj:
+        return Resolved(r.target, r.draft, r.draft_params)
+    if spec.mmproj:
+        return Resolved(r.target, r.draft, r.draft_params, Path(spec.mmproj).expanduser())
+    return Resolved(r.target, r.draft, r.draft_params, find_projector(r.target), mmproj_found=True)
+
+
+def find_projector(target: Path) -> Path | None:
+    """The vision projector beside a target file, as llama-server -hf finds a repo's: the one ``mmproj*.gguf`` in its
+    folder (none, or several, is no projector: which one is meant would be a guess)."""
+    found = [p for p in target.parent.glob("*.gguf") if p.name.lower().startswith("mmproj") and p != target]
+    return found[0] if len(found) == 1 else None
+
+
+def _resolve_models(spec: LoadSpec) -> Resolved:
     if spec.server:
         raise EngineError(f"{spec.describe()} is a server: it runs its own models.")
     if spec.pair:
@@ -93,4 +113,5 @@ def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bo
         ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld,
                       n_checkpoints=spec.ctx_checkpoints)
         if r.draft and with_draft else None,
+        r.mmproj, r.mmproj_found,
     )

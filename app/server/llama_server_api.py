@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
-from ..prompts import chat_prompt, tool_prompt
+from ..prompts import chat_prompt, image_messages, tool_prompt
 from .request_body import ApiError, parse
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
@@ -104,7 +104,7 @@ class _Routes:
             "total_slots": 1,
             "model_alias": self.server._loaded_name(),
             "model_path": str(model.path),
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": engine.projector is not None, "video": False, "audio": False},
             "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": False,
             "chat_template": model.chat_template() or "",
             "bos_token": bos, "eos_token": eos,
@@ -165,10 +165,11 @@ class _Routes:
     def _apply_template(self, body: dict, engine) -> dict:
         job = parse(body, True, self.server.defaults(), engine.drafters)
         model = engine.model
-        if job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages):
-            ids = tool_prompt(model, job.messages, job.tools, job.tool_choice, **job.template_variables)[0]
+        messages = image_messages(model, job.messages, engine.projector)[0]  # an image: the media marker
+        if job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            ids = tool_prompt(model, messages, job.tools, job.tool_choice, **job.template_variables)[0]
             return {"prompt": b"".join(model.piece_text(t) for t in ids).decode("utf-8", "replace")}
-        return {"prompt": chat_prompt(model, job.messages, **job.template_variables)}
+        return {"prompt": chat_prompt(model, messages, **job.template_variables)}
 
     # --- /completion: llama-server's native completion ----------------------------------------------------------
     async def completion(self, request: Request):

@@ -30,7 +30,7 @@ from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
-from ..prompts import chat_tokens, plain_tokens, tool_prompt
+from ..prompts import chat_tokens, plain_tokens, text_of, tool_prompt
 from . import llama_server_api
 from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
 
@@ -199,13 +199,13 @@ class OpenAIServer:
             raise ApiError(400, str(exc), param="drafter") from None
         params, reader = job.params, None
         try:
-            _check_length(engine, [m["content"] for m in job.messages] if chat else [job.prompt], chat)
+            _check_length(engine, [text_of(m["content"]) for m in job.messages] if chat else [job.prompt], chat)
             if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
                 ids, grammar, fmt, shown = tool_prompt(engine.model, job.messages, job.tools, job.tool_choice,
-                                                       **job.template_variables)
+                                                       engine.projector, **job.template_variables)
                 params, reader = replace(params, grammar=grammar, shown=shown), fmt  # (fmt None: no call)
             elif chat:
-                ids = chat_tokens(engine.model, job.messages, **job.template_variables)
+                ids = chat_tokens(engine.model, job.messages, engine.projector, **job.template_variables)
             else:
                 ids = plain_tokens(engine.model, job.prompt)
         except ModelsUnloaded as exc:

@@ -7,6 +7,8 @@ a client sends is a 4xx in OpenAI's shape, never a 500."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import math
 import re
@@ -235,21 +237,47 @@ def _spec_type(body: dict) -> str | None:
         raise ApiError(400, str(exc), param="speculative.type") from None
 
 
-def _text(content, where: str) -> str:
-    """A message's content: a string, or OpenAI's list of parts of which only text is understood here."""
+def _content(content, where: str) -> str | list[dict]:
+    """A message's content: a string, or OpenAI's list of parts: text, and images as ``image_url`` parts holding
+    a data URL (``data:image/png;base64,...``), read into ``{"type": "image", "image": bytes}`` parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}: only text content is supported (got a {part.get('type') if isinstance(part, dict) else type(part).__name__!r} part).",
-                               param="messages")
-            parts.append(part["text"])
-        return "".join(parts)
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                parts.append({"type": "image", "image": _image(part.get("image_url"), where)})
+            else:
+                raise ApiError(400, f"{where}: only text and image_url content parts are supported (got a "
+                                    f"{kind if kind else type(part).__name__!r} part).", param="messages")
+        return parts if any(p["type"] == "image" for p in parts) else "".join(p["text"] for p in parts)
     if content is None:
         return ""
-    raise ApiError(400, f"{where}: 'content' must be a string or a list of text parts.", param="messages")
+    raise ApiError(400, f"{where}: 'content' must be a string or a list of text and image_url parts.",
+                   param="messages")
+
+
+def _image(value, where: str) -> bytes:
+    """An image_url part's image: only inline data URLs; a remote URL is not fetched (nothing leaves the machine)."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str):
+        raise ApiError(400, f"{where}: an image_url part needs {{\"url\": \"data:image/png;base64,...\"}}.",
+                       param="messages")
+    if url.lower().startswith(("http://", "https://")):
+        raise ApiError(400, f"{where}: remote image URLs are not fetched (nothing leaves this machine): send the "
+                            "image inline as a data URL (data:image/png;base64,...).", param="messages",
+                       code="remote_image_refused")
+    head, comma, data = url.partition(",")
+    if not (head.lower().startswith("data:") and head.lower().endswith(";base64") and comma):
+        raise ApiError(400, f"{where}: an image URL must be a base64 data URL (data:image/png;base64,...).",
+                       param="messages")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{where}: the image's data URL is not valid base64.", param="messages") from None
 
 
 def _messages(body: dict) -> list[dict]:
@@ -261,7 +289,7 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
             raise ApiError(400, f"messages[{i}]: 'role' must be system, user, assistant or tool.", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]  # OpenAI's newer name for the system role
-        msg = {"role": role, "content": _text(m.get("content"), f"messages[{i}]")}
+        msg = {"role": role, "content": _content(m.get("content"), f"messages[{i}]")}
         if role == "tool":  # a tool's result (templates that know tools render the id or the name)
             msg["tool_call_id"] = str(m.get("tool_call_id") or "")
             if isinstance(m.get("name"), str):

@@ -5,8 +5,8 @@ search (``GET /api/models?search=&filter=gguf&sort=downloads&limit=&expand=``) a
 It answers as the Hub does: ``HEAD/GET /{repo}/resolve/{rev}/{file}`` redirects LFS files to a content URL with
 ``X-Linked-Etag`` (the SHA-256), ``X-Linked-Size`` and ``X-Repo-Commit``; ``GET /lfs/{sha256}`` on a second port
 (the CDN) serves bytes with HTTP Range; errors carry ``X-Error-Code`` (RepoNotFound, GatedRepo, EntryNotFound) with the Hub's status codes.
-Tests select it with ``HF_ENDPOINT``. Knobs: private/gated repos, a per-request rate limit (so a test can kill a
-download halfway), corrupting the next response of a file, cutting or stalling the next responses of a file
+Tests select it with ``HF_ENDPOINT``. Knobs: private/gated repos, a new revision of a repo (files renamed upstream),
+a per-request rate limit (so a test can kill a download halfway), corrupting the next response of a file, cutting or stalling the next responses of a file
 halfway through (a dropped connection, a transfer that stops moving), and a log of every request.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Repo:
     downloads: int = 0
     likes: int = 0
     gguf: dict | None = None  # the Hub's GGUF summary: architecture, total (parameters), context_length, ...
+    commit: str = COMMIT  # the revision main points at: add the repo again with another to publish a new one
 
 
 @dataclass
@@ -116,12 +117,12 @@ def _handler(hub: FakeHub):
             if repo.gated and token not in repo.accepted:
                 return self._error(403 if token else 401, "GatedRepo", "Access to model is restricted.")
             if name not in repo.files:
-                return self._error(404, "EntryNotFound", "Entry not found", commit=True)
+                return self._error(404, "EntryNotFound", "Entry not found", commit=repo.commit)
             data = repo.files[name]
             sha = hashlib.sha256(data).hexdigest()
             self.send_response(302)
             self.send_header("Location", f"{hub.cdn}/lfs/{sha}")
-            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("X-Repo-Commit", repo.commit)
             self.send_header("X-Linked-Etag", f'"{sha}"')
             self.send_header("X-Linked-Size", str(len(data)))
             self.send_header("ETag", '"not-the-content-hash"')
@@ -218,13 +219,13 @@ def _handler(hub: FakeHub):
             self.close_connection = True
             self.connection.shutdown(2)
 
-        def _error(self, status: int, code: str | None, message: str, commit: bool = False):
+        def _error(self, status: int, code: str | None, message: str, commit: str = ""):
             self.send_response(status)
             if code:
                 self.send_header("X-Error-Code", code)
             self.send_header("X-Error-Message", message)
             if commit:
-                self.send_header("X-Repo-Commit", COMMIT)
+                self.send_header("X-Repo-Commit", commit)
             payload = f'{{"error": "{message}"}}'.encode()
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))

@@ -20,14 +20,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def specchat_serve(home: Path, api_key: str | None = None, *args: str) -> Iterator[str]:
-    """`specchat serve --pair starter`; yields its base URL (…/v1) and checks it stops cleanly."""
+def specchat_serve(home: Path, api_key: str | None = None, *args: str,
+                   models: tuple[str, ...] = ("--pair", "starter")) -> Iterator[str]:
+    """`specchat serve --pair starter` (or other ``models`` flags); yields its base URL (…/v1) and checks it stops
+    cleanly."""
     port = free_port()
     env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1")
     env.pop("SPECCHAT_API_KEY", None)
     if api_key:
         env["SPECCHAT_API_KEY"] = api_key
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--pair", "starter", "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", *models, "--port", str(port), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 300

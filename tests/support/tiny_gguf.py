@@ -40,7 +40,7 @@ def write_model(
     n_ctx: int = 512,
     extra_words: int = 40,
     rename: dict[int, str] | None = None,
-    bos: int = 1,
+    bos: int | None = 1,  # None: no tokenizer.ggml.bos_token_id key (llama.cpp then assumes its default id)
     eos: int = 2,
     add_bos: bool = True,
     vocab_model: str = "llama",
@@ -55,6 +55,7 @@ def write_model(
     user_defined: tuple[str, ...] = (),
     control: tuple[str, ...] = (),
     context: float = 1.0,
+    rope_sections: tuple[int, ...] = (),
 ) -> Path:
     """Write a model. ``base_seed`` + ``noise``: weights = weights(base_seed) + noise * N(0, 1), so a draft can be
     a perturbed copy of a target (partial acceptance, exercising both accept and reject paths).
@@ -63,7 +64,8 @@ def write_model(
     ``permute_seed``: the word tokens (and their weight rows and scores) at other ids, so the model computes the
     same text function in another vocabulary (a cross-vocabulary draft). ``extra_pieces``: pieces appended to the
     vocabulary with the best scores (different merges), their weights fresh. ``context``: scales what attention and
-    the feed-forward add to each position in a llama model (small: nearly a bigram model of its token embeddings)."""
+    the feed-forward add to each position in a llama model (small: nearly a bigram model of its token embeddings).
+    ``rope_sections``: a qwen2vl model (llama's tensors, M-RoPE positions in these sections), as Qwen2-VL's."""
     toks = vocab(extra_words, rename)
     n_base = len(toks)
     scores = [0.0] * 3 + [0.0] * 256 + [0.0, 0.0] + [-float(i) for i in range(n_base - 261)]
@@ -78,7 +80,10 @@ def write_model(
     extra_pieces = (*extra_pieces, *user_defined, *control)
     scores += [1.0] * len(extra_pieces)
     gemma = sliding_window > 0
-    w = GGUFWriter(str(path), "gemma3" if gemma else "llama", split_max_tensors=split_max_tensors)
+    arch = "gemma3" if gemma else "qwen2vl" if rope_sections else "llama"
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    if rope_sections:
+        w.add_array(f"{arch}.rope.dimension_sections", list(rope_sections))
     if gemma:
         w.add_sliding_window(sliding_window)
         w.add_key_length(n_embd // n_head)
@@ -99,7 +104,8 @@ def write_model(
     w.add_token_types([int(k) for _, k in toks])
     if vocab_model == "gpt2":
         w.add_token_merges(["▁ t", "h e"])
-    w.add_bos_token_id(bos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)
     w.add_add_bos_token(add_bos)
     w.add_add_eos_token(False)

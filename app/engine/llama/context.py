@@ -102,6 +102,10 @@ class Context:
         self._round: _Saved | None = None  # saved before the latest speculative batch
         self._spec_open = False  # the last decode was speculative and nothing was truncated since
         self.captures: list = []  # what heads read, kept by position after each decode (heads.Capture)
+        self.media = None  # a vision.Projector: evaluates the images whose placeholders (negative ids) a prompt holds
+        # (where an image ends in ``tokens``, how far positions run behind indices from there): an M-RoPE model's
+        # image takes fewer positions than cache cells, so after it a token's position is less than its index
+        self._gaps: list[tuple[int, int]] = []
 
     @property
     def n_held(self) -> int:
@@ -126,7 +130,8 @@ class Context:
                 "saved_bytes": saved_bytes}
 
     def memory_pos_max(self) -> int:
-        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); equals n_held - 1."""
+        """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); position(n_held) - 1 where
+        no M-RoPE image took fewer positions than cells."""
         return int(ll.llama_memory_seq_pos_max(self.mem, 0))
 
     @property
@@ -152,7 +157,9 @@ class Context:
         n_keep = max(n_keep, 0)
         if n_keep >= len(self.tokens):
             return
+        n_keep = self._image_start(n_keep)  # an image is kept whole or not at all
         del self.tokens[n_keep:]
+        self._trim_gaps(n_keep)
         if not self.recurrent:
             self._drop_from(n_keep)
             return
@@ -161,18 +168,41 @@ class Context:
             self._round = None
         if n_keep >= self._n_mem:  # only tokens awaiting replay were dropped
             return
-        if self._n_mem - n_keep <= self._rollback and ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
+        if self._n_mem - n_keep <= self._rollback and ll.llama_memory_seq_rm(self.mem, 0, self.position(n_keep), -1):
             self.state_costs.rollbacks += 1
             self._n_mem, self._rollback = n_keep, 0  # a snapshot serves once
             return
         self._restore(n_keep)
 
+    def position(self, i: int) -> int:
+        """The position of ``tokens[i]`` (its index, less what M-RoPE images before it saved)."""
+        for end, behind in reversed(self._gaps):
+            if end <= i:
+                return i - behind
+        return i
+
+    def _trim_gaps(self, n: int) -> None:
+        while self._gaps and self._gaps[-1][0] > n:
+            self._gaps.pop()
+
+    def _image_start(self, n: int) -> int:
+        """``n``, or where the image that position ``n`` falls inside starts."""
+        key = self.tokens[n]
+        if n == 0 or key >= 0 or self.tokens[n - 1] != key:
+            return n
+        start = n
+        while start > 0 and self.tokens[start - 1] == key:
+            start -= 1
+        size = self.media.n_tokens(key) if self.media else n - start  # (the same image twice in a row: two runs)
+        return start + (n - start) // size * size
+
     def _drop_from(self, n_keep: int) -> None:
         """Attention caches: remove positions >= n_keep (all of them when llama.cpp refuses a partial removal)."""
-        if n_keep <= 0 or not ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
+        if n_keep <= 0 or not ll.llama_memory_seq_rm(self.mem, 0, self.position(n_keep), -1):
             ll.llama_memory_clear(self.mem, True)
             n_keep = 0
         del self.tokens[n_keep:]
+        self._trim_gaps(n_keep)
         self._n_mem = n_keep
 
     def reuse_prefix(self, history: list[int]) -> int:
@@ -216,7 +246,7 @@ class Context:
         ok = saved is not None and (
             ll.llama_state_seq_set_data_ext(self.ptr, saved.data, len(saved.data), 0, _PARTIAL) == len(saved.data)
             # the attention part of a hybrid still holds the later positions
-            and ll.llama_memory_seq_rm(self.mem, 0, saved.n, -1))
+            and ll.llama_memory_seq_rm(self.mem, 0, self.position(saved.n), -1))
         if ok:
             self._n_mem = saved.n
             self.state_costs.restores += 1
@@ -252,7 +282,7 @@ class Context:
         if abortable:
             ll.llama_set_abort_callback(self.ptr, self._abort_cb, ctypes.c_void_p(0))
         try:
-            self._decode_chunks(batch, self._n_mem, n_logits)
+            self._evaluate(batch, self._n_mem, n_logits)
         finally:
             if abortable:
                 ll.llama_set_abort_callback(self.ptr, ll.ggml_abort_callback(), ctypes.c_void_p(0))
@@ -263,7 +293,7 @@ class Context:
     def prefill(self, tokens: list[int]) -> None:
         """Evaluate a prompt's uncached tokens, logits for the last. Recurrent memory keeps a checkpoint before that
         last token: where Regenerate restarts, and the nearest way back when the next turn changes the answer."""
-        if self.recurrent and len(tokens) > 1:
+        if self.recurrent and len(tokens) > 1 and tokens[-1] >= 0:
             self.decode(tokens[:-1], n_logits=0)
             self.checkpoint()
             tokens = tokens[-1:]
@@ -281,6 +311,30 @@ class Context:
             return  # llama.cpp's snapshots of this batch's last positions will do
         self._round = self._save(reuse=self._round)
 
+    def _evaluate(self, tokens: list[int], start: int, n_logits: int) -> None:
+        """Decode ``tokens`` at ``start``: text in batches, each image's positions through the projector."""
+        if min(tokens) >= 0:
+            return self._decode_chunks(tokens, start, n_logits)
+        if self.media is None:
+            raise EngineError(f"The prompt holds an image but no projector (--mmproj) is loaded for "
+                              f"{self.model.path.name}.")
+        try:
+            for i, j, image in _runs(tokens, self.media.n_tokens):
+                last = j == len(tokens)
+                if image:
+                    pos = self.position(start + i)
+                    self.media.evaluate(self.ptr, tokens[i], pos, self.n_batch, last and n_logits > 0)
+                    self._n_out, self._last_chunk = 1, 0  # (logits(-1): the last output, row -1)
+                    behind = start + j - (pos + self.media.n_pos(tokens[i]))
+                    if behind and (not self._gaps or self._gaps[-1][0] < start + j):  # (a replay notes it once)
+                        self._gaps.append((start + j, behind))
+                else:
+                    self._decode_chunks(tokens[i:j], start + i, min(n_logits, j - i) if last else 0)
+        except BaseException:
+            self._trim_gaps(len(self.tokens))
+            self._undo_failed(start)
+            raise
+
     def _decode_chunks(self, tokens: list[int], start: int, n_logits: int) -> None:
         batch = self._batch
         log_tail.clear()  # so a failure quotes this decode's error, not an old one
@@ -288,6 +342,7 @@ class Context:
         # recurrent memory, every position its snapshots can roll back).
         assert n_logits <= min(self.n_outputs_max, len(tokens), self.n_batch)
         first_logit = len(tokens) - n_logits
+        pos0 = self.position(start)  # (the index, but after an M-RoPE image)
         done = 0
         while done < len(tokens):
             size = (len(tokens) - 1) % self.n_batch + 1 if done == 0 else self.n_batch
@@ -297,7 +352,7 @@ class Context:
             for j, t in enumerate(chunk):
                 i = done + j
                 tok[j] = t
-                pos[j] = start + i
+                pos[j] = pos0 + i
                 nseq[j] = 1
                 seq[j][0] = 0
                 lg[j] = 1 if i >= first_logit else 0
@@ -345,6 +400,24 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+def _runs(tokens: list[int], image_size) -> list[tuple[int, int, bool]]:
+    """(start, end, is an image) of each text run and each image's positions in ``tokens``."""
+    runs, i = [], 0
+    while i < len(tokens):
+        if tokens[i] >= 0:
+            j = i
+            while j < len(tokens) and tokens[j] >= 0:
+                j += 1
+            runs.append((i, j, False))
+        else:
+            j = i + image_size(tokens[i])
+            if tokens[i:j] != [tokens[i]] * (j - i) or j > len(tokens):
+                raise EngineError("An image's positions were cut apart in the prompt.")
+            runs.append((i, j, True))
+        i = j
+    return runs
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -64,6 +64,7 @@ class Model:
         self.n_embd = 0 if vocab_only else int(ll.llama_model_n_embd(ptr))
         info = read_info(self.path)  # its header was read (and is cached) by the check above
         self.arch = info.architecture
+        self.bos_named = info.bos_named  # False: no BOS id in the file, llama.cpp assumed its default (``bos``)
         self.kv_bytes_per_token = info.kv_bytes_per_token  # F16 K and V of the attention layers
         self.recurrent_bytes = info.recurrent_bytes  # one copy of the recurrent state (a snapshot, a checkpoint)
         self._piece_cache: dict[int, bytes] = {}
