@@ -47,6 +47,21 @@ def type_and_enter(page: Page, text: str) -> None:
     page.page.keyboard.press("Enter")
 
 
+def compare(page: Page, more: str, other_than: str | None = None) -> str:
+    """Type ``more`` into Compare's prompt and press Enter; the text both runs wrote, once they are done (and their
+    text is not ``other_than``, the last run's)."""
+    page.page.locator("#cmp-prompt textarea").click()
+    page.page.keyboard.type(more)
+    page.page.keyboard.press("Enter")
+    page.page.wait_for_function("""(previous) => {
+        const text = side => document.querySelector('#cmp-' + side).innerText.split('\\n').slice(1).join('\\n').trim();
+        return document.querySelector('#cmp-summary .spec-compare[data-speedup]') !== null
+            && text('off') === text('on') && text('off') !== previous;
+    }""", arg=other_than, timeout=300_000)
+    assert "outputs identical" in page.page.locator("#cmp-summary").inner_text()
+    return page.page.locator("#cmp-off").inner_text().split("\n", 1)[1].strip()
+
+
 def user_images(page: Page) -> int:
     return page.page.locator("#chat .user img").count()
 
@@ -86,6 +101,18 @@ def test_images_by_paste_and_button_are_answered_and_come_back_after_a_restart(b
         stored = [bytes(r[0]) for r in db.execute("SELECT data FROM images ORDER BY id")]
         db.close()
         assert stored == [png_bytes(1), vision["b"].read_bytes()]  # pasted first, then the button's
+
+        # Compare: both runs get the image (greedy: the same text), and it is read (without it the text differs).
+        p.page.get_by_role("tab", name="Compare").click()
+        p.page.locator("#cmp-prompt input[type=file]").set_input_files(str(vision["b"]))
+        p.page.wait_for_function("document.querySelectorAll('#cmp-prompt .thumbnail-item').length === 1",
+                                 timeout=60_000)
+        with_image = compare(p, "the cat sat on")
+        p.page.locator("#cmp-prompt .delete-button").click()
+        p.page.wait_for_function("document.querySelectorAll('#cmp-prompt .thumbnail-item').length === 0",
+                                 timeout=60_000)
+        compare(p, "", other_than=with_image)  # (waits for a text other than with the image)
+        p.page.get_by_role("tab", name="Chat").click()
     finally:
         p.close()
         app.stop()

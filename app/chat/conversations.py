@@ -326,7 +326,8 @@ def _merge(db: sqlite3.Connection, side: Path) -> None:
             db.execute("BEGIN IMMEDIATE")
             if db.execute("SELECT 1 FROM meta WHERE key = ?", (f"merged {side.name}",)).fetchone():
                 return
-            pictures = db.execute("SELECT 1 FROM side.sqlite_master WHERE name = 'images'").fetchone()  # (older files: none)
+            # (a file from before images has no images table)
+            pictures = db.execute("SELECT 1 FROM side.sqlite_master WHERE name = 'images'").fetchone()
             for conv in db.execute("SELECT * FROM side.conversations WHERE deleted IS NULL ORDER BY id").fetchall():
                 cid = db.execute("INSERT INTO conversations (title, renamed, created, updated) VALUES (?,?,?,?)",
                                  (conv["title"], conv["renamed"], conv["created"], conv["updated"])).lastrowid

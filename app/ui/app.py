@@ -230,7 +230,8 @@ class SpecChatUI:
         text = text.strip()
         if not text and not paths:
             return (gr.skip(),) * 8
-        refuse = lambda msg, kind="error": (gr.skip(),) * 4 + (render.notice(msg, kind),) + (gr.skip(),) * 3  # noqa: E731
+        def refuse(msg: str, kind: str = "error"):  # the box, the history and the chat stay as they are
+            return (gr.skip(),) * 4 + (render.notice(msg, kind),) + (gr.skip(),) * 3
         if self._tab(request) in self.busy:
             return refuse("An answer is still being written: wait for it or press Stop.", "warning")
         try:

@@ -64,8 +64,8 @@ def box_value(text: str, images: list[bytes]) -> dict:
 def note(takes_images: bool, remote: bool = False) -> str:
     """The words beside the attach button."""
     if takes_images:
-        return ('<div class="spec-images" data-images="yes">Images: attach them (the paperclip), paste them or drop them on the '
-                'box, several per message.</div>')
+        return ('<div class="spec-images" data-images="yes">Images: attach them (the paperclip), paste them or drop '
+                'them on the box, several per message.</div>')
     why = "The chat runs on a server: SpecChat sends it text only." if remote else \
         "This model takes no images: load it with its vision projector (an mmproj GGUF beside the target, or " \
         "--mmproj) to attach them."
