@@ -91,7 +91,14 @@ def test_images_by_paste_and_button_are_answered_and_come_back_after_a_restart(b
         box_images(p, 1)
         p.page.locator("#msg input[type=file]").set_input_files(str(vision["b"]))
         box_images(p, 2)
+        p.set_number("top-k", "-3")  # an error once the message is sent: it comes back into the box, images too
         type_and_enter(p, "the cat sat on")
+        p.page.locator("#notice .error").get_by_text("Top-k").wait_for(timeout=60_000)
+        box_images(p, 2)
+        assert p.page.locator("#msg textarea").input_value() == "the cat sat on" and user_images(p) == 0
+        p.set_number("top-k", "40")
+        p.page.locator("#msg textarea").press("Enter")  # sent again as it came back
+        box_images(p, 0)  # sent: the box empties (the live panel leaves the last error's state)
         assert p.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
         assert user_images(p) == 2 and "the cat sat on" in p.page.locator("#chat .user").inner_text()
         answer = p.page.locator("#chat .bot").first.inner_text().strip()
