@@ -1,5 +1,5 @@
-"""Images in the real app in a real browser: pasted and attached, answered, kept across a restart; a model without
-a projector says so and refuses them keeping the text. The app runs the tiny vision set (tests/support/tiny_vision.py:
+"""Images in the real app in a real browser: pasted, attached with the button and dropped, answered, kept across a
+restart, in Compare too; a model without a projector says so and refuses them keeping the text. The app runs the tiny vision set (tests/support/tiny_vision.py:
 a projector beside the target, found as a person's would be)."""
 from __future__ import annotations
 
@@ -14,13 +14,19 @@ from test_app_browser import Page
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-PASTE = """([b64, name]) => {
-    const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+# A PNG file given as a person's clipboard or a drag from the file manager gives it (a DataTransfer holding it).
+FILE = """const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
     const data = new DataTransfer();
-    data.items.add(new File([bytes], name, {type: "image/png"}));
+    data.items.add(new File([bytes], name, {type: "image/png"}));"""
+PASTE = """([b64, name]) => {%s
     document.querySelector("#msg textarea").dispatchEvent(
         new ClipboardEvent("paste", {clipboardData: data, bubbles: true, cancelable: true}));
-}"""
+}""" % FILE
+DROP = """([b64, name]) => {%s
+    const box = document.querySelector("#msg .full-container");
+    for (const kind of ["dragenter", "dragover", "drop"])
+        box.dispatchEvent(new DragEvent(kind, {dataTransfer: data, bubbles: true, cancelable: true}));
+}""" % FILE
 
 
 @pytest.fixture(scope="module")
@@ -140,13 +146,17 @@ def test_a_model_without_a_projector_says_so_and_refuses_an_image_keeping_the_te
     p = Page(browser, app.url)
     try:
         assert "takes no images" in p.page.locator("#image-note [data-images='no']").inner_text()
-        p.page.locator("#msg input[type=file]").set_input_files(str(vision["b"]))
+        p.page.evaluate(DROP, [base64.b64encode(vision["b"].read_bytes()).decode(), "dropped.png"])  # dragged in
         box_images(p, 1)
         type_and_enter(p, "What is this?")
         p.page.locator("#notice .error").get_by_text("takes no images").wait_for(timeout=60_000)
         assert p.page.locator("#msg textarea").input_value() == "What is this?"
         assert user_images(p) == 0 and p.conversations() == []  # nothing was sent or stored
         p.shot("images-refused")
+        p.page.locator("#msg .delete-button").click()  # the text alone is answered
+        p.page.locator("#msg textarea").press("Enter")
+        assert p.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
+        assert p.conversations() == ["What is this?"]
     finally:
         p.close()
         app.stop()
