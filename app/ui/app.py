@@ -230,6 +230,7 @@ class SpecChatUI:
         text = text.strip()
         if not text and not paths:
             return (gr.skip(),) * 8
+
         def refuse(msg: str, kind: str = "error"):  # the box, the history and the chat stay as they are
             return (gr.skip(),) * 4 + (render.notice(msg, kind),) + (gr.skip(),) * 3
         if self._tab(request) in self.busy:
