@@ -89,7 +89,7 @@ def test_bundle_serves_the_starter_pair_and_streams_an_answer(bundle, tmp_path):
 
         settings = Settings(max_tokens=48).with_draft_params(get_pair("starter").draft_params)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        client.predict(PROMPT, False, api_name="/submit")
+        client.predict({"text": PROMPT, "files": []}, False, api_name="/submit")  # the message box: text, images
         job = client.submit(*[getattr(settings, n) for n in SETTING_NAMES], api_name="/chat")
         answers, panels = [], []
         for chat, panel, *_ in job:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from app.chat.conversations import Conversations, title_from
+from app.chat.conversations import Conversations, for_model, title_from
 from app.chat.json_files import save_json
 
 
@@ -154,3 +154,75 @@ def test_a_locked_file_is_left_alone_and_a_fresh_store_started_beside_it(tmp_pat
         s.close()
     finally:
         holder.close()
+
+
+# --- images ---------------------------------------------------------------------------------------------------
+PNG, JPEG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, b"\xff\xd8\xff\xe0" + b"\x00\xffjpeg" * 50
+
+
+def test_a_messages_images_are_kept_in_order_and_leave_with_it(store):
+    cid = store.create()
+    mid = store.add(cid, "user", "What is in these?", images=[PNG, JPEG])
+    store.add(cid, "assistant", "Two pictures.")
+    question, answer = store.messages(cid)
+    assert question["images"] == [PNG, JPEG] and "images" not in answer
+    store.remove_message(mid)  # a refused message takes its images with it
+    assert store._db.execute("SELECT COUNT(*) FROM images").fetchone()[0] == 0
+
+
+def test_images_survive_a_kill_9_and_a_restart(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    code = textwrap.dedent(f"""
+        import os, signal
+        from app.chat.conversations import Conversations
+        s = Conversations({str(path)!r})
+        c = s.create()
+        s.add(c, "user", "look", images=[{PNG!r}, {JPEG!r}])
+        s.add(c, "assistant", "", state="streaming")
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == -9
+    s = Conversations(path)
+    [conv] = s.list()
+    question, answer = s.messages(conv["id"])
+    assert question["content"] == "look" and question["images"] == [PNG, JPEG] and answer["finish"] == "interrupted"
+    s.close()
+
+
+def test_images_are_exported_as_data_urls_and_reach_the_model_before_their_text(store):
+    import base64
+
+    cid = store.create()
+    store.add(cid, "user", "describe", images=[PNG])
+    store.add(cid, "assistant", "noise")
+    store.add(cid, "user", "again", images=[JPEG])
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    assert store.export(cid)["messages"][0]["images"] == [url]
+    assert f"![image 1]({url})" in store.export_markdown(cid)
+    history = store.messages(cid)
+    first, _, last = for_model(history, "")
+    assert first["content"] == [{"type": "image", "image": PNG}, {"type": "text", "text": "describe"}]
+    assert last["content"][0] == {"type": "image", "image": JPEG}
+    # A model that takes no images: earlier turns go on as text, the last turn keeps its image (to be refused).
+    first, _, last = for_model(history, "", images=False)
+    assert first["content"] == "describe" and last["content"][0]["type"] == "image"
+
+
+def test_a_session_beside_a_locked_file_brings_its_images_when_merged(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    Conversations(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        side = Conversations(path)
+        cid = side.create()
+        side.add(cid, "user", "beside", images=[PNG])
+        side.close()
+    finally:
+        holder.close()
+    s = Conversations(path)
+    [conv] = s.list()
+    assert s.messages(conv["id"])[0]["images"] == [PNG]
+    s.close()

@@ -322,6 +322,32 @@ def test_the_api_refuses_a_remote_image_url_and_bad_images_with_a_400_in_words(s
     assert chat(served, data_url(png_bytes(1))).status_code == 200  # and it keeps serving
 
 
+def anthropic(url, source, text="the cat sat on"):
+    import httpx
+
+    body = {"model": "x", "max_tokens": 24, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": text}, {"type": "image", "source": source}]}]}  # in chat()'s order
+    return httpx.post(f"{url}/messages", json=body, timeout=120)
+
+
+def test_anthropic_image_blocks_take_the_chat_endpoints_path(served):
+    """/v1/messages: a base64 image block answers as the same image as an OpenAI part does; a url source is refused
+    as a remote image_url is."""
+    import base64
+
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png_bytes(1)).decode()}
+    r = anthropic(served, source)
+    assert r.status_code == 200, r.text
+    openai = chat(served, data_url(png_bytes(1)), text="the cat sat on").json()["choices"][0]["message"]["content"]
+    assert r.json()["content"][0]["text"] == openai
+    other = anthropic(served, {**source, "data": base64.b64encode(png_bytes(2)).decode()})
+    assert other.json()["content"][0]["text"] != openai  # the image is read
+    r = anthropic(served, {"type": "url", "url": "https://example.com/cat.png"})
+    assert r.status_code == 400 and "not fetched" in r.json()["error"]["message"]
+    r = anthropic(served, {"type": "base64", "media_type": "image/png"})
+    assert r.status_code == 400 and "an image block needs a source" in r.json()["error"]["message"]
+
+
 def test_an_image_for_a_model_without_a_projector_is_a_400(vision, specchat_home):
     from support.servers import specchat_serve
 

@@ -1,4 +1,6 @@
-"""Saved conversations in one SQLite file (WAL): a row per message with its text, who wrote it and its figures.
+"""Saved conversations in one SQLite file (WAL): a row per message with its text, who wrote it and its figures,
+and the images a message holds as blobs in the same file (one file to back up; committed with their message, so
+they survive a crash as it does).
 
 A sent message is stored before its answer starts, and the answer as it streams, so a crash loses at most the
 last second of an answer; on the next start an answer that was still streaming is marked interrupted.
@@ -45,6 +47,12 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
+CREATE TABLE IF NOT EXISTS images (
+    id INTEGER PRIMARY KEY,
+    message INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    data BLOB NOT NULL                       -- the image file's bytes, in the message's order (by id)
+);
+CREATE INDEX IF NOT EXISTS images_by_message ON images(message, id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
@@ -231,12 +239,19 @@ class Conversations:
 
     # --- messages -------------------------------------------------------------------------------------------
     def messages(self, cid: int) -> list[dict]:
-        """The conversation as the UI keeps it: role, content and, for answers, segments, stats and finish."""
+        """The conversation as the UI keeps it: role, content, a message's images (bytes) and, for answers,
+        segments, stats and finish."""
         with self._lock:
             rows = self._db.execute("SELECT * FROM messages WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
+            pictures: dict[int, list[bytes]] = {}
+            for r in self._db.execute("SELECT i.message, i.data FROM images i JOIN messages m ON m.id = i.message "
+                                      "WHERE m.conversation = ? ORDER BY i.id", (cid,)):
+                pictures.setdefault(r["message"], []).append(bytes(r["data"]))
         out = []
         for r in rows:
             m = {"id": r["id"], "role": r["role"], "content": r["content"]}
+            if r["id"] in pictures:
+                m["images"] = pictures[r["id"]]
             for key in ("segments", "stats"):
                 if r[key]:
                     m[key] = json.loads(r[key])
@@ -247,7 +262,8 @@ class Conversations:
         return out
 
     def add(self, cid: int, role: str, content: str, *, segments=None, stats=None, finish=None,
-            state: str = "done", pair: str | None = None, drafter: str | None = None) -> int:
+            state: str = "done", pair: str | None = None, drafter: str | None = None, images=()) -> int:
+        """A message and its ``images`` (bytes), in one transaction."""
         now = time.time()
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -255,6 +271,8 @@ class Conversations:
                 "INSERT INTO messages (conversation, role, content, segments, stats, finish, state, pair, drafter, "
                 "created) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (cid, role, content, _json(segments), _json(stats), finish, state, pair, drafter, now))
+            self._db.executemany("INSERT INTO images (message, data) VALUES (?, ?)",
+                                 [(cur.lastrowid, sqlite3.Binary(b)) for b in images])
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, cid))
             if role == "user":  # the first message names the conversation until the user renames it
                 self._db.execute("UPDATE conversations SET title = ? WHERE id = ? AND renamed = 0 AND title = ''",
@@ -269,17 +287,21 @@ class Conversations:
 
     def remove_message(self, mid: int) -> None:
         with self._lock:
-            self._db.execute("DELETE FROM messages WHERE id = ?", (mid,))
+            self._db.execute("DELETE FROM messages WHERE id = ?", (mid,))  # (its images go with it: cascade)
 
     # --- export ---------------------------------------------------------------------------------------------
     def export(self, cid: int) -> dict:
-        return {"title": self.title(cid), "messages": [{k: v for k, v in m.items() if k != "id"}
-                                                        for m in self.messages(cid)]}
+        """The conversation as JSON takes it: images as data URLs."""
+        return {"title": self.title(cid), "messages": [
+            {k: [data_url(b) for b in v] if k == "images" else v for k, v in m.items() if k != "id"}
+            for m in self.messages(cid)]}
 
     def export_markdown(self, cid: int) -> str:
+        """Markdown with the images inline (data URLs), so the file stands alone."""
         parts = [f"# {self.title(cid)}\n"]
         for m in self.messages(cid):
-            parts.append(f"## {'You' if m['role'] == 'user' else 'Assistant'}\n\n{m['content'].strip()}\n")
+            pictures = "".join(f"![image {i + 1}]({data_url(b)})\n\n" for i, b in enumerate(m.get("images", ())))
+            parts.append(f"## {'You' if m['role'] == 'user' else 'Assistant'}\n\n{pictures}{m['content'].strip()}\n")
             if m.get("stats"):
                 s = Stats.from_dict(m["stats"])
                 parts.append(f"*{s.n_tokens} tokens · {s.tokens_per_second:.1f} tok/s · {s.method} · "
@@ -304,14 +326,22 @@ def _merge(db: sqlite3.Connection, side: Path) -> None:
             db.execute("BEGIN IMMEDIATE")
             if db.execute("SELECT 1 FROM meta WHERE key = ?", (f"merged {side.name}",)).fetchone():
                 return
+            # (a file from before images has no images table)
+            pictures = db.execute("SELECT 1 FROM side.sqlite_master WHERE name = 'images'").fetchone()
             for conv in db.execute("SELECT * FROM side.conversations WHERE deleted IS NULL ORDER BY id").fetchall():
                 cid = db.execute("INSERT INTO conversations (title, renamed, created, updated) VALUES (?,?,?,?)",
                                  (conv["title"], conv["renamed"], conv["created"], conv["updated"])).lastrowid
-                db.execute(
-                    "INSERT INTO messages (conversation, role, content, segments, stats, finish, state, pair, "
-                    "drafter, created) SELECT ?, role, content, segments, stats, CASE state WHEN 'streaming' THEN "
-                    "'interrupted' ELSE finish END, 'done', pair, drafter, created FROM side.messages "
-                    "WHERE conversation = ? ORDER BY id", (cid, conv["id"]))
+                for m in db.execute("SELECT * FROM side.messages WHERE conversation = ? ORDER BY id",
+                                    (conv["id"],)).fetchall():
+                    finish = "interrupted" if m["state"] == "streaming" else m["finish"]
+                    mid = db.execute(
+                        "INSERT INTO messages (conversation, role, content, segments, stats, finish, state, pair, "
+                        "drafter, created) VALUES (?,?,?,?,?,?,'done',?,?,?)",
+                        (cid, m["role"], m["content"], m["segments"], m["stats"], finish, m["pair"], m["drafter"],
+                         m["created"])).lastrowid
+                    if pictures:
+                        db.execute("INSERT INTO images (message, data) SELECT ?, data FROM side.images "
+                                   "WHERE message = ? ORDER BY id", (mid, m["id"]))
             db.execute("INSERT INTO meta VALUES (?, ?)", (f"merged {side.name}", str(time.time())))
     finally:
         db.execute("DETACH DATABASE side")
@@ -344,8 +374,31 @@ def _json(value) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def for_model(messages: list[dict], system_prompt: str = "") -> list[dict]:
+def data_url(image: bytes) -> str:
+    import base64
+
+    return f"data:{image_type(image)};base64,{base64.b64encode(image).decode()}"
+
+
+def image_type(image: bytes) -> str:
+    """The MIME type of an image file, from its first bytes (the formats the engine takes)."""
+    for magic, mime in ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"),
+                        (b"BM", "image/bmp")):
+        if image.startswith(magic):
+            return mime
+    return "application/octet-stream"
+
+
+def for_model(messages: list[dict], system_prompt: str = "", images: bool = True) -> list[dict]:
     """What the chat template sees: the system prompt and each turn's text (thinking included: the models' own
-    templates decide whether earlier turns' thinking reaches the model), nothing else."""
+    templates decide whether earlier turns' thinking reaches the model) and images, before the text they came
+    with, as content parts the runtime reads. ``images`` False (a model that takes none): earlier turns' images are
+    left out, so the conversation goes on in text; the last turn's stay, to be refused in words."""
     head = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-    return head + [{"role": m["role"], "content": m["content"]} for m in messages]
+    out = []
+    for i, m in enumerate(messages):
+        pictures = m.get("images") if images or i == len(messages) - 1 else None
+        content = [*({"type": "image", "image": b} for b in pictures), {"type": "text", "text": m["content"]}] \
+            if pictures else m["content"]
+        out.append({"role": m["role"], "content": content})
+    return head + out

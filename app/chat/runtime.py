@@ -125,6 +125,11 @@ class Runtime:
         """The drafters the loaded pair can use, its default first (a server drafts its own way: any means "on")."""
         return self.engine.drafters if self.engine else DRAFTERS if self.remote else ()
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the loaded pair reads images (its target has a vision projector)."""
+        return self.engine is not None and self.engine.projector is not None
+
     def _drafter(self, kind: str) -> str:
         self._engine().check_drafter(kind)
         return kind

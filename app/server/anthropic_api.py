@@ -80,11 +80,12 @@ def chat_body(body) -> dict:
 
 def _message(m: dict, where: str) -> list[dict]:
     """One Anthropic message as chat messages: an assistant's ``tool_use`` blocks become its ``tool_calls``, a
-    user's ``tool_result`` blocks become ``tool`` messages (before the user's text, if any)."""
+    user's ``tool_result`` blocks become ``tool`` messages (before the user's text, if any), a user's ``image``
+    blocks OpenAI's ``image_url`` parts (read, and refused, as on the chat endpoint)."""
     content = m.get("content")
     if not isinstance(content, list):
         return [{"role": m["role"], "content": _text_blocks(content, where)}]
-    texts, calls, results = [], [], []
+    parts, calls, results = [], [], []
     for i, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_use" and m["role"] == "assistant":
@@ -96,12 +97,28 @@ def _message(m: dict, where: str) -> list[dict]:
             inner = block.get("content")
             results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
                             "content": _text_blocks(inner if inner is not None else "", f"{where}[{i}].content")})
+        elif kind == "image" and m["role"] == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), f"{where}[{i}]")}})
         else:
-            texts.append(_text_blocks([block], where))
-    out = results + ([{"role": m["role"], "content": "".join(texts)}] if texts or calls else [])
+            parts.append({"type": "text", "text": _text_blocks([block], where)})
+    images = any(p["type"] == "image_url" for p in parts)
+    joined = parts if images else "".join(p["text"] for p in parts)
+    out = results + ([{"role": m["role"], "content": joined}] if parts or calls else [])
     if calls:
         out[-1]["tool_calls"] = calls
     return out
+
+
+def _image_url(source, where: str) -> str:
+    """An image block's source as the URL of an OpenAI image part: base64 data as a data URL; a ``url`` source as
+    it is (refused there: nothing is fetched)."""
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    if not (isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str)
+            and isinstance(source.get("media_type"), str)):
+        raise ApiError(400, f"{where}: an image block needs a source {{\"type\": \"base64\", \"media_type\": "
+                            "\"image/png\", \"data\": \"...\"}.")
+    return f"data:{source['media_type']};base64,{source['data']}"
 
 
 def _tools(body: dict) -> dict:

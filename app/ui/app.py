@@ -27,7 +27,7 @@ from ..models import hardware
 from ..models.loader import LoadSpec
 from ..paths import temp_folder
 from ..resources import resource
-from . import render
+from . import attachments, render
 from .chat_tab import ChatTab
 from .compare_tab import CompareTab
 from .models_tab import FILES, SERVER, ModelsView, ready_pairs
@@ -199,7 +199,7 @@ class SpecChatUI:
                 gr.Dropdown(choices=ready_pairs(), value=SERVER if spec.server else spec.pair or FILES),
                 spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld,
                 *self._server_fields(spec if spec.server else settings.server or LoadSpec()),
-                *values, self.models.refresh()]
+                *values, self.models.refresh(), self._image_note()]
 
     @staticmethod
     def _server_fields(spec: LoadSpec) -> list:
@@ -211,23 +211,41 @@ class SpecChatUI:
                 spec.server_off or "", spec.method or ""]
 
     # --- chat -----------------------------------------------------------------------------------------------
-    def submit(self, text: str, history: list, conv, show_draft: bool, request: gr.Request):
-        """Store the message before anything else happens. Outputs: textbox, history, conv, chatbot, notice,
-        conversation list, title, live panel (waiting for the engine, not the last answer's state)."""
-        text = (text or "").strip()
-        if not text:
+    def _images(self, paths: list[str]) -> list[bytes]:
+        """The attached images, checked; an EngineError in words where the model takes none or a file is bad."""
+        if paths and not self.runtime.takes_images:
+            raise EngineError("This model takes no images: load it with its vision projector (mmproj) to send them, "
+                              "or remove them and send the text." if self.runtime.remote is None else
+                              "The chat runs on a server, which SpecChat sends text only: remove the images.")
+        return attachments.read_images(paths)
+
+    def _image_note(self) -> str:
+        return attachments.note(self.runtime.takes_images, self.runtime.remote is not None)
+
+    def submit(self, box, history: list, conv, show_draft: bool, request: gr.Request):
+        """Store the message (text and images) before anything else happens. Outputs: message box, history, conv,
+        chatbot, notice, conversation list, title, live panel (waiting for the engine, not the last answer's
+        state). A refused message stays in the box as it was."""
+        text, paths = attachments.box_parts(box)
+        text = text.strip()
+        if not text and not paths:
             return (gr.skip(),) * 8
+
+        def refuse(msg: str, kind: str = "error"):  # the box, the history and the chat stay as they are
+            return (gr.skip(),) * 4 + (render.notice(msg, kind),) + (gr.skip(),) * 3
         if self._tab(request) in self.busy:
-            return (gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                    render.notice("An answer is still being written: wait for it or press Stop.", "warning"),
-                    gr.skip(), gr.skip(), gr.skip())
+            return refuse("An answer is still being written: wait for it or press Stop.", "warning")
+        try:
+            images = self._images(paths)
+        except EngineError as exc:
+            return refuse(str(exc))
         if conv is None or not self.store.exists(conv):
             conv, history = self.store.create(), []
-        mid = self.store.add(conv, "user", text)
+        mid = self.store.add(conv, "user", text, images=images)
         self._cancel_for(request)
         self.busy.add(self._tab(request))
-        history = history + [{"id": mid, "role": "user", "content": text}]
-        return ("", history, conv, render.chat_messages(history, show_draft), "",
+        history = history + [{"id": mid, "role": "user", "content": text, **({"images": images} if images else {})}]
+        return (attachments.box_value("", []), history, conv, render.chat_messages(history, show_draft), "",
                 gr.Radio(choices=self._choices(), value=conv), self.store.title(conv),
                 render.live_panel(None, [], "queued"))
 
@@ -249,7 +267,8 @@ class SpecChatUI:
         live, mid, finished = None, None, False
         try:
             settings = collect(values)
-            stream = self.runtime.answer(for_model(history, settings.system_prompt), settings, cancel)
+            messages = for_model(history, settings.system_prompt, images=self.runtime.takes_images)
+            stream = self.runtime.answer(messages, settings, cancel)
             mid = self.store.add(conv, "assistant", "", state="streaming", drafter=settings.drafter,
                                  pair=self.runtime.spec.describe() if self.runtime.spec else None)
             saved = time.monotonic()
@@ -266,9 +285,9 @@ class SpecChatUI:
             if mid is not None:
                 self.store.remove_message(mid)
             self.store.remove_message(history[-1]["id"])
-            text, history = history[-1]["content"], history[:-1]
+            box, history = attachments.box_value(history[-1]["content"], history[-1].get("images", [])), history[:-1]
             yield (history, render.chat_messages(history, show), render.live_panel(None, [], "error"),
-                   render.notice(str(exc)), text)
+                   render.notice(str(exc)), box)
             return
         finally:
             if not finished and mid is not None and (live is None or live.done is None):
@@ -310,17 +329,20 @@ class SpecChatUI:
         return render.chat_messages(history, show_draft)
 
     # --- compare --------------------------------------------------------------------------------------------
-    def compare(self, request: gr.Request, prompt: str, rows: list, *values):
-        """Outputs: off pane, on pane, summary, rows state, table, bar chart, CSV file, JSON file."""
+    def compare(self, request: gr.Request, box, rows: list, *values):
+        """Outputs: off pane, on pane, summary, rows state, table, bar chart, CSV file, JSON file. The prompt's
+        images go to both runs."""
         skip = [gr.skip()] * 5
-        prompt = (prompt or "").strip()
-        if not prompt:
+        prompt, paths = attachments.box_parts(box)
+        prompt = prompt.strip()
+        if not prompt and not paths:
             yield gr.skip(), gr.skip(), render.notice("Type a prompt to compare."), *skip
             return
         cancel = self._cancel_for(request)
         try:
             settings = collect(values)
-            messages = for_model([{"role": "user", "content": prompt}], settings.system_prompt)
+            turn = {"role": "user", "content": prompt, "images": self._images(paths)}
+            messages = for_model([turn], settings.system_prompt)
             for cmp in self.runtime.compare(messages, settings, cancel):
                 yield (render.compare_pane(cmp, "off"), render.compare_pane(cmp, "on"), render.compare_summary(cmp),
                        *skip)
@@ -349,7 +371,7 @@ class SpecChatUI:
     def load_models(self, progress: gr.Progress = gr.Progress(), *args):
         """Inputs: pair, target, draft, ctx, ngl, ngld, the server's URL, key, model, speculation-off URL and
         method label, then the settings. Outputs: notice, header, hardware, drafter, draft max, draft min, draft
-        p-min, adaptive, key box."""
+        p-min, adaptive, key box, the words on images."""
         pair, target, draft, ctx, ngl, ngld, url, key, model, url_off, method, *values = args
         keep = [gr.skip()] * 6
         try:
@@ -365,7 +387,7 @@ class SpecChatUI:
                     raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
             self.runtime.load(spec, lambda f, msg: progress(f, desc=msg), api_key=key if spec.server else None)
         except (EngineError, ValueError, TypeError) as exc:
-            return render.notice(str(exc)), self._header(), self._hardware(), *keep
+            return render.notice(str(exc)), self._header(), self._hardware(), *keep, self._image_note()
         # A new pair brings its recommended draft settings, and the drafter it can use.
         settings = collect(values).for_pair(self.runtime.recommended, self.runtime.drafters)
         self._save(settings)
@@ -377,7 +399,7 @@ class SpecChatUI:
             msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
         return (render.notice(msg, "info"), self._header(), self._hardware(), settings.drafter,
                 settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
-                self._server_fields(self.runtime.spec)[1])
+                self._server_fields(self.runtime.spec)[1], self._image_note())
 
     @staticmethod
     def _server_spec(url, model, url_off, method) -> LoadSpec:
@@ -480,12 +502,13 @@ class SpecChatUI:
             # What load_models reads before the settings: the pair or files, then the server's fields.
             to_load = [pair, target, draft, ctx, ngl, ngld, s_url, s_key, s_model, s_off, s_method]
             view = [history, conv, chat.chatbot, chat.live, chat.notice, chat.conv_list, chat.title, chat.undo]
-            demo.load(self.page_load, None, [*view[:-1], header, hw, *to_load, *values, self.models.table])
+            demo.load(self.page_load, None, [*view[:-1], header, hw, *to_load, *values, self.models.table,
+                                             chat.images])
             self._wire_chat(chat, history, conv, values)
             self._wire_conversations(chat, view, deleted)
             self._wire_compare(cmp, rows, values)
             load.click(self.load_models, [*to_load, *values], [chat.notice, header, hw, drafter, draft_max, draft_min,
-                                                              draft_p_min, adaptive, s_key], **ENGINE)
+                                                              draft_p_min, adaptive, s_key, chat.images], **ENGINE)
             for trigger in (s_test.click, s_url.submit):
                 trigger(self.test_server, [s_url, s_key, s_model], [pair, s_model, chat.notice])
             hw_refresh.click(self._hardware, None, hw, queue=False)

@@ -41,12 +41,17 @@ class ChatTab:
                                                                      "are counted live on the right.")
         self.notice = gr.HTML(elem_id="notice")
         with gr.Row():
-            # lines=1 with room to grow: Enter sends, Shift+Enter starts a new line
-            self.msg = gr.Textbox(show_label=False, placeholder="Message SpecChat… (Enter sends, Shift+Enter for a "
-                                  "new line)", lines=1, max_lines=12, scale=6, elem_id="msg", autofocus=True)
+            # lines=1 with room to grow: Enter sends, Shift+Enter starts a new line. Images: the attach button,
+            # paste or drop, several per message (any length of text stays text, never turned into a file).
+            self.msg = gr.MultimodalTextbox(
+                show_label=False, placeholder="Message SpecChat… (Enter sends, Shift+Enter for a new line; paste "
+                "or drop images)", lines=1, max_lines=12, scale=6, elem_id="msg", autofocus=True,
+                file_types=["image"], file_count="multiple", sources=["upload"], submit_btn=False,
+                max_plain_text_length=10**9)
             with gr.Column(scale=1, min_width=110):
                 self.send = gr.Button("Send", variant="primary", elem_id="send")
                 self.stop = gr.Button("Stop", variant="stop", elem_id="stop")
+        self.images = gr.HTML(elem_id="image-note")  # whether the loaded model takes images, in words
         with gr.Row():
             self.regen = gr.Button("Regenerate", size="sm", elem_id="regen")
             self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft")

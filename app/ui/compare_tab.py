@@ -15,8 +15,10 @@ class CompareTab:
         gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the whole machine; "
                     "both start from an empty cache. Uses the settings from the Chat tab.")
         with gr.Row():
-            self.prompt = gr.Textbox(label="Prompt (Enter runs, Shift+Enter for a new line)", lines=1, max_lines=8,
-                                     scale=6, elem_id="cmp-prompt")
+            self.prompt = gr.MultimodalTextbox(label="Prompt (Enter runs, Shift+Enter for a new line; images: attach, "
+                                               "paste or drop)", lines=1, max_lines=8, scale=6, elem_id="cmp-prompt",
+                                               file_types=["image"], file_count="multiple", sources=["upload"],
+                                               submit_btn=False, max_plain_text_length=10**9)
             with gr.Column(scale=1, min_width=110):
                 self.run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
                 self.stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")

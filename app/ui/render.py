@@ -7,6 +7,7 @@ import time
 
 from ..engine import OFF, Stats, method_name
 from ..prompts import thinking
+from .attachments import image_file
 
 
 def _pct(x: float) -> str:
@@ -98,8 +99,10 @@ def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict
     """Chatbot messages: each answer, then its stats as a collapsed line; ``live`` is the answer streaming now."""
     out = []
     for m in history:
-        if m["role"] == "user":
-            out.append({"role": "user", "content": m["content"]})
+        if m["role"] == "user":  # its images (thumbnails, by the page's CSS), then its text
+            pictures = [{"path": image_file(b), "alt_text": f"image {i + 1}"}
+                        for i, b in enumerate(m.get("images", ()))]
+            out.append({"role": "user", "content": [*pictures, m["content"]] if pictures else m["content"]})
             continue
         out += _answer(m["content"], m.get("segments") or [[m["content"], False]], show_draft, False, m.get("finish"))
         if m.get("stats"):
