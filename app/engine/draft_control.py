@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .drafters.ngram import NgramParams
 from .errors import EngineError
 from .speedup import best_draft_length
 
@@ -43,8 +44,10 @@ class DraftParams:
     draft_min: int = 0  # llama.cpp --draft-min: drafts shorter than this are not verified
     draft_p_min: float = 0.5  # llama.cpp --draft-p-min: stop drafting when the draft's top probability is lower
     adaptive: bool = False
+    ngram: NgramParams = field(default_factory=NgramParams)  # the n-gram kinds' own settings
 
     def validate(self) -> None:
+        self.ngram.validate()
         if not 0 <= self.draft_max <= MAX_DRAFT:
             raise EngineError(f"Invalid --draft-max {self.draft_max}: use 0..{MAX_DRAFT}.")
         if not 0 <= self.draft_min <= self.draft_max:

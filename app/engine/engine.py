@@ -72,20 +72,21 @@ class Engine:
         return registry.usable(pair.target.model, pair.head, pair.draft is not None)
 
     def check_drafter(self, kind: str) -> None:
-        """A clear refusal for a method this pair cannot use, naming those it can."""
-        registry.method(kind)
-        if kind not in self.drafters:
-            raise EngineError(registry.refusal(kind, self._pair.target.model, self.drafters))
+        """A clear refusal for a method (or any of a chain's) this pair cannot use, naming those it can."""
+        for part in registry.parts(kind):
+            if registry.method_of(part) not in self.drafters:
+                raise EngineError(registry.refusal(part, self._pair.target.model, self.drafters))
 
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
+        """The drafter ``kind`` names (a method, an n-gram kind, or a chain of them), for this pair."""
         self.check_drafter(kind)
-        drafter = registry.method(kind).make(self._pair, params.draft.draft_p_min)
+        drafter = registry.make(kind, self._pair, params.draft)
         drafter.p_min = params.draft.draft_p_min
         return drafter
 
     def speculation(self, kind: str) -> str:
         """How the pair speculates with this method, in words (the API's model list shows it)."""
-        kind = kind if kind in self.drafters else self.drafters[0]
+        kind = kind if registry.runs_on(kind, self.drafters) else self.drafters[0]
         pair = self._pair
         return registry.speculation(kind, pair.target.model, pair.head, pair.draft.model if pair.draft else None)
 

@@ -1,6 +1,9 @@
 """The drafting methods, in one table: what each is called (by SpecChat, by llama.cpp's ``--spec-type``, in the UI),
 what a pair needs for it, and how it is made. The CLI's choices, the API's ``drafter`` and ``speculative.type``, the
 UI's list, the pair check and the names in Stats all read this table: a new method is a module and a row here.
+
+A drafter's name is a method's (``ngram`` drafts with the default n-gram kind), an n-gram kind's (``ngram-mod``), or
+several of those joined by commas: a chain, which drafts with all of them each round (``chain``).
 """
 from __future__ import annotations
 
@@ -10,12 +13,15 @@ from typing import Callable, Protocol
 from ..errors import EngineError
 from ..llama import Context, Model
 from .base import Drafter, NoDrafter
+from .chain import ChainDrafter
 from .cross_vocab import TextDrafter
 from .draft_model import ModelDrafter
 from .eagle3 import Eagle3Drafter
 from .gemma4_assistant import AssistantDrafter
 from .mtp import MtpDrafter
-from .ngram import NgramDrafter
+from .ngram import Lookup, NgramMod, NgramSimple
+from .ngram_cache import NgramCache
+from .ngram_map import NgramMapK, NgramMapK4v
 
 
 class Pair(Protocol):
@@ -38,25 +44,29 @@ class Method:
     lacking: str  # why a pair without it cannot use it ({target}: the target's file name)
     draft_file: str  # what it needs given as the draft file (-md), in words; "" if none
     usable: Callable[[Model, Drafter | None, bool], bool]  # (target, head, has a draft model) -> can this pair
-    make: Callable[[Pair, float], Drafter]  # (pair, --draft-p-min) -> its drafter
+    make: Callable[[Pair, "DraftParams"], Drafter]  # (pair, the draft settings) -> its drafter
 
 
 def _head_for(name: str) -> Callable[[Model, Drafter | None, bool], bool]:
     return lambda target, head, draft: head is not None and head.METHOD == name
 
 
-def _model(pair: Pair, p_min: float) -> Drafter:
+def _model(pair: Pair, dp) -> Drafter:
     if pair.head is not None:  # a head is the draft file for "model" as well as for its own method
         return pair.head
     if pair.cross_vocab:
-        return TextDrafter(pair.draft_ctx, pair.target_ctx.model, p_min)
-    return ModelDrafter(pair.draft_ctx, p_min)
+        return TextDrafter(pair.draft_ctx, pair.target_ctx.model, dp.draft_p_min)
+    return ModelDrafter(pair.draft_ctx, dp.draft_p_min)
 
 
-def _own_layers(pair: Pair, p_min: float) -> Drafter:
+def _own_layers(pair: Pair, dp) -> Drafter:
     head = pair.head
     return head if head is not None and head.METHOD == MtpDrafter.name else pair.mtp()
 
+
+# llama.cpp's n-gram kinds, in its order of priority in a chain (common_speculative_init); "ngram" is the default
+KINDS: dict[str, type[Lookup]] = {k.name: k for k in (NgramSimple, NgramMapK, NgramMapK4v, NgramMod, NgramCache)}
+DEFAULT_KIND = NgramMod.name
 
 METHODS: tuple[Method, ...] = (
     Method(ModelDrafter.name, "Draft model", ("draft-simple",), "This pair has no draft model",
@@ -67,11 +77,10 @@ METHODS: tuple[Method, ...] = (
            _own_layers),
     Method(Eagle3Drafter.name, "EAGLE-3 head", ("draft-eagle3",),
            "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)",
-           "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, p_min: pair.head),
-    Method(NgramDrafter.name, "N-gram lookup",
-           ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"), "", "",
-           lambda *_: True, lambda pair, p_min: NgramDrafter()),
-    Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, p_min: NoDrafter()),
+           "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, dp: pair.head),
+    Method(Lookup.METHOD, "N-gram lookup", tuple(KINDS), "", "", lambda *_: True,
+           lambda pair, dp: KINDS[DEFAULT_KIND](dp.ngram)),
+    Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, dp: NoDrafter()),
 )
 BY_NAME = {m.name: m for m in METHODS}
 DRAFTERS = tuple(BY_NAME)  # the names a person or a request may choose
@@ -84,10 +93,13 @@ SPEC_TYPES = {t: m.name for m in METHODS for t in m.spec_types}
 HEADS: dict[str, type[MtpDrafter]] = {cls.ARCH: cls for cls in (AssistantDrafter, Eagle3Drafter)}
 # How each drafter's name reads (Stats, Compare, the API's model list); a server's own method shows as it is
 LABELS = {cls.name: cls.label for cls in (ModelDrafter, TextDrafter, MtpDrafter, AssistantDrafter, Eagle3Drafter,
-                                          NgramDrafter, NoDrafter)}
+                                          NoDrafter)}
+LABELS |= {Lookup.METHOD: f"{Lookup.label} ({DEFAULT_KIND})"} | {k: f"{Lookup.label} ({k})" for k in KINDS}
 
 
 def label(drafter: str) -> str:
+    if isinstance(drafter, str) and "," in drafter:
+        return " + ".join(label(part) for part in drafter.split(","))
     return LABELS.get(drafter, drafter)
 
 
@@ -97,25 +109,80 @@ def method(name: str) -> Method:
     return BY_NAME[name]
 
 
-def drafter_for(spec_type: str) -> str:
-    """The method a llama.cpp speculative type names."""
+def parts(name: str) -> tuple[str, ...]:
+    """The drafters a drafter name runs: one method or n-gram kind, or a chain of them ("mtp,ngram-mod")."""
+    names = tuple(p.strip() for p in name.split(",")) if isinstance(name, str) else ()
+    for p in names:
+        if p not in BY_NAME and p not in KINDS:
+            raise EngineError(f"Unknown drafter {p!r}: choose one of {', '.join([*DRAFTERS, *KINDS])}, or several "
+                              "joined by commas.")
+    if len(names) > 1 and OFF in names:
+        raise EngineError(f"{OFF!r} (speculation off) cannot be part of a chain of drafters.")
+    resolved = [DEFAULT_KIND if p == Lookup.METHOD else p for p in names]
+    if len(set(resolved)) < len(resolved):
+        raise EngineError(f"{name!r} names the same drafter twice ({Lookup.METHOD} is {DEFAULT_KIND}).")
+    return names
+
+
+def method_of(part: str) -> str:
+    return Lookup.METHOD if part in KINDS else part
+
+
+def is_drafter(name: str) -> bool:
+    try:
+        return bool(parts(name))
+    except EngineError:
+        return False
+
+
+def runs_on(name: str, usable_names: tuple[str, ...]) -> bool:
+    """Can a pair that can use ``usable_names`` draft with this drafter name?"""
+    return is_drafter(name) and all(method_of(p) in usable_names for p in parts(name))
+
+
+def _priority(part: str) -> int:
+    """llama.cpp's order in a chain: the n-gram kinds, then the model drafters (common_speculative_init)."""
+    kinds = list(KINDS)
+    return kinds.index(part) if part in KINDS else kinds.index(DEFAULT_KIND) if part == Lookup.METHOD else \
+        len(kinds) + list(BY_NAME).index(part)
+
+
+def make(name: str, pair: Pair, dp) -> Drafter:
+    """The drafter a drafter name runs, made for this pair and these draft settings."""
+    names = sorted(parts(name), key=_priority)
+    made = [KINDS[p](dp.ngram) if p in KINDS else method(p).make(pair, dp) for p in names]
+    if len(made) == 1:
+        return made[0]
+    if len({id(d) for d in made}) < len(made):
+        raise EngineError(f"{name!r}: with this pair, {' and '.join(names)} are the same drafter (its head).")
+    return ChainDrafter([(d, not isinstance(d, Lookup)) for d in made])
+
+
+def drafter_for(spec_type) -> str:
+    """The drafter a llama.cpp speculative type names: a method's name, an n-gram kind's, or for several types (a
+    comma-separated string, or a list as the API may send) a chain of them."""
+    if isinstance(spec_type, (list, tuple)) and spec_type and all(isinstance(t, str) for t in spec_type):
+        spec_type = ",".join(spec_type)
+    if isinstance(spec_type, str) and "," in spec_type:
+        return ",".join(drafter_for(t.strip()) for t in spec_type.split(","))
     if isinstance(spec_type, str) and spec_type in NOT_YET:
         runs = ", ".join(m.spec_types[0] for m in METHODS[:-1])
         raise EngineError(f"{spec_type} is not available in SpecChat yet: use {runs}.")
     if not isinstance(spec_type, str) or spec_type not in SPEC_TYPES:
-        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join([*SPEC_TYPES, *NOT_YET])}.")
-    return SPEC_TYPES[spec_type]
+        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join([*SPEC_TYPES, *NOT_YET])}, "
+                          "or several joined by commas.")
+    return spec_type if spec_type in KINDS else SPEC_TYPES[spec_type]
 
 
 def default_method(has_draft: bool, has_mtp_layers: bool) -> str:
     """The pair's draft model (or head), else the target's own MTP layers, else prompt lookup."""
-    return ModelDrafter.name if has_draft else MtpDrafter.name if has_mtp_layers else NgramDrafter.name
+    return ModelDrafter.name if has_draft else MtpDrafter.name if has_mtp_layers else Lookup.METHOD
 
 
 def needs_draft_file(name: str, head_arch: str | None) -> bool:
-    """Does this method load the pair's draft file (a draft model, or a head that answers to it)?"""
+    """Does this drafter load the pair's draft file (a draft model, or a head that answers to it)?"""
     head = HEADS.get(head_arch) if head_arch else None
-    return name == ModelDrafter.name or (head is not None and head.METHOD == name)
+    return any(p == ModelDrafter.name or (head is not None and head.METHOD == p) for p in parts(name))
 
 
 def usable(target: Model, head: Drafter | None, has_draft_model: bool) -> tuple[str, ...]:
