@@ -1,6 +1,7 @@
 """Chains of drafters (llama.cpp's comma-separated --spec-type): several drafters each round, the draft with the most
 expected accepted tokens verified; exact as any drafter; Stats say which drafter each round used."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from app.prompts import chat_tokens
 from support.heads import HEADS
 
 GREEDY = SamplingParams(temperature=0.0)
-REPEAT = "Repeat exactly: the red fox jumps over the lazy dog and the red fox runs home to the den."
+REPEAT = json.loads((Path(__file__).parent / "prompts" / "repeat.jsonl").read_text().splitlines()[0])["prompt"]
 
 
 class Fixed(Drafter):

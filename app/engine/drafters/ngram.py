@@ -57,7 +57,7 @@ class Lookup(Drafter):
 
     METHOD = "ngram"  # the method the kinds belong to (--drafter ngram: the default kind)
     label = "n-gram lookup"
-    SIGNAL_PRIOR = (0.8,)  # one bucket: a kind's proposals carry no confidence of their own
+    SIGNAL_PRIOR = (0.9,)  # one bucket: a proposal carries no confidence of its own; an exact match of a long key
     # Not after tokens a grammar forced: a lookup keyed on them (`": "` and a key) finds the structure that repeats
     # at every key and proposes what followed the last one.
     AFTER_FORCED = False
