@@ -147,3 +147,15 @@ def test_the_cli_runs_a_chain_and_says_what_each_member_contributed(models):
     chain = json.loads(r.stdout)
     assert chain["token_ids"] == plain["token_ids"] and chain["drafter"] == "ngram-simple,model"
     assert sum(c["drafted"] for c in chain["by_drafter"].values()) == chain["n_drafted"] > 0
+
+
+def test_the_live_panel_and_the_details_say_what_each_member_contributed():
+    from app.engine import Stats
+    from app.ui.render import live_panel, stats_details
+
+    s = Stats(drafter="ngram-mod,model", n_drafted=10, n_accepted=9, n_rounds=3,
+              by_drafter={"ngram-mod": (2, 8, 8), "model": (1, 2, 1)})
+    panel, details = live_panel(s, [], "done"), stats_details(s)
+    for text in (panel, details):
+        assert "(ngram-mod): 2 rounds, 8/8 accepted" in text and ": 1 round, 1/2 accepted" in text
+    assert list(Stats.from_dict(json.loads(json.dumps(s.as_dict()))).by_drafter["model"]) == [1, 2, 1]  # saved with the conversation and back

@@ -4,8 +4,8 @@ Fixed mode drafts up to ``draft_max`` tokens every round (a model drafter stops 
 
 Adaptive mode decides token by token, from measurements of this generation:
 - Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
-  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits), or the
-  length of the n-gram match a lookup proposal came from.
+  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits); an n-gram
+  kind's proposals share one bucket (llama.cpp's kinds report no confidence).
 - It starts by measuring at little risk: a short draft, then one plain step (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
