@@ -41,7 +41,9 @@ class NgramParams:
         """llama.cpp's limits (common/arg.cpp), in its words."""
         for f in fields(self):
             value, flag = getattr(self, f.name), "--spec-ngram-" + f.name.replace("_", "-")
-            if f.type == "str" or f.name in ("lookup_cache_static", "lookup_cache_dynamic"):
+            if f.name.startswith("lookup_cache"):  # file names, read when ngram-cache starts
+                if not isinstance(value, str):
+                    raise EngineError(f"Invalid --{f.name.replace('_', '-')} {value!r}: give a file name.")
                 continue
             low = 0 if f.name in ("mod_n_min", "mod_n_max") else 1
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
