@@ -2,8 +2,9 @@
 the target verifies is the one with the most expected accepted tokens.
 
 A member's expected accepted tokens for a draft of k tokens is a + a^2 + ... + a^k, with a its acceptance measured
-in this generation (accepted over verified, starting from its prior as a few observations): a long n-gram draft
-that is usually right beats a short model draft, and a member that keeps failing loses to the others. Members run
+in this generation (accepted over verified, its prior counting as a few observations; until its first draft is
+judged, 1): a long n-gram draft that is usually right beats a short model draft, and a member that keeps failing
+loses to the others. Members run
 in llama.cpp's order of priority (the n-gram kinds, then the model drafters; common_speculative_init), and one whose
 best possible draft could not beat the best so far is not asked at all: a model drafter costs a step per token,
 and a lookup that found a long draft spares it. On a tie the earlier member wins, which is llama.cpp's own rule
@@ -35,7 +36,9 @@ class _Member:
 
     @property
     def rate(self) -> float:
-        return self.accepted / self.verified
+        """Its acceptance so far; a member not judged yet is taken at its word, so that each gets tried (a lookup's
+        long draft would otherwise never beat a measured model draft on a prior, and never be measured)."""
+        return 1.0 if self.verified == PRIOR_WEIGHT else self.accepted / self.verified
 
 
 class ChainDrafter(Drafter):
