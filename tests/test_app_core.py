@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from app.engine import EngineError
+from app.engine.drafters import registry
 from app.chat.conversations import for_model
 from app.models.loader import LoadSpec
 from app.prompts import chat_prompt, plain_tokens
@@ -189,7 +190,7 @@ def test_runtime_without_draft_explains_the_model_drafter(models):
         with pytest.raises(EngineError, match="no draft model"):
             _last(rt.answer([{"role": "user", "content": "x"}], Settings(drafter="model")))
         live = _last(rt.answer([{"role": "user", "content": "x"}], Settings(drafter="ngram", max_tokens=8)))
-        assert live.done.stats.drafter == "ngram"
+        assert live.done.stats.drafter == registry.DEFAULT_KIND  # --drafter ngram: the default n-gram kind
         assert rt.info()["memory_bytes"] > 0 and rt.info()["draft"] is None
     finally:
         rt.close()

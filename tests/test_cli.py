@@ -60,7 +60,7 @@ def test_llama_cpp_flag_names_mean_the_same(models):
     assert new["token_ids"] == old["token_ids"]
     assert new["n_drafted"] == old["n_drafted"] and new["n_accepted"] == old["n_accepted"]  # same draft lengths
     lookup = json.loads(cli("generate", *common, "--spec-type", "ngram-mod").stdout)
-    assert lookup["drafter"] == "ngram" and lookup["token_ids"] == old["token_ids"]
+    assert lookup["drafter"] == "ngram-mod" and lookup["token_ids"] == old["token_ids"]
 
 
 def test_a_draft_of_another_vocabulary_drafts_as_text_and_check_explains_it(models):
@@ -106,7 +106,9 @@ def test_prompt_file_and_chat(models, tmp_path):
     (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-dflash"], "needs a DFlash block draft"),
     (["--target", "{target}", "--draft", "{draft}", "--prompt", "x", "--spec-type", "draft-dspark"],
      "This pair has no DSpark block draft"),
-    (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-mtp,ngram-mod"], "one method at a time"),
+    (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-mtp,ngram-mod"], "no MTP"),
+    (["--target", "{target}", "--prompt", "x", "--drafter", "ngram,ngram-mod"], "same drafter twice"),
+    (["--target", "{target}", "--prompt", "x", "--spec-ngram-mod-n-match", "0"], "--spec-ngram-mod-n-match 0"),
     (["--target", "{target}", "--prompt", "x", "--spec-type", "eagle"], "Unknown speculative type 'eagle'"),
     (["--target", "{target}", "--prompt", "x", "--spec-draft-n-max", "100"], "draft-max"),
     (["--target", "{target}", "--prompt", "x", "-j", '{{"type": "strnig"}}'], "strnig"),

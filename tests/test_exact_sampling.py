@@ -85,12 +85,14 @@ def test_model_drafter_samples_the_target_distribution(tiny_engine, plain_sample
 
 def test_ngram_drafter_samples_the_target_distribution(tiny_engine):
     """Deterministic proposals (q one-hot). A prompt holding every token and 1-gram lookup make the n-gram
-    drafter propose every round, whatever the random model samples."""
-    from app.engine.drafters import NgramDrafter
+    drafter (ngram-simple, as llama.cpp's, with 1-grams) propose every round, whatever the random model samples."""
+    from app.engine.drafters import NgramParams
+    from app.engine.drafters.ngram import NgramSimple
 
     ids = [1] + list(range(3, 320))
     plain, _ = samples(tiny_engine, ids, "none", seed0=20_000)
-    spec, drafted = samples(tiny_engine, ids, NgramDrafter(n_min=1, n_max=2), draft_max=3)
+    spec, drafted = samples(tiny_engine, ids, NgramSimple(NgramParams(simple_size_n=1, simple_size_m=3)),
+                             draft_max=3)
     assert drafted > N
     compare(plain, spec)
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import Done, DraftParams, GenerationParams
+from app.engine.drafters import NgramParams
 from app.prompts import chat_tokens
 
 PROMPTS = [json.loads(line) for f in ("chat.jsonl", "repeat.jsonl")
@@ -29,10 +30,13 @@ def test_greedy_output_identical_with_model_and_ngram_drafting(starter_engine, c
     model = generate(starter_engine, messages, "model", n, draft_max=8, draft_p_min=0.0)
     assert model.token_ids == plain.token_ids
     assert model.stats.acceptance_rate > 0.5
-    ngram = generate(starter_engine, messages, "ngram", n, draft_max=12)
+    ngram = generate(starter_engine, messages, "ngram", n, draft_max=12)  # ngram-mod, llama.cpp's settings
     assert ngram.token_ids == plain.token_ids
+    # short keys and drafts (llama.cpp's defaults, 12-24 token keys, suit long contexts)
+    short = generate(starter_engine, messages, "ngram-simple", n, ngram=NgramParams(simple_size_n=3, simple_size_m=12))
+    assert short.token_ids == plain.token_ids
     if case["category"] in ("repeat", "edit", "code-edit"):
-        assert ngram.stats.n_accepted > 0.3 * ngram.stats.n_tokens  # the answer repeats the prompt: lookups pay
+        assert short.stats.n_accepted > 0.3 * short.stats.n_tokens  # the answer repeats the prompt: lookups pay
 
 
 @pytest.mark.slow

@@ -122,7 +122,8 @@ def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
     """A lookup keyed on forced tokens finds the structure that repeats at every key: after ` "age": ` it would
     propose the `30` of an earlier object. It drafts only where nothing was forced before it in the round."""
     from app.engine.constraint import Constrained, Constraint
-    from app.engine.drafters import NgramDrafter
+    from app.engine.drafters import NgramParams
+    from app.engine.drafters.ngram import NgramSimple
     from app.engine.sampling import make_rng
 
     model = starter_engine.model
@@ -131,7 +132,7 @@ def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
     for tok in answer:
         constraint.commit(tok)
     history = model.tokenize('Like {"name": "Bo", "age": 30, "hobbies": []} ', add_special=False) + answer
-    ngram = NgramDrafter()
+    ngram = NgramSimple(NgramParams(simple_size_n=2, simple_size_m=8))  # llama.cpp's ngram-simple, short keys
     ngram.begin(history)
     draft = Constrained(ngram, constraint).draft_round(history, n_max=8, limit=20,
                                                       sp=SamplingParams(temperature=0.0), rng=make_rng(0), gate=None)

@@ -1,9 +1,10 @@
 """The app's settings: what the user chose in the UI, validated into engine parameters, saved between runs."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
-from ..engine import DRAFT_MODEL, DRAFTERS, DraftParams, EngineError, GenerationParams, SamplingParams
+from ..engine import DRAFT_MODEL, DraftParams, EngineError, GenerationParams, SamplingParams
+from ..engine.drafters import NgramParams, registry
 from ..models.loader import LoadSpec
 from ..paths import config_dir
 from .json_files import load_json, save_json
@@ -15,7 +16,7 @@ LOAD_SPECS = ("models", "server")  # the fields that are what to load, not how t
 @dataclass(frozen=True)
 class Settings:
     system_prompt: str = ""
-    drafter: str = DRAFT_MODEL  # a method of the drafter registry
+    drafter: str = DRAFT_MODEL  # a method of the drafter registry, an n-gram kind, or several joined by commas
     temperature: float = 0.0
     top_k: int = 40
     top_p: float = 0.95
@@ -28,13 +29,13 @@ class Settings:
     adaptive: bool = False
     enable_thinking: bool = True  # passed to the chat template (Qwen3 thinks unless told not to, as Qwen ships it)
     show_draft_tokens: bool = False
+    ngram: dict = field(default_factory=dict)  # the n-gram kinds' settings that differ from llama.cpp's defaults
     models: LoadSpec | None = None  # the last pair loaded (or server connected to)
     server: LoadSpec | None = None  # the last server connected to: its fields stay filled while a pair is loaded
 
     def generation(self) -> GenerationParams:
         """Engine parameters, validated: an invalid value raises EngineError with a plain explanation."""
-        if self.drafter not in DRAFTERS:
-            raise EngineError(f"Unknown drafter {self.drafter!r}: choose one of {', '.join(DRAFTERS)}.")
+        registry.parts(self.drafter)  # an unknown drafter is refused in words
         try:
             params = GenerationParams(
                 max_tokens=int(self.max_tokens),
@@ -48,7 +49,12 @@ class Settings:
         return params
 
     def draft_params(self) -> DraftParams:
-        return DraftParams(int(self.draft_max), int(self.draft_min), float(self.draft_p_min), bool(self.adaptive))
+        try:
+            ngram = NgramParams(**self.ngram)
+        except TypeError as exc:
+            raise EngineError(f"Invalid n-gram setting: {exc}") from None
+        return DraftParams(int(self.draft_max), int(self.draft_min), float(self.draft_p_min), bool(self.adaptive),
+                           ngram)
 
     def with_draft_params(self, dp: DraftParams) -> "Settings":
         return replace(self, draft_max=dp.draft_max, draft_min=dp.draft_min, draft_p_min=dp.draft_p_min,
@@ -59,7 +65,7 @@ class Settings:
         pair can use it, else the pair's default (``drafters`` lists those it can use, default first: a model with MTP
         layers and no draft model drafts with MTP)."""
         s = self.with_draft_params(recommended) if recommended else self
-        return s if s.drafter in drafters or not drafters else replace(s, drafter=drafters[0])
+        return s if registry.runs_on(s.drafter, drafters) or not drafters else replace(s, drafter=drafters[0])
 
     def loaded(self, spec: LoadSpec | None) -> "Settings":
         """These settings with ``spec`` as the last thing loaded; a server's fields are also kept apart, so they

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -72,42 +72,50 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict], max_tokens: int,
-              repeats: int = 1, progress: TextIO | None = None) -> dict:
+def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts: list[dict], max_tokens: int,
+              repeats: int = 1, progress: TextIO | None = None) -> dict | list[dict]:
+    """The report for ``drafter``; for a list of drafters, one report each, all against the same speculation-off
+    runs (every mode interleaved, the first mode rotating), so their speedups compare within one run."""
+    names = [drafter] if isinstance(drafter, str) else list(drafter)
     greedy = SamplingParams(temperature=0.0)
     on_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=dp)
     off_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=DraftParams(draft_max=0))
     encoded = [chat_tokens(engine.model, [{"role": "user", "content": p["prompt"]}]) if p["chat"]
                else plain_tokens(engine.model, p["prompt"]) for p in prompts]
     warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
-    _run(engine, encoded[0], OFF, warm)
-    _run(engine, encoded[0], drafter, warm)
+    for name in [OFF, *names]:
+        _run(engine, encoded[0], name, warm)
     costs = []
     state: dict[str, dict] = {}  # recurrent models, speculation on: snapshots, saves, restores, replays
-
-    rows = []
+    modes = [OFF, *names]
+    rows: dict[str, list[dict]] = {name: [] for name in names}
     for i, (p, ids) in enumerate(zip(prompts, encoded)):
-        off, on = [], []
+        runs: dict[str, list[Done]] = {mode: [] for mode in modes}
         grammar = p.get("grammar")  # a schema: plain constrained decoding against forced tokens + drafting
         for r in range(repeats):
-            order = [("off", off), ("on", on)] if (i + r) % 2 == 0 else [("on", on), ("off", off)]
-            for mode, sink in order:
-                params = replace(off_params if mode == "off" else on_params, grammar=grammar)
-                sink.append(_run(engine, ids, OFF if mode == "off" else drafter, params,
-                                 state if mode == "on" else None))
-        row = _row(p, off, on)
-        rows.append(row)
-        costs.append(engine.measure_costs(dp.draft_max, drafter))
-        if progress:
-            progress.write(f"[{i + 1}/{len(prompts)}] {row['category']}: off {row['tps_off']:.1f} tok/s, "
-                           f"on {row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, acceptance "
-                           f"{row['acceptance']:.1%}, identical {row['identical']}\n")
-            progress.flush()
+            turn = (i + r) % len(modes)
+            for mode in modes[turn:] + modes[:turn]:
+                params = replace(off_params if mode == OFF else on_params, grammar=grammar)
+                runs[mode].append(_run(engine, ids, mode, params, None if mode == OFF else state))
+        for name in names:
+            row = _row(p, runs[OFF], runs[name])
+            rows[name].append(row)
+            if progress:
+                progress.write(f"[{i + 1}/{len(prompts)}] {row['category']}{f' {name}' * (len(names) > 1)}: off "
+                               f"{row['tps_off']:.1f} tok/s, on {row['tps_on']:.1f} tok/s, x{row['speedup']:.2f}, "
+                               f"acceptance {row['acceptance']:.1%}, identical {row['identical']}\n")
+                progress.flush()
+        costs.append(engine.measure_costs(dp.draft_max, names[0]))
+    reports = [_report(name, dp, rows[name], Costs.mean(costs), max_tokens, repeats, state) for name in names]
+    return reports[0] if isinstance(drafter, str) else reports
+
+
+def _report(drafter: str, dp: DraftParams, rows: list[dict], mean_costs: Costs, max_tokens: int, repeats: int,
+            state: dict) -> dict:
     by_cat = defaultdict(list)
     for row in rows:
         by_cat[row["category"]].append(row)
     overall = _aggregate(rows)
-    mean_costs = Costs.mean(costs)
     ceiling = None
     if drafter == DRAFT_MODEL:  # n-gram proposals come and go with the text: its ceiling is not a round's cost
         best, k = mean_costs.ceiling(dp.draft_max)
@@ -115,7 +123,7 @@ def run_bench(engine: Engine, drafter: str, dp: DraftParams, prompts: list[dict]
     return {
         "drafter": drafter,
         "draft": {"draft_max": dp.draft_max, "draft_min": dp.draft_min, "draft_p_min": dp.draft_p_min,
-                  "adaptive": dp.adaptive},
+                  "adaptive": dp.adaptive, "ngram": asdict(dp.ngram)},
         "max_tokens": max_tokens,
         "repeats": repeats,
         "prompts": rows,
@@ -167,7 +175,19 @@ def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
         "_grammar_seconds": [sum(d.stats.grammar_seconds for d in r) for r in (off, on)],
         "_split": [sum(d.stats.draft_seconds for d in on), sum(d.stats.verify_seconds for d in on)],
         "_reported": [all(d.stats.reported(f) for d in on) for f in ("n_drafted", "n_rounds")],
+        "by_drafter": _by_drafter([d.stats.by_drafter for d in on]),
     }
+
+
+def _by_drafter(parts: list[dict]) -> dict:
+    """A chain's members over several runs: rounds each drafted, its tokens verified and accepted."""
+    out: dict[str, dict] = {}
+    for part in parts:
+        for name, counts in part.items():
+            acc = out.setdefault(name, {"rounds": 0, "drafted": 0, "accepted": 0})
+            for key, v in zip(acc, counts.values() if isinstance(counts, dict) else counts):
+                acc[key] += v
+    return out
 
 
 def remote_report(table: list[dict], max_tokens: int, repeats: int, where: dict) -> dict:
@@ -218,6 +238,7 @@ def _aggregate(rows: list[dict]) -> dict:
         "forced_accepted": sum(r["_forced"][1] for r in rows),
         "grammar_us_per_token_off": _per_token_us(rows, 0),
         "grammar_us_per_token_on": _per_token_us(rows, 1),
+        "by_drafter": _by_drafter([r.get("by_drafter") or {} for r in rows]),
     }
 
 
@@ -253,6 +274,8 @@ def print_report(report: dict) -> None:
                           accept(c["acceptance"]), per_round(c["mean_accepted_per_round"]),
                           "yes" if c["all_identical"] else "NO") + f"   min speedup {c['min_speedup']:.2f}x")
     o = report["overall"]
+    for name, c in (o.get("by_drafter") or {}).items():
+        print(f"  {name}: drafted in {c['rounds']} rounds, {c['accepted']} of its {c['drafted']} tokens accepted")
     if not report["costs"]:
         print(f"time per token: off {o['ms_per_token_off']:.1f} ms; on {o['ms_per_token_on']:.1f} ms")
         return
@@ -277,3 +300,15 @@ def print_report(report: dict) -> None:
         print(f"recurrent state of the {role} ({c['state_mib']:.2f} MiB), per round: {c['rollbacks']:.2f} snapshot "
               f"rollbacks, {c['saves']:.2f} saves, {c['restores']:.2f} restores, {c['replayed_tokens']:.2f} tokens "
               f"replayed, {c['ms']:.3f} ms copying state")
+
+
+def print_comparison(reports: list[dict]) -> None:
+    """Several drafters benched against the same speculation-off runs: their speedups side by side."""
+    cats = list(reports[0]["categories"])
+    print("\ncompared within this run (the same speculation-off runs for all):")
+    print(f"{'drafter':32} {'overall':>8} {'min':>6} " + " ".join(f"{c[:10]:>10}" for c in cats) + "  identical")
+    for r in reports:
+        o = r["overall"]
+        print(f"{r['drafter'][:32]:32} {o['speedup']:7.2f}x {o['min_speedup']:5.2f}x "
+              + " ".join(f"{r['categories'][c]['speedup']:9.2f}x" for c in cats)
+              + f"  {'yes' if o['all_identical'] else 'NO'}")

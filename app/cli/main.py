@@ -6,10 +6,11 @@ import json
 import os
 import sys
 import threading
+from dataclasses import fields, replace
 from pathlib import Path
 
-from ..engine import DRAFTERS, Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
-from ..engine.drafters import OFF, registry
+from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
+from ..engine.drafters import OFF, NgramParams, registry
 from ..engine import SamplingParams, TextDelta, batch_invariant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
@@ -22,13 +23,43 @@ class _Parser(argparse.ArgumentParser):
 
 
 def spec_type(value: str) -> str:
-    """--spec-type: one of llama.cpp's speculative types, as the drafter it names."""
-    if "," in value:
-        raise argparse.ArgumentTypeError(f"{value!r}: SpecChat drafts with one method at a time; give one type")
+    """--spec-type: one of llama.cpp's speculative types, or several joined by commas (a chain), as the drafter."""
     try:
         return drafter_for(value)
     except EngineError as exc:
         raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+
+
+def drafter_name(value: str) -> str:
+    """--drafter: a method, an n-gram kind, or several joined by commas (llama.cpp's type names are taken too)."""
+    try:
+        registry.parts(value)
+        return value
+    except EngineError as exc:
+        try:
+            return drafter_for(value)
+        except EngineError:
+            raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+
+
+NGRAM_FLAGS = {f.name: "--spec-ngram-" + f.name.replace("_", "-") for f in fields(NgramParams)
+               if not f.name.startswith("lookup_cache")}
+
+
+def _ngram_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("n-gram kinds (llama.cpp's flags and defaults; --spec-type ngram-...)")
+    for name, flag in NGRAM_FLAGS.items():
+        g.add_argument(flag, dest="ngram_" + name, type=int, metavar="N",
+                       help=f"default {getattr(NgramParams(), name)}")
+    g.add_argument("-lcs", "--lookup-cache-static", dest="ngram_lookup_cache_static", metavar="FILE",
+                   help="ngram-cache: a static n-gram cache (llama-lookup-create's), read only")
+    g.add_argument("-lcd", "--lookup-cache-dynamic", dest="ngram_lookup_cache_dynamic", metavar="FILE",
+                   help="ngram-cache: a dynamic n-gram cache, read only here")
+
+
+def ngram_settings(args) -> dict:
+    """The n-gram settings given as flags (the rest keep llama.cpp's defaults)."""
+    return {f.name: v for f in fields(NgramParams) if (v := getattr(args, "ngram_" + f.name, None)) is not None}
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -37,12 +68,16 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--target", "-m", type=Path, help="target GGUF file")
     src.add_argument("--draft", "-md", "--spec-draft-model", type=Path,
                      help="draft GGUF file (of another tokenizer: drafts as text)")
-    src.add_argument("--drafter", choices=DRAFTERS,
+    src.add_argument("--drafter", type=drafter_name, metavar="NAME",
                      help="; ".join(f"{m.name}: {m.choice}" for m in registry.METHODS)
-                     + " (default: the pair's draft model, else the target's own MTP layers, else n-gram lookup)")
-    src.add_argument("--spec-type", dest="drafter", type=spec_type, metavar="TYPE",
+                     + f" ({registry.Lookup.METHOD}: {registry.DEFAULT_KIND}); or an n-gram kind by llama.cpp's name; "
+                       "or several joined by commas, drafting together (default: the pair's draft model, else the "
+                       "target's own MTP layers, else n-gram lookup)")
+    src.add_argument("--spec-type", dest="drafter", type=spec_type, metavar="TYPE[,TYPE...]",
                      help="--drafter by llama.cpp's names: " + "; ".join(
-                         f"{', '.join(m.spec_types)} ({m.name})" for m in registry.METHODS))
+                         f"{', '.join(m.spec_types)} ({m.name})" for m in registry.METHODS)
+                     + "; several joined by commas draft together, the draft with the most expected accepted tokens "
+                       "verified")
     src.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (an mmproj GGUF), for images "
                      "(default: the one mmproj-*.gguf beside the target file, where there is exactly one)")
     src.add_argument("--no-mmproj", action="store_true", help="load no projector, even one found beside the target")
@@ -65,6 +100,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="stop drafting when the draft's top probability (among its 10 best, as llama.cpp) is lower")
     d.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
+    _ngram_flags(p)
 
 
 def _remote_flags(p: argparse.ArgumentParser, key_flag: str = "--api-key", with_off: bool = False) -> None:
@@ -113,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", type=Path, required=True, help="JSONL: {\"prompt\": ..., \"category\": ...} per line")
     b.add_argument("--max-tokens", "-n", type=int, default=128)
     b.add_argument("--repeats", type=int, default=1, help="runs of each prompt per mode (interleaved)")
+    b.add_argument("--drafters", nargs="+", type=drafter_name, metavar="DRAFTER",
+                   help="bench each of these drafters (a method, an n-gram kind, a chain) against the same "
+                        "speculation-off runs, interleaved, instead of --drafter alone")
+    b.add_argument("--ngram-kinds", action="store_true",
+                   help="bench every n-gram kind (ngram-simple ... ngram-cache), as with --drafters")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
     c = sub.add_parser("chat", help="chat in the terminal")
@@ -243,9 +284,18 @@ def draft_params(args, defaults: DraftParams) -> DraftParams:
         draft_min=pick(args.draft_min, defaults.draft_min),
         draft_p_min=pick(args.draft_p_min, defaults.draft_p_min),
         adaptive=pick(args.adaptive, defaults.adaptive),
+        ngram=replace(defaults.ngram, **ngram_settings(args)),
     )
     dp.validate()
     return dp
+
+
+def bench_drafters(args) -> list[str]:
+    """bench --drafters, and --ngram-kinds (every n-gram kind), in the order given."""
+    names = list(getattr(args, "drafters", None) or [])
+    if getattr(args, "ngram_kinds", False):
+        names += [k for k in registry.KINDS if k not in names]
+    return names
 
 
 def build_engine(args) -> tuple[Engine, str, DraftParams]:
@@ -254,11 +304,14 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     resolved = resolve(spec)
     # default: the pair's draft model, else the target's own MTP layers, else prompt lookup
     drafter = args.drafter or registry.default_method(bool(resolved.draft), bool(read_info(resolved.target).nextn_layers))
-    if (what := registry.method(drafter).draft_file) and not resolved.draft:
-        raise EngineError(f"--drafter {drafter} needs {what}, or use --drafter {registry.default_method(False, False)}.")
+    names = bench_drafters(args) or [drafter]  # (bench --drafters: each in turn)
+    for part in (p for name in names for p in registry.parts(name)):
+        if (what := registry.method(registry.method_of(part)).draft_file) and not resolved.draft:
+            raise EngineError(f"--drafter {part} needs {what}, or use --drafter "
+                              f"{registry.default_method(False, False)}.")
     dp = draft_params(args, resolved.draft_params)
     # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
-    engine = load_engine(spec, resolved, with_draft=registry.needs_draft_file(drafter, resolved.draft))
+    engine = load_engine(spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names))
     if drafter != OFF and not batch_invariant():
         print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
               "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "
@@ -302,8 +355,13 @@ def summary_line(stats) -> str:
         f"[{stats.n_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, drafter {stats.drafter}, "
         f"acceptance {stats.acceptance_rate:.1%} ({stats.n_accepted}/{stats.n_drafted}), "
         f"{stats.mean_accepted_per_round:.2f} accepted/round, first token {stats.time_to_first_token_s * 1000:.0f} ms"
-        + (f", {stats.n_forced} forced by the grammar" if stats.n_forced else "") + "]"
+        + (f", {stats.n_forced} forced by the grammar" if stats.n_forced else "") + by_drafter(stats) + "]"
     )
+
+
+def by_drafter(stats) -> str:
+    """A chain's members: the rounds each drafted and the tokens each had accepted."""
+    return "".join(f"; {name}: {r} rounds, {a}/{d} accepted" for name, (r, d, a) in stats.by_drafter.items())
 
 
 # --- commands ------------------------------------------------------------------------------------------------
@@ -356,6 +414,7 @@ def cmd_generate(args) -> int:
             "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags, "n_forced": s.n_forced,
             "n_forced_accepted": s.n_forced_accepted, "grammar_seconds": s.grammar_seconds,
             "batch_invariant": batch_invariant(), "n_images": len(images),
+            "by_drafter": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in s.by_drafter.items()},
         }))
     else:
         print("\n" + summary_line(s))
@@ -363,7 +422,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import load_prompts, print_report, run_bench
+    from .bench import load_prompts, print_comparison, print_report, run_bench
 
     prompts = load_prompts(args.prompts)
     if args.max_tokens < 1 or args.repeats < 1:
@@ -376,14 +435,18 @@ def cmd_bench(args) -> int:
 
         return bench_remote(args, prompts)
     engine, drafter, dp = build_engine(args)
-    if drafter == OFF:
+    names = bench_drafters(args) or [drafter]
+    if OFF in names:
         raise EngineError("bench compares speculation on and off: choose --drafter model or ngram.")
-    report = run_bench(engine, drafter, dp, prompts, args.max_tokens, args.repeats,
-                       progress=None if args.json else sys.stderr)
+    reports = run_bench(engine, names, dp, prompts, args.max_tokens, args.repeats,
+                        progress=None if args.json else sys.stderr)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(reports[0] if len(names) == 1 else {"drafters": reports}, indent=2))
     else:
-        print_report(report)
+        for report in reports:
+            print_report(report)
+        if len(reports) > 1:
+            print_comparison(reports)
     return 0
 
 
@@ -502,7 +565,8 @@ def cmd_app(args) -> int:
     else:
         requested = None
     overrides = {k: v for k, v in dict(drafter=args.drafter, draft_max=args.draft_max, draft_min=args.draft_min,
-                                       draft_p_min=args.draft_p_min, adaptive=args.adaptive).items() if v is not None}
+                                       draft_p_min=args.draft_p_min, adaptive=args.adaptive,
+                                       ngram=ngram_settings(args) or None).items() if v is not None}
     if overrides:
         replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
     return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,

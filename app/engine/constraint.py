@@ -164,6 +164,9 @@ class Constrained(Drafter):
     def begin(self, prompt_ids: list[int]) -> None:
         self.drafter.begin(prompt_ids)
 
+    def accept(self, n_accepted: int) -> None:
+        self.drafter.accept(n_accepted)
+
     def draft_round(self, history: list[int], n_max: int, limit: int, sp: SamplingParams,
                     rng: np.random.Generator, gate: Gate | None) -> Draft:
         drafter, constraint = self.drafter, self.constraint
@@ -197,6 +200,7 @@ class Constrained(Drafter):
                 allowed.clear()
                 d = drafter.propose(history + out.tokens, budget, sp, rng, gate, stop)
                 calls += 1
+                out.source = out.source or d.source
                 own += len(d.tokens)
                 if d.n_evals:
                     out.n_evals += d.n_evals - (1 if out.n_evals else 0)  # later calls' first steps: marginal ones

@@ -4,8 +4,8 @@ Fixed mode drafts up to ``draft_max`` tokens every round (a model drafter stops 
 
 Adaptive mode decides token by token, from measurements of this generation:
 - Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
-  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits), or the
-  length of the n-gram match a lookup proposal came from.
+  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits); an n-gram
+  kind's proposals share one bucket (llama.cpp's kinds report no confidence).
 - It starts by measuring at little risk: a short draft, then one plain step (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .drafters.ngram import NgramParams
 from .errors import EngineError
 from .speedup import best_draft_length
 
@@ -43,8 +44,10 @@ class DraftParams:
     draft_min: int = 0  # llama.cpp --draft-min: drafts shorter than this are not verified
     draft_p_min: float = 0.5  # llama.cpp --draft-p-min: stop drafting when the draft's top probability is lower
     adaptive: bool = False
+    ngram: NgramParams = field(default_factory=NgramParams)  # the n-gram kinds' own settings
 
     def validate(self) -> None:
+        self.ngram.validate()
         if not 0 <= self.draft_max <= MAX_DRAFT:
             raise EngineError(f"Invalid --draft-max {self.draft_max}: use 0..{MAX_DRAFT}.")
         if not 0 <= self.draft_min <= self.draft_max:

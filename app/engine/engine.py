@@ -8,6 +8,7 @@ from typing import Iterator
 
 from .costs import Costs, measure
 from .drafters import Drafter, ModelDrafter, registry
+from .drafters.chain import ChainDrafter
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .fair_lock import FairLock
@@ -82,20 +83,21 @@ class Engine:
         return registry.usable(pair.target.model, pair.head, pair.draft is not None)
 
     def check_drafter(self, kind: str) -> None:
-        """A clear refusal for a method this pair cannot use, naming those it can."""
-        registry.method(kind)
-        if kind not in self.drafters:
-            raise EngineError(registry.refusal(kind, self._pair.target.model, self.drafters))
+        """A clear refusal for a method (or any of a chain's) this pair cannot use, naming those it can."""
+        for part in registry.parts(kind):
+            if registry.method_of(part) not in self.drafters:
+                raise EngineError(registry.refusal(part, self._pair.target.model, self.drafters))
 
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
+        """The drafter ``kind`` names (a method, an n-gram kind, or a chain of them), for this pair."""
         self.check_drafter(kind)
-        drafter = registry.method(kind).make(self._pair, params.draft.draft_p_min)
+        drafter = registry.make(kind, self._pair, params.draft)
         drafter.p_min = params.draft.draft_p_min
         return drafter
 
     def speculation(self, kind: str) -> str:
         """How the pair speculates with this method, in words (the API's model list shows it)."""
-        kind = kind if kind in self.drafters else self.drafters[0]
+        kind = kind if registry.runs_on(kind, self.drafters) else self.drafters[0]
         pair = self._pair
         return registry.speculation(kind, pair.target.model, pair.head, pair.draft.model if pair.draft else None)
 
@@ -123,9 +125,11 @@ class Engine:
         if self.projector is None:
             raise EngineError(f"{self.model.path.name} takes no images: load its projector (--mmproj)."
                               + (f" ({self._pair.projector_problem})" if self._pair.projector_problem else ""))
-        if d in self._pair.heads():  # they read the target's hidden states position by position
-            raise EngineError(f"{d.label} does not draft on prompts with images yet: use a draft model or "
-                              "n-gram lookup.")
+        heads = self._pair.heads()  # they read the target's hidden states position by position
+        for member in (m.drafter for m in d.members) if isinstance(d, ChainDrafter) else (d,):
+            if member in heads:
+                raise EngineError(f"{member.label} does not draft on prompts with images yet: use a draft model or "
+                                  "n-gram lookup.")
         return TextOnly(d) if d.speculates and not isinstance(d, TextOnly) else d
 
     def _check_loaded(self) -> None:

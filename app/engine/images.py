@@ -100,6 +100,9 @@ class TextOnly(Drafter):
     def draft_round(self, history, n_max, limit, sp, rng, gate) -> Draft:
         return self.inner.draft_round(self._view(history), n_max, limit, sp, rng, gate)
 
+    def accept(self, n_accepted: int) -> None:
+        self.inner.accept(n_accepted)
+
     def set_threads(self, n: int) -> None:
         self.inner.set_threads(n)
 

@@ -94,6 +94,8 @@ def speculative_generate(
             t1 = time.perf_counter()
             pending, accepted = _verify(target, out.history, draft, k, choose, sp, rng)
             t2 = time.perf_counter()
+            if k:
+                drafter.accept(accepted)
             _count(stats, draft, k, accepted, t1 - t0, t2 - t1, choose.constraint)
             if not replaying:  # a replay round's cost is not a plain step's
                 control.record(draft, k, accepted, t1 - t0, t2 - t1)
@@ -183,6 +185,9 @@ def _count(stats: Stats, draft: Draft, k: int, accepted: int, draft_s: float, ve
         stats.grammar_seconds = constraint.seconds
     stats.draft_seconds += draft_s
     stats.verify_seconds += verify_s
+    if draft.source and k:  # one of several drafters made it: what each contributed (a new dict: Rounds hold copies)
+        rounds, drafted, acc = stats.by_drafter.get(draft.source, (0, 0, 0))
+        stats.by_drafter = {**stats.by_drafter, draft.source: (rounds + 1, drafted + k, acc + accepted)}
 
 
 class Output:

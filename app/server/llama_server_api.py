@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
+from ..engine.drafters import registry
 from ..prompts import chat_prompt, image_messages, tool_prompt
 from .request_body import ApiError, parse
 
@@ -98,7 +99,7 @@ class _Routes:
         params = {"n_predict": s.max_tokens, "seed": s.seed, "temperature": s.temperature, "top_k": s.top_k,
                   "top_p": s.top_p, "min_p": s.min_p, "speculative.n_max": s.draft_max,
                   "speculative.n_min": s.draft_min, "speculative.p_min": s.draft_p_min}
-        drafter = s.drafter if s.drafter in engine.drafters else engine.drafters[0]
+        drafter = s.drafter if registry.runs_on(s.drafter, engine.drafters) else engine.drafters[0]
         return {
             "default_generation_settings": {"params": params, "n_ctx": engine.n_ctx},
             "total_slots": 1,

@@ -12,10 +12,11 @@ import binascii
 import json
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ..chat.settings import Settings
 from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
+from ..engine.drafters import NgramParams, registry
 from ..engine.grammar import Grammar
 from ..engine.grammar_limits import check_schema
 from ..prompts.tools import Tool, ToolChoice
@@ -237,6 +238,19 @@ def _spec_type(body: dict) -> str | None:
         raise ApiError(400, str(exc), param="speculative.type") from None
 
 
+# The n-gram kinds' settings a request may set: "speculative.ngram_" + NgramParams' field (the CLI's flag with
+# underscores: ngram_mod_n_match), and llama-server's own three, which set ngram-simple's. Not the cache files: a
+# request does not get to name files on the server.
+NGRAM_FIELDS = {"ngram_" + f.name: f.name for f in fields(NgramParams) if not f.name.startswith("lookup_cache")}
+NGRAM_FIELDS |= {"ngram_size_n": "simple_size_n", "ngram_size_m": "simple_size_m", "ngram_min_hits": "simple_min_hits"}
+
+
+def _ngram(body: dict, defaults: dict) -> dict:
+    """The request's n-gram settings over the server's."""
+    given = {f: _number(_speculative(body, name), "speculative." + name, int) for name, f in NGRAM_FIELDS.items()}
+    return {**defaults, **{f: v for f, v in given.items() if v is not None}}
+
+
 def _content(content, where: str) -> str | list[dict]:
     """A message's content: a string, or OpenAI's list of parts: text, and images as ``image_url`` parts holding
     a data URL (``data:image/png;base64,...``), read into ``{"type": "image", "image": bytes}`` parts."""
@@ -429,11 +443,13 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
         draft_max=_number(_speculative(body, "n_max"), "speculative.n_max", int, defaults.draft_max),
         draft_min=_number(_speculative(body, "n_min"), "speculative.n_min", int, defaults.draft_min),
         draft_p_min=_number(_speculative(body, "p_min"), "speculative.p_min", float, defaults.draft_p_min),
+        ngram=_ngram(body, defaults.ngram),
     )
     drafter = body.get("drafter") or _spec_type(body) or (
-        defaults.drafter if defaults.drafter in drafters else drafters[0])
-    if drafter not in DRAFTERS:
-        raise ApiError(400, f"'drafter' must be one of {', '.join(DRAFTERS)}.", param="drafter")
+        defaults.drafter if registry.runs_on(defaults.drafter, drafters) else drafters[0])
+    if not registry.is_drafter(drafter):
+        raise ApiError(400, f"'drafter' must be one of {', '.join(DRAFTERS)}, an n-gram kind "
+                            f"({', '.join(registry.KINDS)}), or several joined by commas.", param="drafter")
     if s.draft_max == 0:  # llama-server's way to turn speculation off for one request
         drafter, s = OFF, replace(s, draft_min=0)
     try:

@@ -22,7 +22,7 @@ from ..chat.remote_server import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
 from ..chat.server_keys import key_for
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
-from ..engine import METHODS, EngineError, Stats
+from ..engine import METHODS, EngineError, Stats, method_name
 from ..models import hardware
 from ..models.loader import LoadSpec
 from ..paths import temp_folder
@@ -457,8 +457,10 @@ class SpecChatUI:
                     api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
             with gr.Sidebar(label="Settings", open=False, position="right", width=360):
                 gr.Markdown("### Speculation")
-                drafter = gr.Radio([(m.choice, m.name) for m in METHODS], value=s.drafter, label="Drafter",
-                                   elem_id="drafter")
+                choices = [(m.choice, m.name) for m in METHODS]
+                if s.drafter not in dict(choices).values():  # a kind or a chain (serve --spec-type): offered too
+                    choices.append((method_name(s.drafter), s.drafter))
+                drafter = gr.Radio(choices, value=s.drafter, label="Drafter", elem_id="drafter")
                 draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
                 draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
                 draft_p_min = gr.Slider(0, 1, s.draft_p_min, step=0.01, label="Draft p-min")

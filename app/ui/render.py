@@ -52,7 +52,13 @@ def stats_details(stats: Stats) -> str:
                 f"not reported by this server: {', '.join(stats.unreported)}{error}")
     return (f"{stats.method} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in {stats.n_rounds} "
             f"rounds · first token {stats.time_to_first_token_s * 1000:.0f} ms · prompt {stats.prompt_tokens} new + "
-            f"{stats.prompt_cached} cached tokens · {split}")
+            f"{stats.prompt_cached} cached tokens · {split}" + "".join(f" · {m}" for m in members(stats)))
+
+
+def members(stats: Stats) -> list[str]:
+    """Several drafters at once (a chain): what each drafted and had accepted, in words."""
+    return [f"{method_name(name)}: {r} round{'s' * (r != 1)}, {a}/{d} accepted"
+            for name, (r, d, a) in stats.by_drafter.items()]
 
 
 def answer_html(segments: list[list], show_draft: bool) -> str:
@@ -151,7 +157,8 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
         f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
         f'<span class="drafter">{html.escape(s.method)}</span></div>'
         f'<div class="spec-metrics">{metrics}</div>{split}{error}'
-        f'{line_chart(points)}</div>'
+        + "".join(f'<div class="spec-member">{html.escape(m)}</div>' for m in members(s))
+        + f'{line_chart(points)}</div>'
     )
 
 

@@ -25,6 +25,7 @@ class Draft:
     first_s: float = 0.0  # seconds of the first call, which also catches up on the tokens made since the last draft
     n_first: int = 0  # tokens the first call evaluated
     forced: list[bool] = field(default_factory=list)  # per token, under a grammar: forced by it, not drafted
+    source: str = ""  # which drafter of several made it (a chain's member), for Stats
 
 
 class Gate(Protocol):
@@ -78,6 +79,10 @@ class Drafter:
         answer have room for). A grammar's wrapper adds the tokens it forces here (``constraint.Constrained``)."""
         n = min(n_max, limit)
         return self.propose(history, n, sp, rng, gate) if n > 0 else Draft()
+
+    def accept(self, n_accepted: int) -> None:
+        """After a round that verified some of this drafter's tokens: how many the target accepted (llama.cpp's
+        accept callback; the n-gram kinds learn from it)."""
 
     def set_threads(self, n: int) -> None:
         """CPU threads, for a drafter with a context of its own that the engine does not hold."""

@@ -1,6 +1,9 @@
 """The drafting methods, in one table: what each is called (by SpecChat, by llama.cpp's ``--spec-type``, in the UI),
 what a pair needs for it, and how it is made. The CLI's choices, the API's ``drafter`` and ``speculative.type``, the
 UI's list, the pair check and the names in Stats all read this table: a new method is a module and a row here.
+
+A drafter's name is a method's (``ngram`` drafts with the default n-gram kind), an n-gram kind's (``ngram-mod``), or
+several of those joined by commas: a chain, which drafts with all of them each round (``chain``).
 """
 from __future__ import annotations
 
@@ -12,13 +15,16 @@ from ..errors import EngineError
 from ..gguf_file import read_info
 from ..llama import Context, Model
 from .base import Drafter, NoDrafter
+from .chain import ChainDrafter
 from .cross_vocab import TextDrafter
 from .dflash import DFlashDrafter, DSparkDrafter
 from .draft_model import ModelDrafter
 from .eagle3 import Eagle3Drafter
 from .gemma4_assistant import AssistantDrafter
 from .mtp import MtpDrafter
-from .ngram import NgramDrafter
+from .ngram import Lookup, NgramMod, NgramSimple
+from .ngram_cache import NgramCache
+from .ngram_map import NgramMapK, NgramMapK4v
 
 
 class Pair(Protocol):
@@ -41,25 +47,29 @@ class Method:
     lacking: str  # why a pair without it cannot use it ({target}: the target's file name)
     draft_file: str  # what it needs given as the draft file (-md), in words; "" if none
     usable: Callable[[Model, Drafter | None, bool], bool]  # (target, head, has a draft model) -> can this pair
-    make: Callable[[Pair, float], Drafter]  # (pair, --draft-p-min) -> its drafter
+    make: Callable[[Pair, "DraftParams"], Drafter]  # (pair, the draft settings) -> its drafter
 
 
 def _head_for(name: str) -> Callable[[Model, Drafter | None, bool], bool]:
     return lambda target, head, draft: head is not None and head.METHOD == name
 
 
-def _model(pair: Pair, p_min: float) -> Drafter:
+def _model(pair: Pair, dp) -> Drafter:
     if pair.head is not None:  # a head is the draft file for "model" as well as for its own method
         return pair.head
     if pair.cross_vocab:
-        return TextDrafter(pair.draft_ctx, pair.target_ctx.model, p_min)
-    return ModelDrafter(pair.draft_ctx, p_min)
+        return TextDrafter(pair.draft_ctx, pair.target_ctx.model, dp.draft_p_min)
+    return ModelDrafter(pair.draft_ctx, dp.draft_p_min)
 
 
-def _own_layers(pair: Pair, p_min: float) -> Drafter:
+def _own_layers(pair: Pair, dp) -> Drafter:
     head = pair.head
     return head if head is not None and head.METHOD == MtpDrafter.name else pair.mtp()
 
+
+# llama.cpp's n-gram kinds, in its order of priority in a chain (common_speculative_init); "ngram" is the default
+KINDS: dict[str, type[Lookup]] = {k.name: k for k in (NgramSimple, NgramMapK, NgramMapK4v, NgramMod, NgramCache)}
+DEFAULT_KIND = NgramMod.name
 
 METHODS: tuple[Method, ...] = (
     Method(ModelDrafter.name, "Draft model", ("draft-simple",), "This pair has no draft model",
@@ -70,19 +80,18 @@ METHODS: tuple[Method, ...] = (
            _own_layers),
     Method(Eagle3Drafter.name, "EAGLE-3 head", ("draft-eagle3",),
            "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)",
-           "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, p_min: pair.head),
+           "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, dp: pair.head),
     Method(DFlashDrafter.name, "DFlash block draft", ("draft-dflash",),
            "This pair has no DFlash block draft (give one as the draft: -md DFLASH.gguf)",
            "a DFlash block draft: add --draft DFLASH.gguf", _head_for(DFlashDrafter.name),
-           lambda pair, p_min: pair.head.with_p_min(p_min)),
+           lambda pair, dp: pair.head.with_p_min(dp.draft_p_min)),
     Method(DSparkDrafter.name, "DSpark block draft", ("draft-dspark",),
            "This pair has no DSpark block draft (give one as the draft: -md DSPARK.gguf)",
            "a DSpark block draft: add --draft DSPARK.gguf", _head_for(DSparkDrafter.name),
-           lambda pair, p_min: pair.head.with_p_min(p_min)),
-    Method(NgramDrafter.name, "N-gram lookup",
-           ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"), "", "",
-           lambda *_: True, lambda pair, p_min: NgramDrafter()),
-    Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, p_min: NoDrafter()),
+           lambda pair, dp: pair.head.with_p_min(dp.draft_p_min)),
+    Method(Lookup.METHOD, "N-gram lookup", tuple(KINDS), "", "", lambda *_: True,
+           lambda pair, dp: KINDS[DEFAULT_KIND](dp.ngram)),
+    Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, dp: NoDrafter()),
 )
 BY_NAME = {m.name: m for m in METHODS}
 DRAFTERS = tuple(BY_NAME)  # the names a person or a request may choose
@@ -94,10 +103,13 @@ HEADS: dict[str, type[MtpDrafter] | type[DFlashDrafter]] = {
     cls.ARCH: cls for cls in (AssistantDrafter, Eagle3Drafter, DFlashDrafter)}
 # How each drafter's name reads (Stats, Compare, the API's model list); a server's own method shows as it is
 LABELS = {cls.name: cls.label for cls in (ModelDrafter, TextDrafter, MtpDrafter, AssistantDrafter, Eagle3Drafter,
-                                          DFlashDrafter, DSparkDrafter, NgramDrafter, NoDrafter)}
+                                          DFlashDrafter, DSparkDrafter, NoDrafter)}
+LABELS |= {Lookup.METHOD: f"{Lookup.label} ({DEFAULT_KIND})"} | {k: f"{Lookup.label} ({k})" for k in KINDS}
 
 
 def label(drafter: str) -> str:
+    if isinstance(drafter, str) and "," in drafter:
+        return " + ".join(label(part) for part in drafter.split(","))
     return LABELS.get(drafter, drafter)
 
 
@@ -107,16 +119,71 @@ def method(name: str) -> Method:
     return BY_NAME[name]
 
 
-def drafter_for(spec_type: str) -> str:
-    """The method a llama.cpp speculative type names."""
+def parts(name: str) -> tuple[str, ...]:
+    """The drafters a drafter name runs: one method or n-gram kind, or a chain of them ("mtp,ngram-mod")."""
+    names = tuple(p.strip() for p in name.split(",")) if isinstance(name, str) else ()
+    for p in names:
+        if p not in BY_NAME and p not in KINDS:
+            raise EngineError(f"Unknown drafter {p!r}: choose one of {', '.join([*DRAFTERS, *KINDS])}, or several "
+                              "joined by commas.")
+    if len(names) > 1 and OFF in names:
+        raise EngineError(f"{OFF!r} (speculation off) cannot be part of a chain of drafters.")
+    resolved = [DEFAULT_KIND if p == Lookup.METHOD else p for p in names]
+    if len(set(resolved)) < len(resolved):
+        raise EngineError(f"{name!r} names the same drafter twice ({Lookup.METHOD} is {DEFAULT_KIND}).")
+    return names
+
+
+def method_of(part: str) -> str:
+    return Lookup.METHOD if part in KINDS else part
+
+
+def is_drafter(name: str) -> bool:
+    try:
+        return bool(parts(name))
+    except EngineError:
+        return False
+
+
+def runs_on(name: str, usable_names: tuple[str, ...]) -> bool:
+    """Can a pair that can use ``usable_names`` draft with this drafter name?"""
+    return is_drafter(name) and all(method_of(p) in usable_names for p in parts(name))
+
+
+def _priority(part: str) -> int:
+    """llama.cpp's order in a chain: the n-gram kinds, then the model drafters (common_speculative_init)."""
+    kinds = list(KINDS)
+    return kinds.index(part) if part in KINDS else kinds.index(DEFAULT_KIND) if part == Lookup.METHOD else \
+        len(kinds) + list(BY_NAME).index(part)
+
+
+def make(name: str, pair: Pair, dp) -> Drafter:
+    """The drafter a drafter name runs, made for this pair and these draft settings."""
+    names = sorted(parts(name), key=_priority)
+    made = [KINDS[p](dp.ngram) if p in KINDS else method(p).make(pair, dp) for p in names]
+    if len(made) == 1:
+        return made[0]
+    if len({id(d) for d in made}) < len(made):
+        raise EngineError(f"{name!r}: with this pair, {' and '.join(names)} are the same drafter (its head).")
+    return ChainDrafter([(d, not isinstance(d, Lookup)) for d in made])
+
+
+def drafter_for(spec_type) -> str:
+    """The drafter a llama.cpp speculative type names: a method's name, an n-gram kind's, or for several types (a
+    comma-separated string, or a list as the API may send) a chain of them."""
+    if isinstance(spec_type, (list, tuple)) and spec_type and all(isinstance(t, str) for t in spec_type):
+        spec_type = ",".join(spec_type)
+    if isinstance(spec_type, str) and "," in spec_type:
+        return ",".join(drafter_for(t.strip()) for t in spec_type.split(","))
     if not isinstance(spec_type, str) or spec_type not in SPEC_TYPES:
-        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}.")
-    return SPEC_TYPES[spec_type]
+        raise EngineError(f"Unknown speculative type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}, "
+                          "or several joined by commas.")
+    return spec_type if spec_type in KINDS else SPEC_TYPES[spec_type]
 
 
 def default_method(has_draft: bool, has_mtp_layers: bool) -> str:
     """The pair's draft model (or head), else the target's own MTP layers, else prompt lookup."""
-    return ModelDrafter.name if has_draft else MtpDrafter.name if has_mtp_layers else NgramDrafter.name
+    return ModelDrafter.name if has_draft else MtpDrafter.name if has_mtp_layers else Lookup.METHOD
 
 
 def head_class(draft: Path) -> type[MtpDrafter] | type[DFlashDrafter] | None:
@@ -127,10 +194,11 @@ def head_class(draft: Path) -> type[MtpDrafter] | type[DFlashDrafter] | None:
 
 
 def needs_draft_file(name: str, draft: Path | None) -> bool:
-    """Does this method load the pair's draft file (a draft model, a head that answers to it, or any file for a
+    """Does this drafter load the pair's draft file (a draft model, a head that answers to it, or any file for a
     method that drafts with one: a file of another kind is then refused in words, naming what it is for)?"""
     head = head_class(draft) if draft else None
-    return name == ModelDrafter.name or bool(method(name).draft_file) or (head is not None and head.METHOD == name)
+    return any(p == ModelDrafter.name or bool(method(method_of(p)).draft_file) or (head is not None and head.METHOD == p)
+               for p in parts(name))
 
 
 def usable(target: Model, head: Drafter | None, has_draft_model: bool) -> tuple[str, ...]:

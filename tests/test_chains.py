@@ -1,0 +1,161 @@
+"""Chains of drafters (llama.cpp's comma-separated --spec-type): several drafters each round, the draft with the most
+expected accepted tokens verified; exact as any drafter; Stats say which drafter each round used."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings
+from app.engine.drafters import Draft, Drafter, NgramParams, registry
+from app.engine.drafters.chain import ChainDrafter, expected_accepted
+from app.engine.sampling import SamplingParams
+from app.prompts import chat_tokens
+from support.heads import HEADS
+
+GREEDY = SamplingParams(temperature=0.0)
+REPEAT = json.loads((Path(__file__).parent / "prompts" / "repeat.jsonl").read_text().splitlines()[0])["prompt"]
+
+
+class Fixed(Drafter):
+    """A drafter that proposes a fixed draft (and counts how often it was asked); a lookup drafts its own length, a
+    model at most n_max."""
+
+    def __init__(self, name, tokens, prior=0.9, lookup=False):
+        self.name, self.tokens, self.asked, self.accepted, self.lookup = name, tokens, 0, [], lookup
+        self.SIGNAL_PRIOR = (prior,)
+
+    def draft_round(self, history, n_max, limit, sp, rng, gate):
+        self.asked += 1
+        return Draft(tokens=self.tokens[: limit if self.lookup else min(n_max, limit)])
+
+    def accept(self, n_accepted):
+        self.accepted.append(n_accepted)
+
+
+def test_the_chain_verifies_the_draft_with_the_most_expected_accepted_tokens():
+    rng = np.random.default_rng(0)
+    short, long_ = Fixed("short", [1, 2], prior=0.9), Fixed("long", list(range(5, 25)), 0.95, lookup=True)
+    chain = ChainDrafter([(long_, False), (short, True)])
+    d = chain.draft_round([0], 8, 64, GREEDY, rng, None)
+    assert d.tokens == list(range(5, 25)) and d.source == "long"
+    assert expected_accepted(0.95, 20) > expected_accepted(0.9, 8) > expected_accepted(0.9, 2)
+    assert short.asked == 0  # a model drafter's best possible draft could not beat it: not asked
+    rounds = 0
+    while d.source == "long" and rounds < 10:  # the long drafts keep failing at once: its acceptance falls
+        chain.accept(0)
+        d, rounds = chain.draft_round([0], 8, 64, GREEDY, rng, None), rounds + 1
+    assert d.source == "short" and d.tokens == [1, 2] and long_.accepted == [0] * rounds and 2 <= rounds <= 6
+    assert chain.name == "long,short"
+
+
+def test_an_empty_draft_leaves_the_round_to_the_others_and_none_is_no_draft():
+    rng = np.random.default_rng(0)
+    chain = ChainDrafter([(Fixed("lookup", []), False), (Fixed("model", [3, 4]), True)])
+    assert chain.draft_round([0], 8, 64, GREEDY, rng, None).source == "model"
+    chain = ChainDrafter([(Fixed("a", []), False), (Fixed("b", []), False)])
+    d = chain.draft_round([0], 8, 64, GREEDY, rng, None)
+    assert d.tokens == [] and d.source == ""
+    chain.accept(0)  # nothing was drafted: nothing to learn
+
+
+def test_chains_are_named_as_llama_cpp_names_them():
+    assert registry.drafter_for("draft-mtp,ngram-mod") == "mtp,ngram-mod"
+    assert registry.drafter_for(["draft-simple", "ngram-map-k"]) == "model,ngram-map-k"
+    assert registry.label("model,ngram-mod") == "draft model + n-gram lookup (ngram-mod)".replace(
+        "draft model", registry.label("model"))
+    with pytest.raises(EngineError, match="Unknown speculative type 'eagle'"):
+        registry.drafter_for("draft-mtp,eagle")
+
+
+def test_the_api_takes_speculative_type_as_a_list_or_a_comma_string():
+    from app.chat.settings import Settings
+    from app.server.request_body import ApiError, parse
+
+    msgs = [{"role": "user", "content": "hi"}]
+    usable = ("model", "ngram", "none")
+    for given in (["draft-simple", "ngram-mod"], "draft-simple,ngram-mod"):
+        job = parse({"messages": msgs, "speculative": {"type": given}}, True, Settings(), usable)
+        assert job.drafter == "model,ngram-mod"
+    job = parse({"messages": msgs, "speculative.type": "ngram-mod", "speculative": {"ngram_mod_n_match": 8},
+                 "speculative.ngram_size_n": 3}, True, Settings(), usable)
+    assert job.drafter == "ngram-mod" and job.params.draft.ngram.mod_n_match == 8
+    assert job.params.draft.ngram.simple_size_n == 3  # llama-server's name for ngram-simple's
+    with pytest.raises(ApiError, match="speculative.ngram_mod_n_match"):
+        parse({"messages": msgs, "speculative": {"ngram_mod_n_match": "x"}}, True, Settings(), usable)
+    with pytest.raises(ApiError, match="--spec-ngram-mod-n-match 0"):
+        parse({"messages": msgs, "speculative": {"ngram_mod_n_match": 0}}, True, Settings(), usable)
+
+
+def run(engine, ids, drafter, n, **draft):
+    engine.reset()
+    events = list(engine.generate(ids, GenerationParams(max_tokens=n, draft=DraftParams(**draft)), drafter))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+@pytest.mark.slow
+def test_a_draft_model_and_ngram_mod_together_are_greedy_identical(starter_engine):
+    ids = chat_tokens(starter_engine.model, [{"role": "user", "content": REPEAT}])
+    plain = run(starter_engine, ids, "none", 96)
+    small = NgramParams(mod_n_match=4, mod_n_min=2, mod_n_max=16)
+    done = run(starter_engine, ids, "model,ngram-mod", 96, draft_max=6, draft_p_min=0.0, ngram=small)
+    s = done.stats
+    assert done.token_ids == plain.token_ids and s.drafter == "ngram-mod,model"
+    assert set(s.by_drafter) == {"model", "ngram-mod"}  # both drafted some rounds
+    assert sum(r for r, _, _ in s.by_drafter.values()) <= s.n_rounds
+    assert sum(d for _, d, _ in s.by_drafter.values()) == s.n_drafted
+    assert sum(a for _, _, a in s.by_drafter.values()) == s.n_accepted
+
+
+@pytest.fixture(scope="module")
+def mtp_engine(tmp_path_factory):
+    e = Engine(ModelSettings(HEADS["mtp"].write(tmp_path_factory.mktemp("mtp"))[0], n_ctx=1024))
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("chain", ["mtp,ngram-mod", "mtp,ngram-simple", "ngram-cache,mtp"])
+def test_mtp_layers_with_a_lookup_are_greedy_identical(mtp_engine, chain):
+    ids = chat_tokens(mtp_engine.model, [{"role": "user", "content": "the cat sat on the mat " * 6}])
+    plain = run(mtp_engine, ids, "none", 120)
+    small = NgramParams(simple_size_n=2, simple_size_m=6, mod_n_match=2, mod_n_min=1, mod_n_max=6)
+    done = run(mtp_engine, ids, chain, 120, draft_max=4, draft_p_min=0.0, ngram=small)
+    assert done.token_ids == plain.token_ids and done.stats.n_drafted > 0
+    assert sum(d for _, d, _ in done.stats.by_drafter.values()) == done.stats.n_drafted
+    assert "mtp" in done.stats.by_drafter
+
+
+def test_a_chain_the_pair_cannot_run_is_refused_in_words(models):
+    e = Engine(ModelSettings(models["target"], n_ctx=128))
+    try:
+        with pytest.raises(EngineError, match="no MTP"):
+            list(e.generate([1, 300, 301], GenerationParams(max_tokens=4), "mtp,ngram-mod"))
+    finally:
+        e.close()
+
+
+def test_the_cli_runs_a_chain_and_says_what_each_member_contributed(models):
+    from test_cli import cli
+
+    common = ["--target", models["target"], "--draft", models["close_draft"], "--prompt", "the cat", "--json",
+              "--max-tokens", 40, "--draft-p-min", 0, "--no-adaptive"]
+    plain = json.loads(cli("generate", *common, "--drafter", "none").stdout)
+    r = cli("generate", *common, "--spec-type", "draft-simple,ngram-simple", "--spec-ngram-simple-size-n", 1,
+            "--spec-ngram-simple-size-m", 4)
+    assert r.returncode == 0, r.stderr
+    chain = json.loads(r.stdout)
+    assert chain["token_ids"] == plain["token_ids"] and chain["drafter"] == "ngram-simple,model"
+    assert sum(c["drafted"] for c in chain["by_drafter"].values()) == chain["n_drafted"] > 0
+
+
+def test_the_live_panel_and_the_details_say_what_each_member_contributed():
+    from app.engine import Stats
+    from app.ui.render import live_panel, stats_details
+
+    s = Stats(drafter="ngram-mod,model", n_drafted=10, n_accepted=9, n_rounds=3,
+              by_drafter={"ngram-mod": (2, 8, 8), "model": (1, 2, 1)})
+    panel, details = live_panel(s, [], "done"), stats_details(s)
+    for text in (panel, details):
+        assert "(ngram-mod): 2 rounds, 8/8 accepted" in text and ": 1 round, 1/2 accepted" in text
+    assert list(Stats.from_dict(json.loads(json.dumps(s.as_dict()))).by_drafter["model"]) == [1, 2, 1]  # saved with the conversation and back
