@@ -219,7 +219,7 @@ def test_chat_in_the_terminal(models):
     (["--pair", "nosuchpair"], "Unknown pair"),
     (["--target", "missing.gguf"], "not found"),
     (["--draft-max", "100"], "draft-max"),
-    (["--drafter", "magic"], "invalid choice"),
+    (["--drafter", "magic"], "Unknown drafter 'magic'"),
 ])
 def test_app_bad_flags_are_one_clear_line(args, words, tmp_path):
     """Plain `specchat` (the app) refuses bad flags before serving anything."""
