@@ -14,10 +14,10 @@ import json
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from ..engine import Done, EngineError, ModelsUnloaded, TextDelta
-from .openai_api import _Held, _json_body, _retry, timings
+from ..engine import Done, EngineError, TextDelta
+from .openai_api import _Held, _json_body, sse, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside Anthropic's.
@@ -140,38 +140,16 @@ class AnthropicMessages:
     async def _answer(self, request: Request):
         server = self.server
         body = chat_body(await _json_body(request))
-        engine, loaded = server.runtime.engine, server._loaded_name()
-        if engine is None or loaded is None:
-            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.")
-        job, ids, params, reader = await asyncio.to_thread(server._prepare, body, True, engine, loaded)
-        batches, watch = server._generate(request, engine, ids, params, job.drafter)
-        handed_over = False
-        try:
-            try:
-                first = await anext(batches)
-            except StopAsyncIteration:
-                return JSONResponse({"type": "error", "error": {"type": "api_error", "message": "The client went "
-                                                                                                "away."}}, 499)
-            except ModelsUnloaded as exc:
-                raise _retry(exc) from None
-            except EngineError as exc:
-                raise ApiError(400, str(exc)) from None
-            meta = dict(id=f"msg_{uuid.uuid4().hex[:24]}", model=body.get("model") or loaded, prompt_n=len(ids),
-                        stops=tuple(params.stop), detokenize=engine.detokenize, chat=True,
-                        tools=reader, offered=job.tools)
-            if job.stream:
-                handed_over = True
-                return StreamingResponse(self._stream(first, batches, meta, watch), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            done = first[-1]
-            async for batch in batches:
-                done = batch[-1]
-            server._log(meta, done, True)
-            return JSONResponse(message(meta, done))
-        finally:
-            if not handed_over:
-                watch.cancel()
-                await batches.aclose()
+        started = await server._begin(request, body, True)
+        job = started.job
+        meta = dict(id=f"msg_{uuid.uuid4().hex[:24]}", model=body.get("model") or started.loaded,
+                    prompt_n=len(started.ids), stops=tuple(job.params.stop), detokenize=server.runtime.engine.detokenize,
+                    chat=True, tools=started.reader, offered=job.tools)
+        if job.stream:
+            return sse(self._stream(started.first, started.batches, meta, started.watch))
+        done = await started.finish()
+        server._log(meta, done, True)
+        return JSONResponse(message(meta, done))
 
     async def _stream(self, first: list, batches, meta: dict, watch: asyncio.Future):
         """Anthropic's events: message_start, ping, a text block (content_block_start, a content_block_delta per

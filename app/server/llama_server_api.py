@@ -18,7 +18,7 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
 from ..prompts import chat_prompt, tool_prompt
@@ -176,25 +176,25 @@ class _Routes:
         ``{"content", "stop", "stop_type", "tokens_predicted", "tokens_evaluated", "timings", …}``; streamed, one
         ``data: {"content", "stop": false, …}`` event per batch and the whole answer's fields on the last (no
         ``[DONE]``, as llama-server)."""
-        from .openai_api import _json_body, _retry, timings
+        from .openai_api import _json_body, sse, timings
 
         body = await _json_body(request)
-        server, engine, loaded = self.server, self._engine(), self.server._loaded_name()
-        if engine is None:
+        server = self.server
+        if self._engine() is None:
             return loading()
-        job, ids, params, _ = await asyncio.to_thread(server._prepare, body, False, engine, loaded)
-        batches, watch = server._generate(request, engine, ids, params, job.drafter)
+        started = await server._begin(request, body, False)
+        job, ids, batches = started.job, started.ids, started.batches
 
         def final(done: Done) -> dict:
-            server._log({"model": loaded}, done, False)  # for the app's API section
+            server._log({"model": started.loaded}, done, False)  # for the app's API section
             return {"index": 0, "content": "" if job.stream else done.text, "tokens": [], "id_slot": 0, "stop": True,
-                    "model": loaded, "tokens_predicted": done.stats.n_tokens, "tokens_evaluated": len(ids),
+                    "model": started.loaded, "tokens_predicted": done.stats.n_tokens, "tokens_evaluated": len(ids),
                     "prompt": job.prompt, "truncated": False, "tokens_cached": done.stats.prompt_cached,
                     "stop_type": "limit" if done.finish_reason == "length" else "eos", "stopping_word": "",
                     "timings": timings(done.stats)}
 
-        async def events(first):
-            batch, done = first, None
+        async def events():
+            batch, done = started.first, None
             try:
                 while done is None:
                     done = batch[-1] if isinstance(batch[-1], Done) else None
@@ -210,31 +210,11 @@ class _Routes:
             except EngineError as exc:
                 yield f"data: {json.dumps({'error': {'code': 500, 'message': str(exc), 'type': 'server_error'}})}\n\n"
             finally:
-                watch.cancel()
-                await batches.aclose()
+                await started.close()
 
-        handed_over = False
-        try:
-            try:
-                first = await anext(batches)
-            except StopAsyncIteration:
-                return JSONResponse(ApiError(499, "The client went away.", code="client_closed").body(), 499)
-            except ModelsUnloaded as exc:
-                raise _retry(exc) from None
-            except EngineError as exc:
-                raise ApiError(400, str(exc)) from None
-            if job.stream:
-                handed_over = True
-                return StreamingResponse(events(first), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            done = first[-1]
-            async for batch in batches:
-                done = batch[-1]
-            return final(done)
-        finally:
-            if not handed_over:
-                watch.cancel()
-                await batches.aclose()
+        if job.stream:
+            return sse(events())
+        return final(await started.finish())
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:

@@ -69,6 +69,35 @@ class Served:
     finish: str
 
 
+@dataclass
+class Started:
+    """A generation under way (``OpenAIServer._begin``): the request read, its prompt's tokens, the tool format its
+    answer is read with (None: no call), the first batch of events, the rest, and the watch that cancels it when the
+    client goes away. A stream that takes it over closes it when it ends; else ``finish`` does."""
+
+    job: Job
+    ids: list[int]
+    reader: object
+    first: list
+    batches: AsyncIterator
+    watch: asyncio.Future
+    loaded: str  # the loaded pair's name
+
+    async def finish(self) -> Done:
+        """The whole answer: every batch read, the generation closed."""
+        try:
+            done = self.first[-1]
+            async for batch in self.batches:
+                done = batch[-1]
+            return done
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        self.watch.cancel()
+        await self.batches.aclose()
+
+
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
                  max_body: int | None = None):
@@ -152,41 +181,15 @@ class OpenAIServer:
                 cancel.set()
 
     async def _answer(self, request: Request, chat: bool):
-        body = await _json_body(request)
-        engine = self.runtime.engine
-        loaded = self._loaded_name()
-        if engine is None or loaded is None:
-            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
-                           "server_error", code="no_model_loaded")
-        # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
-        job, ids, params, reader = await asyncio.to_thread(self._prepare, body, chat, engine, loaded)
-
-        batches, watch = self._generate(request, engine, ids, params, job.drafter)
-        handed_over = False
-        try:
-            try:
-                first = await anext(batches)  # validation errors (and the wait for the engine) come before output
-            except StopAsyncIteration:  # cancelled before its turn: the client is gone, nobody reads an answer
-                return JSONResponse(ApiError(499, "The client went away.", code="client_closed").body(), 499)
-            except ModelsUnloaded as exc:  # another pair was loaded while this request waited
-                raise _retry(exc) from None
-            except EngineError as exc:
-                raise ApiError(400, str(exc)) from None
-            meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                        model=loaded, chat=chat, prompt_n=len(ids), tools=reader, offered=job.tools)
-            if job.stream:
-                handed_over = True  # the stream stops the watch when it ends
-                return StreamingResponse(self._stream(job, first, batches, meta, watch), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            done = first[-1]
-            async for batch in batches:
-                done = batch[-1]
-            self._log(meta, done, chat)
-            return JSONResponse(self._final(meta, done))
-        finally:
-            if not handed_over:
-                watch.cancel()
-                await batches.aclose()
+        started = await self._begin(request, await _json_body(request), chat)
+        job, ids = started.job, started.ids
+        meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
+                    model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools)
+        if job.stream:  # (the stream closes the generation when it ends)
+            return sse(self._stream(job, started.first, started.batches, meta, started.watch))
+        done = await started.finish()
+        self._log(meta, done, chat)
+        return JSONResponse(self._final(meta, done))
 
     def _prepare(self, body, chat: bool, engine, loaded: str) -> tuple[Job, list[int], object, object]:
         """On a worker thread: the request read (``Job``), its prompt's tokens, the generation's parameters and the
@@ -223,6 +226,32 @@ class OpenAIServer:
         leave = self._enter_queue(cancel)
         batches = batches_async(lambda c: engine.generate(ids, params, drafter, c), leave, cancel)
         return batches, asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+
+    async def _begin(self, request: Request, body, chat: bool) -> Started:
+        """A request body read, its prompt rendered (on a worker thread), its generation queued and its first batch
+        of events come: what every endpoint that generates starts with. A mistake, no pair loaded, the pair unloaded
+        meanwhile or the client gone before its turn are ApiErrors (400, 503, 503 with Retry-After, 499)."""
+        engine = self.runtime.engine
+        loaded = self._loaded_name()
+        if engine is None or loaded is None:
+            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
+                           "server_error", code="no_model_loaded")
+        # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
+        job, ids, params, reader = await asyncio.to_thread(self._prepare, body, chat, engine, loaded)
+        batches, watch = self._generate(request, engine, ids, params, job.drafter)
+        try:
+            first = await anext(batches)  # validation errors (and the wait for the engine) come before output
+        except BaseException as exc:
+            watch.cancel()
+            await batches.aclose()
+            if isinstance(exc, StopAsyncIteration):  # cancelled before its turn: the client is gone
+                raise ApiError(499, "The client went away.", code="client_closed") from None
+            if isinstance(exc, ModelsUnloaded):  # another pair was loaded while this request waited
+                raise _retry(exc) from None
+            if isinstance(exc, EngineError):
+                raise ApiError(400, str(exc)) from None
+            raise
+        return Started(job, ids, reader, first, batches, watch, loaded)
 
     def _enter_queue(self, cancel: threading.Event) -> Callable[[], None]:
         """Count a request in (503 when too many wait); returns what counts it out, called on the worker when its
@@ -328,6 +357,12 @@ class OpenAIServer:
         self.served.appendleft(Served(time.time(), "chat" if chat else "completions", meta["model"], s.n_tokens,
                                       s.tokens_per_second if s.rate_measured else None,
                                       s.acceptance_rate if s.n_drafted else None, s.drafter, done.finish_reason))
+
+
+def sse(events: AsyncIterator[str]) -> StreamingResponse:
+    """Server-Sent Events, not buffered on the way (a proxy honours X-Accel-Buffering)."""
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
