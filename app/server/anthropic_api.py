@@ -143,8 +143,8 @@ class AnthropicMessages:
         started = await server._begin(request, body, True)
         job = started.job
         meta = dict(id=f"msg_{uuid.uuid4().hex[:24]}", model=body.get("model") or started.loaded,
-                    prompt_n=len(started.ids), stops=tuple(job.params.stop), detokenize=server.runtime.engine.detokenize,
-                    chat=True, tools=started.reader, offered=job.tools)
+                    prompt_n=len(started.ids), stops=tuple(job.params.stop), chat=True,
+                    detokenize=server.runtime.engine.detokenize, tools=started.reader, offered=job.tools)
         if job.stream:
             return sse(self._stream(started.first, started.batches, meta, started.watch))
         done = await started.finish()

@@ -26,7 +26,7 @@ from .request_body import ApiError, parse
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
 ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion")
-ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions"))
+ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions", "/responses"))
 
 
 def llama_error(status: int, message: str, type_: str) -> JSONResponse:

@@ -137,6 +137,8 @@ class OpenAIServer:
         api.post("/completions")(self.completions)
         from .anthropic_api import AnthropicMessages  # (here: that module imports this one)
         api.post("/messages")(AnthropicMessages(self).messages)  # Anthropic's Messages API
+        from .responses_api import Responses  # (the same)
+        api.post("/responses")(Responses(self).create)  # OpenAI's Responses API
         api.add_middleware(BodyLimit, limit=self.body_limit)  # added last: in front of the rest
         return api
 
