@@ -204,3 +204,51 @@ def test_native_completion_errors(tiny_server):
     rt.close()
     r = httpx.post(f"{url}/completion", json={"prompt": "the cat"}, timeout=30)
     assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+
+
+def _prometheus(text: str) -> dict[str, tuple[str, float]]:
+    """{name: (type, value)} of Prometheus text, each sample checked to have its TYPE and HELP lines."""
+    types, out = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            name, value = line.split(" ", 1)
+            assert name in types and f"# HELP {name} " in text, line
+            out[name] = (types[name], float(value))
+    return out
+
+
+def test_metrics_are_501_unless_asked_for_then_count_every_endpoint_as_llama_server_names_them(tiny_server):
+    url, _, api = tiny_server
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error" and "--metrics" in r.text
+    api.metrics_enabled = True  # (what --metrics sets)
+    timings = [httpx.post(f"{url}/completion", json={"prompt": "the cat sat", "n_predict": n, "temperature": 0},
+                          timeout=60).json()["timings"] for n in (1, 4, 16)]  # the same prompt: reused after the first
+    timings.append(httpx.post(f"{url}/chat/completions", json={"messages": PROMPT, "max_tokens": 8},
+                              timeout=60).json()["timings"])
+    with httpx.stream("POST", f"{url}/v1/responses", json={"input": "the dog", "max_output_tokens": 8,
+                                                            "stream": True}, timeout=60) as r:
+        completed = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")][-1]
+    timings.append(completed["timings"])
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert int(r.headers["Process-Start-Time-Unix"]) > 0
+    m = _prometheus(r.text)
+    total = {k: sum(t[k] for t in timings) for k in ("prompt_n", "cache_n", "predicted_n", "draft_n",
+                                                       "draft_n_accepted")}
+    assert total["cache_n"] > 0 and total["draft_n"] > 0
+    assert m["llamacpp:prompt_tokens_total"] == ("counter", total["prompt_n"])
+    assert m["llamacpp:prompt_tokens_cached_total"] == ("counter", total["cache_n"])
+    assert m["llamacpp:tokens_predicted_total"] == ("counter", total["predicted_n"])
+    assert m["llamacpp:spec_decode_num_draft_tokens_total"] == ("counter", total["draft_n"])
+    assert m["llamacpp:spec_decode_num_accepted_tokens_total"] == ("counter", total["draft_n_accepted"])
+    assert 0 < m["llamacpp:spec_decode_num_drafts_total"][1] <= total["draft_n"]
+    assert m["llamacpp:n_decode_total"][1] >= total["predicted_n"] - total["draft_n_accepted"]
+    assert m["llamacpp:requests_processing"] == ("gauge", 0) and m["llamacpp:requests_deferred"] == ("gauge", 0)
+    assert m["llamacpp:predicted_tokens_seconds"][1] > 0 and m["llamacpp:prompt_seconds_total"][1] > 0
+    again = _prometheus(httpx.get(f"{url}/v1/metrics", timeout=30).text)
+    assert again["llamacpp:tokens_predicted_total"] == m["llamacpp:tokens_predicted_total"]  # counters stay
+    assert again["llamacpp:predicted_tokens_seconds"][1] == 0  # the gauges' window restarted with the scrape

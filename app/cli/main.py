@@ -190,6 +190,9 @@ def _serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, metavar="MB",
                    help="the largest request body /v1 takes, in MB; larger ones get 413 (default: 64 bytes per token "
                         "of the loaded context, at least 16 MB)")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve llama-server's Prometheus metrics at /metrics, speculative counters included (default: "
+                        "off, as llama-server: 501)")
 
 
 def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -479,7 +482,7 @@ def cmd_app(args) -> int:
     return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,
                  api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
                  server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth,
-                 max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None)
+                 max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None, metrics=args.metrics)
 
 
 def main(argv: list[str] | None = None) -> int:

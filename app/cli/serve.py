@@ -71,10 +71,11 @@ def _interrupt(signum, frame):
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool,
           api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True,
           server_key: str | None = None, allow_hosts: list[str] | None = None, no_auth: bool = False,
-          max_body: int | None = None) -> int:
+          max_body: int | None = None, metrics: bool = False) -> int:
     """``api_key`` guards this app's own /v1 (and, with ``listen``, everything: one is made up when none is given,
     unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted); ``max_body``:
-    the largest /v1 request body in bytes (None: sized to the loaded context)."""
+    the largest /v1 request body in bytes (None: sized to the loaded context); ``metrics``: serve llama-server's
+    Prometheus ``/metrics``."""
     from ..server.guard import Access, Guard
     from ..server.llama_server_api import LlamaAliases
 
@@ -85,7 +86,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     port = port or free_port(host)
     api_key, made_up_key = _session_key(listen, api_key, no_auth)
     access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
-    root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors, max_body)
+    root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors, max_body, metrics)
     server, thread = _start_http(LlamaAliases(Guard(root, access)), host, port)
     _shut_down_on_signals()
     try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
@@ -138,7 +139,7 @@ def _session_key(listen: bool, api_key: str | None, no_auth: bool) -> tuple[str 
 
 def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bool, host: str, port: int,
              api_key: str | None, cors: list[str] | None,
-             max_body: int | None = None) -> tuple[object, OpenAIServer, SpecChatUI | None]:
+             max_body: int | None = None, metrics: bool = False) -> tuple[object, OpenAIServer, SpecChatUI | None]:
     """The ASGI app: the API at /v1 and, ``with_ui``, the Gradio UI at /. Returns it, the API and the UI (or None)."""
     from fastapi import FastAPI
 
@@ -146,7 +147,7 @@ def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bo
 
     # What a request leaves out: the app's settings as last saved by the UI, or this command's.
     defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
-    api = OpenAIServer(runtime, defaults, max_body=max_body)
+    api = OpenAIServer(runtime, defaults, max_body=max_body, metrics=metrics)
     root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     root.mount("/v1", api.app(cors))
     if not with_ui:

@@ -18,14 +18,14 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
 from ..prompts import chat_prompt, tool_prompt
 from .request_body import ApiError, parse
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
-ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion")
+ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion", "/metrics")
 ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions", "/responses"))
 
 
@@ -59,6 +59,7 @@ def register(api: FastAPI, server) -> None:
     api.get("/health")(routes.health)
     api.get("/props")(routes.props)
     api.get("/slots")(routes.slots)
+    api.get("/metrics")(routes.metrics)
     api.post("/tokenize")(routes.tokenize)
     api.post("/detokenize")(routes.detokenize)
     api.post("/apply-template")(routes.apply_template)
@@ -80,6 +81,15 @@ class _Routes:
     async def slots(self):
         return llama_error(501, "This server does not support slots endpoint. SpecChat serves one request at a "
                                 "time on its engine; there are no slots to list.", "not_supported_error")
+
+    async def metrics(self):
+        """llama-server's Prometheus text (app/server/metrics.py), or its 501 when not started with --metrics."""
+        server = self.server
+        if not server.metrics_enabled:
+            return llama_error(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                               "not_supported_error")
+        return PlainTextResponse(server.metrics.text(server.waiting), media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(server.metrics.started)})
 
     async def props(self):
         engine = self._engine()
@@ -105,7 +115,8 @@ class _Routes:
             "model_alias": self.server._loaded_name(),
             "model_path": str(model.path),
             "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": False,
+            "endpoint_slots": False, "endpoint_props": False,
+            "endpoint_metrics": self.server.metrics_enabled,
             "chat_template": model.chat_template() or "",
             "bos_token": bos, "eos_token": eos,
             "build_info": _build_info(),

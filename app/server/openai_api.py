@@ -32,6 +32,7 @@ from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, tool_prompt
 from . import llama_server_api
+from .metrics import Metrics
 from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
@@ -100,7 +101,7 @@ class Started:
 
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
-                 max_body: int | None = None):
+                 max_body: int | None = None, metrics: bool = False):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
@@ -110,6 +111,8 @@ class OpenAIServer:
         self._count_lock = threading.Lock()
         self._cancels: set[threading.Event] = set()  # one per request queued or running
         self.served: deque[Served] = deque(maxlen=50)
+        self.metrics = Metrics()  # counted always, served at /metrics only when asked for (--metrics)
+        self.metrics_enabled = metrics
 
     # --- the app --------------------------------------------------------------------------------------------
     def app(self, cors: list[str] | None = None) -> FastAPI:
@@ -226,7 +229,7 @@ class OpenAIServer:
         the engine come with the first), and a watch that cancels it when the client goes away."""
         cancel = threading.Event()
         leave = self._enter_queue(cancel)
-        batches = batches_async(lambda c: engine.generate(ids, params, drafter, c), leave, cancel)
+        batches = self.metrics.observe(batches_async(lambda c: engine.generate(ids, params, drafter, c), leave, cancel))
         return batches, asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
 
     async def _begin(self, request: Request, body, chat: bool) -> Started:
