@@ -303,7 +303,9 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(serve
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert words in err["message"] and set(err) == {"message", "type", "param", "code"}
+    assert words in err["message"] and set(err) - {"n_prompt_tokens", "n_ctx"} == {"message", "type", "param", "code"}
+    if err["type"] == "exceed_context_size_error":  # llama-server's, with its figures
+        assert err["n_prompt_tokens"] >= err["n_ctx"] > 0
     assert client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=4).choices[0].message.content
 
 
@@ -428,3 +430,56 @@ def test_a_request_queued_while_another_pair_loads_is_told_to_retry_not_a_500(ti
     rt.engine = None
     rt.load(LoadSpec(target=rt.spec.target, draft=rt.spec.draft, ctx=256))
     assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 200
+
+
+# --- llama-server's serve flags -----------------------------------------------------------------------------------
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} says\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_llama_server_flags_set_names_request_defaults_the_template_and_metrics(specchat_home, tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE, encoding="utf-8")
+    flags = ("--alias", "gpt-4o-mini, local", "--temp", "0", "-n", "5", "--seed", "7", "--top-k", "20",
+             "--chat-template-file", str(template), "--jinja", "--reasoning", "off", "--metrics")
+    with specchat_serve(specchat_home, None, *flags) as url:
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
+        [model] = [m for m in c.models.list().data if m.model_extra["loaded"]]
+        assert model.id == "gpt-4o-mini" and model.model_extra["aliases"] == ["gpt-4o-mini", "local"]
+        assert model.model_extra["pair"] == "starter"
+        r = c.chat.completions.create(model="anything", messages=PROMPT)  # no max_tokens, no temperature
+        again = c.chat.completions.create(model="anything", messages=PROMPT)
+        assert r.model == "gpt-4o-mini" and r.usage.completion_tokens <= 5
+        assert r.usage.completion_tokens == 5 or r.choices[0].finish_reason == "stop"
+        assert again.choices[0].message.content == r.choices[0].message.content  # --temp 0: greedy by default
+        base = url.rsplit("/v1", 1)[0]
+        props = httpx.get(f"{base}/props", timeout=30).json()
+        params = props["default_generation_settings"]["params"]
+        assert (params["n_predict"], params["temperature"], params["seed"], params["top_k"]) == (5, 0, 7, 20)
+        assert props["chat_template"] == TEMPLATE and props["model_alias"] == "gpt-4o-mini"
+        assert props["endpoint_metrics"] is True
+        prompt = httpx.post(f"{base}/apply-template", json={"messages": PROMPT}, timeout=30).json()["prompt"]
+        assert prompt.startswith(f"<|im_start|>user says\n{PROMPT[0]['content']}")  # the flag's template, rendered
+        metrics = httpx.get(f"{base}/metrics", timeout=30)
+        assert metrics.status_code == 200 and "llamacpp:spec_decode_num_accepted_tokens_total" in metrics.text
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--chat-template", "chatml"], "not a Jinja template"),
+    (["--chat-template", "{{ x }}", "--chat-template-file", "t.jinja"], "not both"),
+    (["--chat-template-file", "/nonexistent/t.jinja"], "Cannot read"),
+    (["--reasoning-format", "deepseek"], "not supported"),
+    (["-n", "0"], "at least 1"),
+])
+def test_bad_llama_server_flags_are_one_clear_line_before_anything_loads(capsys, flags, words):
+    from app.cli.main import main
+
+    assert main(["serve", "--pair", "starter", *flags]) == 1
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_alias_flags_are_split_and_kept_in_order():
+    from app.cli.serve import aliases_flag
+
+    assert aliases_flag(["a, b", "c,a", " "]) == ("a", "b", "c")

@@ -150,7 +150,7 @@ def test_under_listen_a_missing_key_is_refused_on_the_unprefixed_routes(listenin
              ("POST", "/chat/completions"))
     for method, path in paths:
         r = httpx.request(method, url + path, json={"messages": PROMPT, "prompt": "x"}, timeout=30)
-        assert r.status_code == 401, (path, r.text)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", (path, r.text)
     assert api.generations == 0
     signed = {"Authorization": f"Bearer {KEY}"}
     assert httpx.get(f"{url}/health", headers=signed, timeout=30).json() == {"status": "ok"}
@@ -252,3 +252,60 @@ def test_metrics_are_501_unless_asked_for_then_count_every_endpoint_as_llama_ser
     again = _prometheus(httpx.get(f"{url}/v1/metrics", timeout=30).text)
     assert again["llamacpp:tokens_predicted_total"] == m["llamacpp:tokens_predicted_total"]  # counters stay
     assert again["llamacpp:predicted_tokens_seconds"][1] == 0  # the gauges' window restarted with the scrape
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/embeddings"), ("POST", "/v1/embeddings"), ("POST", "/embedding"),
+                                          ("POST", "/rerank"), ("POST", "/v1/reranking"), ("POST", "/infill"),
+                                          ("GET", "/lora-adapters"), ("POST", "/slots/0"),
+                                          ("POST", "/v1/audio/transcriptions")])
+def test_features_left_out_answer_501_not_supported_not_404(tiny_server, method, path):
+    url, _, api = tiny_server
+    r = httpx.request(method, url + path, json={"input": "x", "content": "x"}, timeout=30)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error", r.text
+    assert api.generations == 0 and httpx.get(f"{url}/nowhere", timeout=30).status_code == 404
+
+
+def test_token_id_prompts_are_the_same_prompt_as_their_text(tiny_server):
+    url, rt, _ = tiny_server
+    ids = rt.engine.model.tokenize("the cat", add_special=True)
+    body = {"n_predict": 6, "temperature": 0}
+    text = httpx.post(f"{url}/completion", json=body | {"prompt": "the cat"}, timeout=60).json()
+    for prompt in (ids, [ids]):
+        native = httpx.post(f"{url}/completion", json=body | {"prompt": prompt}, timeout=60).json()
+        assert native["content"] == text["content"] and native["tokens_evaluated"] == len(ids)
+        oai = httpx.post(f"{url}/v1/completions", json=body | {"prompt": prompt}, timeout=60).json()
+        assert oai["choices"][0]["text"] == text["content"] and oai["usage"]["prompt_tokens"] == len(ids)
+    for bad in ([10 ** 9], [1, "x"], [[1], [2]], []):
+        r = httpx.post(f"{url}/completion", json=body | {"prompt": bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
+
+
+def test_a_prompt_over_the_context_is_llama_servers_exceed_context_size_error(tiny_server):
+    url, rt, _ = tiny_server
+    long = "the cat sat " * 200
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}),
+                       ("/completion", {"prompt": long}), ("/v1/completions", {"prompt": [5] * 300})):
+        r = httpx.post(url + path, json=body, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["type"] == "exceed_context_size_error", r.text
+        assert err["n_ctx"] == rt.engine.n_ctx == 256 and err["n_prompt_tokens"] > 256
+        assert "exceeds the available context size" in err["message"]
+
+
+def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
+    url, _, api = tiny_server
+    body = {"messages": PROMPT, "max_tokens": 4, "temperature": 0}
+    first = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    again = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert first["system_fingerprint"].startswith("specchat") and again["system_fingerprint"] == \
+        first["system_fingerprint"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["timings"]["cache_n"] > 0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in chunks)
+    before = api.generations
+    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}):
+        r = httpx.post(f"{url}/v1/chat/completions", json=body | extra, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
+    assert api.generations == before
+    assert httpx.post(f"{url}/v1/chat/completions", json=body | {"logprobs": False}, timeout=30).status_code == 200

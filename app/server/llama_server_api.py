@@ -26,7 +26,15 @@ from .request_body import ApiError, parse
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
 ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion", "/metrics")
-ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions", "/responses"))
+# llama-server's routes for what SpecChat deliberately does not do: 501 not_supported_error, as llama-server answers
+# a feature it was not started with, rather than 404.
+NOT_SUPPORTED = {
+    "/embedding": "embeddings", "/embeddings": "embeddings", "/rerank": "reranking", "/reranking": "reranking",
+    "/infill": "infill (fill-in-the-middle)", "/lora-adapters": "LoRA adapters",
+    "/audio/transcriptions": "audio transcription", "/slots/{id_slot}": "saving or restoring slots",
+}
+ALIASES = frozenset(ROUTES + tuple(p for p in NOT_SUPPORTED if "{" not in p) +
+                    ("/models", "/completions", "/chat/completions", "/responses"))
 
 
 def llama_error(status: int, message: str, type_: str) -> JSONResponse:
@@ -46,7 +54,7 @@ class LlamaAliases:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("path") in ALIASES:
+        if scope["type"] == "http" and (scope.get("path") in ALIASES or scope.get("path", "").startswith("/slots/")):
             scope = dict(scope, path="/v1" + scope["path"])
             if scope.get("raw_path") is not None:
                 scope["raw_path"] = b"/v1" + scope["raw_path"]
@@ -64,6 +72,15 @@ def register(api: FastAPI, server) -> None:
     api.post("/detokenize")(routes.detokenize)
     api.post("/apply-template")(routes.apply_template)
     api.post("/completion")(routes.completion)
+    for path, what in NOT_SUPPORTED.items():
+        api.api_route(path, methods=["GET", "POST"], include_in_schema=False)(_not_supported(what))
+
+
+def _not_supported(what: str):
+    async def answer():
+        return llama_error(501, f"This server does not support {what}: SpecChat serves a chat pair (a target and "
+                                "its draft) for generation only.", "not_supported_error")
+    return answer
 
 
 class _Routes:
@@ -112,7 +129,7 @@ class _Routes:
         return {
             "default_generation_settings": {"params": params, "n_ctx": engine.n_ctx},
             "total_slots": 1,
-            "model_alias": self.server._loaded_name(),
+            "model_alias": self.server.model_name(self.server._loaded_name()),
             "model_path": str(model.path),
             "modalities": {"vision": False, "video": False, "audio": False},
             "endpoint_slots": False, "endpoint_props": False,
@@ -241,6 +258,14 @@ def _piece(raw: bytes):
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return list(raw)
+
+
+def fingerprint() -> str:
+    """``system_fingerprint``: what built the answer (llama-server: its build number and commit)."""
+    try:
+        return f"specchat-llama-cpp-python-{version('llama_cpp_python')}"
+    except PackageNotFoundError:
+        return "specchat"
 
 
 def _build_info() -> str:

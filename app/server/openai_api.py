@@ -82,7 +82,7 @@ class Started:
     first: list
     batches: AsyncIterator
     watch: asyncio.Future
-    loaded: str  # the loaded pair's name
+    loaded: str  # the name answers carry for the loaded pair (OpenAIServer.model_name)
 
     async def finish(self) -> Done:
         """The whole answer: every batch read, the generation closed."""
@@ -101,7 +101,7 @@ class Started:
 
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
-                 max_body: int | None = None, metrics: bool = False):
+                 max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = ()):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
@@ -113,6 +113,7 @@ class OpenAIServer:
         self.served: deque[Served] = deque(maxlen=50)
         self.metrics = Metrics()  # counted always, served at /metrics only when asked for (--metrics)
         self.metrics_enabled = metrics
+        self.aliases = tuple(aliases)  # --alias: the names the loaded pair is listed and answers by
 
     # --- the app --------------------------------------------------------------------------------------------
     def app(self, cors: list[str] | None = None) -> FastAPI:
@@ -164,6 +165,8 @@ class OpenAIServer:
                 for n in names]
         if loaded:  # how it speculates by default, for clients that show it (SpecChat pointed at this server does)
             data[0]["speculation"] = self._speculation()
+            if self.aliases:  # listed by its first alias, as llama-server (the pair's name is kept beside)
+                data[0].update(id=self.aliases[0], aliases=list(self.aliases), pair=loaded)
         return {"object": "list", "data": data}
 
     def _speculation(self) -> str:
@@ -178,6 +181,10 @@ class OpenAIServer:
     # --- answering ------------------------------------------------------------------------------------------
     def _loaded_name(self) -> str | None:
         return self.runtime.spec.describe() if self.runtime.spec and self.runtime.engine else None
+
+    def model_name(self, loaded: str) -> str:
+        """The name answers carry for the loaded pair ``loaded``: its first --alias, else its own."""
+        return self.aliases[0] if self.aliases else loaded
 
     def cancel_all(self) -> None:
         """Stop every request queued or running (shutting down)."""
@@ -207,7 +214,9 @@ class OpenAIServer:
             raise ApiError(400, str(exc), param="drafter") from None
         params, reader = job.params, None
         try:
-            _check_length(engine, [m["content"] for m in job.messages] if chat else [job.prompt], chat)
+            tokens_given = not chat and isinstance(job.prompt, list)  # (token ids: nothing to render)
+            texts = [m["content"] for m in job.messages] if chat else [] if tokens_given else [job.prompt]
+            _check_length(engine, texts, chat)
             if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
                 ids, grammar, fmt, shown = tool_prompt(engine.model, job.messages, job.tools, job.tool_choice,
                                                        **job.template_variables)
@@ -215,13 +224,13 @@ class OpenAIServer:
             elif chat:
                 ids = chat_tokens(engine.model, job.messages, **job.template_variables)
             else:
-                ids = plain_tokens(engine.model, job.prompt)
+                ids = _token_ids(engine, job.prompt) if tokens_given else plain_tokens(engine.model, job.prompt)
         except ModelsUnloaded as exc:
             raise _retry(exc) from None
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         if len(ids) >= engine.n_ctx:
-            raise _too_long(f"The prompt is {len(ids)} tokens", engine.n_ctx, chat)
+            raise _too_long("The prompt is", len(ids), engine.n_ctx, chat)
         return job, ids, params, reader
 
     def _generate(self, request: Request, engine, ids: list[int], params, drafter: str):
@@ -256,7 +265,7 @@ class OpenAIServer:
             if isinstance(exc, EngineError):
                 raise ApiError(400, str(exc)) from None
             raise
-        return Started(job, ids, reader, first, batches, watch, loaded)
+        return Started(job, ids, reader, first, batches, watch, self.model_name(loaded))
 
     def _enter_queue(self, cancel: threading.Event) -> Callable[[], None]:
         """Count a request in (503 when too many wait); returns what counts it out, called on the worker when its
@@ -288,7 +297,8 @@ class OpenAIServer:
         else:
             choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
         return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
-                "created": meta["created"], "model": meta["model"], "choices": [choice],
+                "created": meta["created"], "model": meta["model"],
+                "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice],
                 "usage": _usage(meta, done.stats), "timings": timings(done.stats)}
 
     async def _stream(self, job: Job, first: list, batches: AsyncIterator, meta: dict, watch: asyncio.Future):
@@ -308,7 +318,8 @@ class OpenAIServer:
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             out = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
-                   "created": meta["created"], "model": meta["model"], "choices": [choice]}
+                   "created": meta["created"], "model": meta["model"],
+                   "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice]}
             if with_timings or job.timings_per_token:
                 out["timings"] = timings(stats)
             return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
@@ -403,7 +414,8 @@ def _call(call) -> dict:
 
 def _usage(meta: dict, stats: Stats) -> dict:
     return {"prompt_tokens": meta["prompt_n"], "completion_tokens": stats.n_tokens,
-            "total_tokens": meta["prompt_n"] + stats.n_tokens}
+            "total_tokens": meta["prompt_n"] + stats.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.prompt_cached}}  # reused from the previous request
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -442,12 +454,23 @@ def _check_length(engine, texts: list[str], chat: bool) -> None:
     characters = sum(len(t) - sum(t.count(c) for c in _SPACES) for t in texts)
     at_least = characters // max(longest, 1)
     if at_least >= engine.n_ctx:
-        raise _too_long(f"The prompt is at least {at_least} tokens", engine.n_ctx, chat)
+        raise _too_long("The prompt is at least", at_least, engine.n_ctx, chat)
 
 
-def _too_long(what: str, n_ctx: int, chat: bool) -> ApiError:
-    return ApiError(400, f"{what} but the context holds {n_ctx}: shorten it.", param="messages" if chat else "prompt",
-                    code="context_length_exceeded")
+def _too_long(what: str, n_prompt: int, n_ctx: int, chat: bool) -> ApiError:
+    """llama-server's ``exceed_context_size_error``, with its ``n_prompt_tokens`` and ``n_ctx``."""
+    return ApiError(400, f"{what} {n_prompt} tokens but the context holds {n_ctx}: the request exceeds the available "
+                         "context size; shorten it.", "exceed_context_size_error",
+                    param="messages" if chat else "prompt", code="context_length_exceeded",
+                    extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
+
+
+def _token_ids(engine, ids: list[int]) -> list[int]:
+    """A prompt given as token ids, as llama-server takes it: used as it is, each id in the vocabulary."""
+    n_vocab = engine.model.n_vocab
+    if not all(0 <= t < n_vocab for t in ids):
+        raise ApiError(400, f"'prompt' holds a token id outside the vocabulary (0 to {n_vocab - 1}).", param="prompt")
+    return list(ids)
 
 
 def _retry(exc: ModelsUnloaded) -> ApiError:

@@ -20,16 +20,18 @@ from ..prompts.tools import Tool, ToolChoice
 
 
 class ApiError(Exception):
-    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status, and
+    llama-server's fields where it has them (``extra``: ``n_prompt_tokens`` and ``n_ctx`` of a prompt too long)."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+                 code: str | None = None, headers: dict | None = None, extra: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
+        self.headers, self.extra = headers or {}, extra or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 # The largest body /v1 takes unless --max-body-mb says otherwise: 64 bytes of JSON per token of the loaded context,
@@ -182,7 +184,7 @@ class Job:
 
     model: str | None
     messages: list[dict] | None  # chat
-    prompt: str | None  # completion
+    prompt: str | list[int] | None  # completion: text, or token ids (as llama-server takes them)
     params: GenerationParams
     drafter: str
     stream: bool
@@ -329,13 +331,28 @@ def _tools(body: dict, chat: bool) -> tuple[list[Tool], ToolChoice]:
     return out, ToolChoice(mode="required", name=name, parallel=parallel)
 
 
-def _prompt(body: dict) -> str:
+def _prompt(body: dict) -> str | list[int]:
+    """One prompt: text, or token ids (checked against the vocabulary when it is rendered); a list holding one
+    of either is that one."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
     if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string (one prompt per request).", param="prompt")
+        raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request).",
+                       param="prompt")
     return prompt
+
+
+def _no_logprobs(body: dict) -> None:
+    """Token probabilities are not reported yet (the engine's events carry no logits): asking for them is an
+    error, not a silent null."""
+    for name in ("logprobs", "top_logprobs", "n_probs"):
+        value = body.get(name)
+        if value not in (None, False, 0):
+            raise ApiError(400, f"'{name}' is not supported: SpecChat does not report token probabilities yet.",
+                           param=name, code="not_supported")
 
 
 def _grammar(body: dict) -> Grammar | None:
@@ -384,6 +401,7 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
         raise ApiError(400, "The request body must be a JSON object.")
     if _number(body, "n", int, 1) != 1:
         raise ApiError(400, "Only n = 1 is supported.", param="n")
+    _no_logprobs(body)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
