@@ -440,13 +440,13 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} says\n{{ m['cont
 def test_llama_server_flags_set_names_request_defaults_the_template_and_metrics(specchat_home, tmp_path):
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE, encoding="utf-8")
-    flags = ("--alias", "gpt-4o-mini, local", "--temp", "0", "-n", "5", "--seed", "7", "--top-k", "20",
+    flags = ("--alias", "local, gpt-4o-mini", "--tags", "chat,small", "--temp", "0", "-n", "5", "--seed", "7", "--top-k", "20",
              "--chat-template-file", str(template), "--jinja", "--reasoning", "off", "--metrics")
     with specchat_serve(specchat_home, None, *flags) as url:
         c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
         [model] = [m for m in c.models.list().data if m.model_extra["loaded"]]
         assert model.id == "gpt-4o-mini" and model.model_extra["aliases"] == ["gpt-4o-mini", "local"]
-        assert model.model_extra["pair"] == "starter"
+        assert model.model_extra["pair"] == "starter" and model.model_extra["tags"] == ["chat", "small"]
         r = c.chat.completions.create(model="anything", messages=PROMPT)  # no max_tokens, no temperature
         again = c.chat.completions.create(model="anything", messages=PROMPT)
         assert r.model == "gpt-4o-mini" and r.usage.completion_tokens <= 5
@@ -479,7 +479,7 @@ def test_bad_llama_server_flags_are_one_clear_line_before_anything_loads(capsys,
     assert words in err and err.count("\n") == 1
 
 
-def test_alias_flags_are_split_and_kept_in_order():
+def test_alias_flags_are_split_and_sorted():
     from app.cli.serve import aliases_flag
 
-    assert aliases_flag(["a, b", "c,a", " "]) == ("a", "b", "c")
+    assert aliases_flag(["c, b", "a,c", " "]) == ("a", "b", "c")  # sorted, as llama-server's std::set

@@ -201,6 +201,8 @@ def _llama_server_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("as llama-server (what a request leaves out; the model's names; its template)")
     g.add_argument("-a", "--alias", action="append", default=[], metavar="NAMES",
                    help="the names /v1/models lists the loaded pair by, comma-separated (any name is answered)")
+    g.add_argument("--tags", action="append", default=[], metavar="TAGS",
+                   help="comma-separated tags /v1/models shows for the pair (informational)")
     g.add_argument("--temp", "--temperature", dest="temperature", type=float, help="temperature (0: greedy)")
     g.add_argument("-s", "--seed", type=int, help="sampling seed (-1: random)")
     g.add_argument("-n", "--predict", "--n-predict", dest="max_tokens", type=int,
@@ -512,7 +514,7 @@ def cmd_app(args) -> int:
                  api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
                  server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth,
                  max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None, metrics=args.metrics,
-                 aliases=aliases_flag(args.alias), chat_template=template)
+                 aliases=aliases_flag(args.alias), chat_template=template, tags=aliases_flag(args.tags))
 
 
 def main(argv: list[str] | None = None) -> int:

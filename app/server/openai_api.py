@@ -101,7 +101,8 @@ class Started:
 
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
-                 max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = ()):
+                 max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = (),
+                 tags: tuple[str, ...] = ()):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
@@ -114,6 +115,7 @@ class OpenAIServer:
         self.metrics = Metrics()  # counted always, served at /metrics only when asked for (--metrics)
         self.metrics_enabled = metrics
         self.aliases = tuple(aliases)  # --alias: the names the loaded pair is listed and answers by
+        self.tags = tuple(tags)  # --tags: shown beside them
 
     # --- the app --------------------------------------------------------------------------------------------
     def app(self, cors: list[str] | None = None) -> FastAPI:
@@ -167,6 +169,8 @@ class OpenAIServer:
             data[0]["speculation"] = self._speculation()
             if self.aliases:  # listed by its first alias, as llama-server (the pair's name is kept beside)
                 data[0].update(id=self.aliases[0], aliases=list(self.aliases), pair=loaded)
+            if self.tags:
+                data[0]["tags"] = list(self.tags)
         return {"object": "list", "data": data}
 
     def _speculation(self) -> str:
