@@ -60,7 +60,8 @@ def test_unprefixed_aliases_answer_as_v1(tiny_server):
     assert models["object"] == "list" and models["data"][0]["loaded"] is True
     body = {"prompt": "the cat", "max_tokens": 6, "temperature": 0}
     plain, v1 = (httpx.post(f"{url}{p}/completions", json=body, timeout=60).json() for p in ("", "/v1"))
-    assert plain["object"] == "text_completion" and plain["choices"][0]["text"] == v1["choices"][0]["text"]
+    # llama-server's unprefixed /completions is its native completion, /v1/completions OpenAI's
+    assert v1["object"] == "text_completion" and plain["content"] == v1["choices"][0]["text"] and plain["stop"]
     chat = httpx.post(f"{url}/chat/completions", json={"messages": PROMPT, "max_tokens": 6}, timeout=60).json()
     assert chat["object"] == "chat.completion" and "timings" in chat
 
@@ -155,12 +156,12 @@ def test_under_listen_a_missing_key_is_refused_on_the_unprefixed_routes(listenin
     signed = {"Authorization": f"Bearer {KEY}"}
     assert httpx.get(f"{url}/health", headers=signed, timeout=30).json() == {"status": "ok"}
     r = httpx.post(f"{url}/completions", headers=signed, json={"prompt": "the cat", "max_tokens": 4}, timeout=60)
-    assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+    assert r.status_code == 200 and r.json()["content"] is not None
 
 
 def test_any_model_name_is_answered_by_the_loaded_pair(tiny_server):
     url, _, _ = tiny_server
-    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/completions", {"prompt": "the cat"})):
+    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/v1/completions", {"prompt": "the cat"})):
         r = httpx.post(url + path, json=body | {"model": "gpt-3.5-turbo", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] <= 4
@@ -173,12 +174,12 @@ def test_n_predict_is_max_tokens_and_minus_one_runs_to_the_context(tiny_server):
         assert r["usage"]["completion_tokens"] == r["timings"]["predicted_n"] <= 3
         assert r["usage"]["completion_tokens"] == 3 or r["choices"][0]["finish_reason"] == "stop"
     both = {"prompt": "the cat", "n_predict": 3, "max_tokens": 5, "temperature": 0}  # max_tokens wins
-    assert httpx.post(f"{url}/completions", json=both, timeout=60).json()["usage"]["completion_tokens"] <= 5
-    r = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": -1}, timeout=120).json()
+    assert httpx.post(f"{url}/v1/completions", json=both, timeout=60).json()["usage"]["completion_tokens"] <= 5
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "the cat", "n_predict": -1}, timeout=120).json()
     # the context ends it (its last token is sampled, never decoded: it needs no room)
     assert r["usage"]["completion_tokens"] + r["usage"]["prompt_tokens"] <= rt.engine.n_ctx + 1
     assert r["choices"][0]["finish_reason"] in ("length", "stop")  # -1 is taken (not "at least 1")
-    bad = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": "x"}, timeout=30)
+    bad = httpx.post(f"{url}/v1/completions", json={"prompt": "the cat", "n_predict": "x"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_predict"
 
 
@@ -309,3 +310,20 @@ def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
     assert api.generations == before
     assert httpx.post(f"{url}/v1/chat/completions", json=body | {"logprobs": False}, timeout=30).status_code == 200
+
+
+def test_input_tokens_count_the_prompt_each_api_renders_and_generate_nothing(tiny_server):
+    from app.prompts import chat_tokens
+
+    url, rt, api = tiny_server
+    body = {"messages": PROMPT}
+    n = len(chat_tokens(rt.engine.model, PROMPT))  # what a generation would evaluate
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        assert httpx.post(url + path, json=body, timeout=30).json() == {"input_tokens": n}
+    r = httpx.post(f"{url}/v1/messages/count_tokens", json={"model": "x", "messages": PROMPT}, timeout=30)
+    assert r.json() == {"input_tokens": n}  # (no max_tokens needed)
+    r = httpx.post(f"{url}/responses/input_tokens", json={"input": PROMPT[0]["content"]}, timeout=30)
+    assert r.json() == {"input_tokens": n}
+    bad = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
+    assert api.generations == 0

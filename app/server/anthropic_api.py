@@ -137,6 +137,17 @@ class AnthropicMessages:
         except ApiError as exc:
             return anthropic_error(exc)
 
+    async def count_tokens(self, request: Request):
+        """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` for a Messages body (``max_tokens`` not
+        needed)."""
+        try:
+            body = await _json_body(request)
+            if isinstance(body, dict) and body.get("max_tokens") is None:
+                body = {**body, "max_tokens": 1}
+            return JSONResponse(await self.server.input_tokens(chat_body(body)))
+        except ApiError as exc:
+            return anthropic_error(exc)
+
     async def _answer(self, request: Request):
         server = self.server
         body = chat_body(await _json_body(request))

@@ -3,11 +3,11 @@
 "not supported" answer: SpecChat has one slot, the engine's turn, and no slot API), each under ``/v1`` and
 without it.
 
-llama-server also serves ``/models``, ``/completions`` and ``/chat/completions`` without the ``/v1`` prefix;
-``LlamaAliases`` (an ASGI wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones
-before anything else sees them, so the guard decides on them exactly as on ``/v1`` (Origin, the key) and the same
-handlers answer. While no pair is loaded these routes answer as llama-server does while loading: 503
-``{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}``.
+llama-server also serves ``/models``, ``/chat/completions`` (and its ``/input_tokens``), ``/responses`` and
+``/completions`` (its native completion, as ``/completion``) without the ``/v1`` prefix; ``LlamaAliases`` (an ASGI
+wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones before anything else sees
+them, so the guard decides on them exactly as on ``/v1`` (Origin, the key) and the same handlers answer. While no
+pair is loaded these routes answer as llama-server does while loading: 503 ``{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}``.
 
 Tokenizing and rendering a template are CPU work: they run on a worker thread, like the OpenAI handlers' parsing.
 """
@@ -33,8 +33,11 @@ NOT_SUPPORTED = {
     "/infill": "infill (fill-in-the-middle)", "/lora-adapters": "LoRA adapters",
     "/audio/transcriptions": "audio transcription", "/slots/{id_slot}": "saving or restoring slots",
 }
-ALIASES = frozenset(ROUTES + tuple(p for p in NOT_SUPPORTED if "{" not in p) +
-                    ("/models", "/completions", "/chat/completions", "/responses"))
+# Unprefixed paths and the /v1 path each stands for: the same, but /completions, which is llama-server's native
+# completion (/completion), not OpenAI's.
+ALIASES = {p: "/v1" + p for p in ROUTES + tuple(p for p in NOT_SUPPORTED if "{" not in p) + (
+    "/models", "/chat/completions", "/chat/completions/input_tokens", "/responses", "/responses/input_tokens")}
+ALIASES["/completions"] = "/v1/completion"
 
 
 def llama_error(status: int, message: str, type_: str) -> JSONResponse:
@@ -54,10 +57,12 @@ class LlamaAliases:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and (scope.get("path") in ALIASES or scope.get("path", "").startswith("/slots/")):
-            scope = dict(scope, path="/v1" + scope["path"])
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        to = ALIASES.get(path) or ("/v1" + path if path.startswith("/slots/") else None)
+        if to is not None:
+            scope = dict(scope, path=to)
             if scope.get("raw_path") is not None:
-                scope["raw_path"] = b"/v1" + scope["raw_path"]
+                scope["raw_path"] = to.encode() if path in ALIASES else b"/v1" + scope["raw_path"]
         return await self.app(scope, receive, send)
 
 

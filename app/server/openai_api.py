@@ -140,11 +140,16 @@ class OpenAIServer:
         llama_server_api.register(api, self)  # llama-server's /health, /props, /tokenize, …
         api.get("/models")(self.models)
         api.post("/chat/completions")(self.chat_completions)
+        api.post("/chat/completions/input_tokens")(self.chat_input_tokens)
         api.post("/completions")(self.completions)
         from .anthropic_api import AnthropicMessages  # (here: that module imports this one)
-        api.post("/messages")(AnthropicMessages(self).messages)  # Anthropic's Messages API
+        anthropic = AnthropicMessages(self)
+        api.post("/messages")(anthropic.messages)  # Anthropic's Messages API
+        api.post("/messages/count_tokens")(anthropic.count_tokens)
         from .responses_api import Responses  # (the same)
-        api.post("/responses")(Responses(self).create)  # OpenAI's Responses API
+        responses = Responses(self)
+        api.post("/responses")(responses.create)  # OpenAI's Responses API
+        api.post("/responses/input_tokens")(responses.input_tokens)
         api.add_middleware(BodyLimit, limit=self.body_limit)  # added last: in front of the rest
         return api
 
@@ -178,6 +183,20 @@ class OpenAIServer:
 
     async def chat_completions(self, request: Request):
         return await self._answer(request, chat=True)
+
+    async def chat_input_tokens(self, request: Request):
+        """llama-server's ``/chat/completions/input_tokens``: the prompt's length, nothing generated."""
+        return await self.input_tokens(await _json_body(request))
+
+    async def input_tokens(self, body) -> dict:
+        """``{"input_tokens": N}`` for a chat body: the prompt rendered and tokenized (on a worker thread) as its
+        generation would be, and counted."""
+        engine, loaded = self.runtime.engine, self._loaded_name()
+        if engine is None or loaded is None:
+            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
+                           "server_error", code="no_model_loaded")
+        ids = (await asyncio.to_thread(self._prepare, body, True, engine, loaded))[1]
+        return {"input_tokens": len(ids)}
 
     async def completions(self, request: Request):
         return await self._answer(request, chat=False)

@@ -175,6 +175,11 @@ class Responses:
         return JSONResponse(response(meta, done))
 
 
+    async def input_tokens(self, request: Request):
+        """llama-server's ``/responses/input_tokens``: ``{"input_tokens": N}`` for a Responses body."""
+        return await self.server.input_tokens(chat_body(await _json_body(request)))
+
+
 def _echo(body: dict) -> dict:
     """What a Response repeats of its request."""
     text = body.get("text") if isinstance(body.get("text"), dict) else {}
