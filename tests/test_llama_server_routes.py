@@ -199,6 +199,26 @@ def test_native_completion_streamed_and_not(tiny_server):
     assert events[-1]["timings"]["predicted_n"] == whole["tokens_predicted"] and api.served[0].endpoint
 
 
+def test_native_completion_fields_as_llama_server_writes_them(tiny_server):
+    url, rt, _ = tiny_server
+    body = {"prompt": "the cat", "n_predict": 12, "temperature": 0}
+    whole = httpx.post(f"{url}/completion", json=body | {"return_tokens": True}, timeout=60).json()
+    assert rt.engine.detokenize(whole["tokens"]) == whole["content"] and len(whole["tokens"]) == 12
+    assert whole["has_new_line"] == ("\n" in whole["content"]) and whole["truncated"] is False
+    assert whole["generation_settings"]["n_predict"] == 12 and whole["generation_settings"]["n_ctx"] == 256
+    assert whole["prompt"].replace("\u2581", " ").strip().endswith("the cat")
+    assert httpx.post(f"{url}/completion", json=body, timeout=60).json()["tokens"] == []
+    with httpx.stream("POST", f"{url}/completion", json=body | {"stream": True}, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert [t for e in events[:-1] for t in e["tokens"]] == whole["tokens"]  # streamed chunks carry their ids
+    word = whole["content"][len(whole["content"]) // 2:][:2]
+    cut = httpx.post(f"{url}/completion", json=body | {"stop": [word]}, timeout=60).json()
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == word and word not in cut["content"]
+    only = httpx.post(f"{url}/completion", json=body | {"response_fields": ["content", "generation_settings/seed",
+                                                                             "nowhere"]}, timeout=60).json()
+    assert set(only) == {"content", "generation_settings/seed"} and only["content"] == whole["content"]
+
+
 def test_native_completion_errors(tiny_server):
     url, rt, _ = tiny_server
     assert httpx.post(f"{url}/completion", json={"prompt": 5}, timeout=30).status_code == 400
@@ -276,9 +296,17 @@ def test_token_id_prompts_are_the_same_prompt_as_their_text(tiny_server):
         assert native["content"] == text["content"] and native["tokens_evaluated"] == len(ids)
         oai = httpx.post(f"{url}/v1/completions", json=body | {"prompt": prompt}, timeout=60).json()
         assert oai["choices"][0]["text"] == text["content"] and oai["usage"]["prompt_tokens"] == len(ids)
-    for bad in ([10 ** 9], [1, "x"], [[1], [2]], []):
+    for prompt in ([ids[0], "the cat"], {"prompt_string": "the cat"}):  # ids and text mixed; llama-server's object
+        mixed = httpx.post(f"{url}/completion", json=body | {"prompt": prompt}, timeout=60).json()
+        assert mixed["content"] == text["content"] or ids[0] != rt.engine.model.bos
+    several = httpx.post(f"{url}/completion", json=body | {"prompt": [ids, "the cat", {"prompt_string": "the cat"}]},
+                         timeout=60).json()
+    assert [r["content"] for r in several] == [text["content"]] * 3  # a list of prompts: a list of answers
+    for bad in ([10 ** 9], [], [1, None], {"prompt_string": 5}, {"prompt_string": "x", "multimodal_data": ["x"]}):
         r = httpx.post(f"{url}/completion", json=body | {"prompt": bad}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
+    r = httpx.post(f"{url}/v1/completions", json=body | {"prompt": [ids, ids]}, timeout=30)
+    assert r.status_code == 400 and "one per request" in r.json()["error"]["message"]
 
 
 def test_a_prompt_over_the_context_is_llama_servers_exceed_context_size_error(tiny_server):

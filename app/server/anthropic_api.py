@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ..engine import Done, EngineError, TextDelta
-from .openai_api import _Held, _json_body, sse, timings
+from .openai_api import _Held, _json_body, sse, stop_word, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside Anthropic's.
@@ -236,16 +236,11 @@ def message(meta: dict, done: Done | None) -> dict:
 
 
 def _stop_reason(meta: dict, done: Done) -> tuple[str, str | None]:
-    """end_turn, max_tokens or stop_sequence (with the sequence): a stop string ended the answer where the text of
-    its tokens goes on, past the answer, with one of them."""
+    """end_turn, max_tokens or stop_sequence (with the sequence)."""
     if done.finish_reason == "length":
         return "max_tokens", None
-    if meta["stops"]:
-        full = meta["detokenize"](done.token_ids)
-        found = [(i, s) for s in meta["stops"] if (i := full.find(s, max(0, len(done.text) - 1))) >= 0]
-        if found and len(full) > len(done.text):
-            return "stop_sequence", min(found)[1]
-    return "end_turn", None
+    word = stop_word(done, meta["stops"], meta["detokenize"])
+    return ("stop_sequence", word) if word else ("end_turn", None)
 
 
 def _event(name: str, data: dict) -> str:

@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
+from ..engine import EngineError, ModelsUnloaded
 from ..prompts import chat_prompt, tool_prompt
 from .request_body import ApiError, parse
 
@@ -76,7 +76,9 @@ def register(api: FastAPI, server) -> None:
     api.post("/tokenize")(routes.tokenize)
     api.post("/detokenize")(routes.detokenize)
     api.post("/apply-template")(routes.apply_template)
-    api.post("/completion")(routes.completion)
+    from .native_completion import NativeCompletion  # (it imports this module)
+
+    api.post("/completion")(NativeCompletion(server).completion)
     for path, what in NOT_SUPPORTED.items():
         api.api_route(path, methods=["GET", "POST"], include_in_schema=False)(_not_supported(what))
 
@@ -202,52 +204,6 @@ class _Routes:
             ids = tool_prompt(model, job.messages, job.tools, job.tool_choice, **job.template_variables)[0]
             return {"prompt": b"".join(model.piece_text(t) for t in ids).decode("utf-8", "replace")}
         return {"prompt": chat_prompt(model, job.messages, **job.template_variables)}
-
-    # --- /completion: llama-server's native completion ----------------------------------------------------------
-    async def completion(self, request: Request):
-        """llama-server's ``/completion``: ``prompt`` and ``n_predict`` (or the OpenAI fields), answered as
-        ``{"content", "stop", "stop_type", "tokens_predicted", "tokens_evaluated", "timings", …}``; streamed, one
-        ``data: {"content", "stop": false, …}`` event per batch and the whole answer's fields on the last (no
-        ``[DONE]``, as llama-server)."""
-        from .openai_api import _json_body, sse, timings
-
-        body = await _json_body(request)
-        server = self.server
-        if self._engine() is None:
-            return loading()
-        started = await server._begin(request, body, False)
-        job, ids, batches = started.job, started.ids, started.batches
-
-        def final(done: Done) -> dict:
-            server._log({"model": started.loaded}, done, False)  # for the app's API section
-            return {"index": 0, "content": "" if job.stream else done.text, "tokens": [], "id_slot": 0, "stop": True,
-                    "model": started.loaded, "tokens_predicted": done.stats.n_tokens, "tokens_evaluated": len(ids),
-                    "prompt": job.prompt, "truncated": False, "tokens_cached": done.stats.prompt_cached,
-                    "stop_type": "limit" if done.finish_reason == "length" else "eos", "stopping_word": "",
-                    "timings": timings(done.stats)}
-
-        async def events():
-            batch, done = started.first, None
-            try:
-                while done is None:
-                    done = batch[-1] if isinstance(batch[-1], Done) else None
-                    text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
-                    n = next((ev.stats.n_tokens for ev in reversed(batch) if isinstance(ev, (Round, Done))), 0)
-                    if text:
-                        chunk = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
-                                 "tokens_predicted": n, "tokens_evaluated": len(ids)}
-                        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                    if done is None:
-                        batch = await anext(batches)
-                yield f"data: {json.dumps(final(done), ensure_ascii=False)}\n\n"
-            except EngineError as exc:
-                yield f"data: {json.dumps({'error': {'code': 500, 'message': str(exc), 'type': 'server_error'}})}\n\n"
-            finally:
-                await started.close()
-
-        if job.stream:
-            return sse(events())
-        return final(await started.finish())
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:

@@ -431,6 +431,16 @@ class _Held:
         return content[self.sent:]
 
 
+def stop_word(done: Done, stops, detokenize) -> str | None:
+    """The stop string that ended the answer, if one did: the text of its tokens goes on, past the answer, with one
+    of them (None: the end of text, the length, or no stop string)."""
+    if not stops or done.finish_reason == "length":
+        return None
+    full = detokenize(done.token_ids)
+    found = [(i, s) for s in stops if (i := full.find(s, max(0, len(done.text) - 1))) >= 0]
+    return min(found)[1] if found and len(full) > len(done.text) else None
+
+
 def _call(call) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
@@ -488,12 +498,16 @@ def _too_long(what: str, n_prompt: int, n_ctx: int, chat: bool) -> ApiError:
                     extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
 
 
-def _token_ids(engine, ids: list[int]) -> list[int]:
-    """A prompt given as token ids, as llama-server takes it: used as it is, each id in the vocabulary."""
-    n_vocab = engine.model.n_vocab
-    if not all(0 <= t < n_vocab for t in ids):
-        raise ApiError(400, f"'prompt' holds a token id outside the vocabulary (0 to {n_vocab - 1}).", param="prompt")
-    return list(ids)
+def _token_ids(engine, sequence: list) -> list[int]:
+    """A prompt given as token ids (strings mixed in: tokenized, special tokens parsed, no BOS added), as llama-server
+    takes it: the ids used as they are, each in the vocabulary."""
+    model = engine.model
+    ids = [t for piece in sequence for t in ([piece] if type(piece) is int else
+                                             model.tokenize(piece, add_special=False, parse_special=True))]
+    if not all(0 <= t < model.n_vocab for t in ids):
+        raise ApiError(400, f"'prompt' holds a token id outside the vocabulary (0 to {model.n_vocab - 1}).",
+                       param="prompt")
+    return ids
 
 
 def _retry(exc: ModelsUnloaded) -> ApiError:

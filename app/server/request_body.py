@@ -184,7 +184,7 @@ class Job:
 
     model: str | None
     messages: list[dict] | None  # chat
-    prompt: str | list[int] | None  # completion: text, or token ids (as llama-server takes them)
+    prompt: str | list | None  # completion: text, or token ids with strings mixed in (as llama-server takes them)
     params: GenerationParams
     drafter: str
     stream: bool
@@ -331,17 +331,33 @@ def _tools(body: dict, chat: bool) -> tuple[list[Tool], ToolChoice]:
     return out, ToolChoice(mode="required", name=name, parallel=parallel)
 
 
-def _prompt(body: dict) -> str | list[int]:
-    """One prompt: text, or token ids (checked against the vocabulary when it is rendered); a list holding one
-    of either is that one."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+def prompts(value) -> list:
+    """The prompts a ``prompt`` field holds, as llama-server reads it: a string, ``{"prompt_string": …}``, or a
+    sequence starting with a token id (ids and strings mixed) is one; any other list is a list of those."""
+    if isinstance(value, (str, dict)) or (isinstance(value, list) and value and type(value[0]) is int):
+        return [value]
+    if isinstance(value, list) and value:
+        return value
+    raise ApiError(400, "'prompt' must be a string, token ids (with strings mixed in), {\"prompt_string\": ...}, or a "
+                        "list of those.", param="prompt")
+
+
+def _prompt(body: dict) -> str | list:
+    """One prompt: text, or a sequence of token ids and strings (tokenized when it is rendered)."""
+    given = prompts(body.get("prompt"))
+    if len(given) != 1:
+        raise ApiError(400, f"'prompt' holds {len(given)} prompts: give one per request (llama-server's /completion "
+                            "takes several, not streamed).", param="prompt")
+    prompt = given[0]
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise ApiError(400, "'multimodal_data' needs a model with a multimodal projector; this pair has none.",
+                           param="prompt")
+        prompt = prompt.get("prompt_string")
+    if isinstance(prompt, list) and prompt and all(type(t) in (int, str) for t in prompt):
         return prompt
     if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request).",
-                       param="prompt")
+        raise ApiError(400, "'prompt' must be a string or token ids (one prompt per request).", param="prompt")
     return prompt
 
 
