@@ -329,11 +329,14 @@ def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
     assert first["system_fingerprint"].startswith("specchat") and again["system_fingerprint"] == \
         first["system_fingerprint"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["timings"]["cache_n"] > 0
+    t = again["timings"]  # llama-server's per-token figures beside its rates
+    assert t["predicted_per_token_ms"] == pytest.approx(1000 / t["predicted_per_second"])
+    assert t["prompt_per_token_ms"] == pytest.approx(t["prompt_ms"] / t["prompt_n"])
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body | {"stream": True}, timeout=60) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in chunks)
     before = api.generations
-    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}):
+    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": -100}}):
         r = httpx.post(f"{url}/v1/chat/completions", json=body | extra, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
     assert api.generations == before

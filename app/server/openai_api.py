@@ -50,6 +50,8 @@ def timings(stats: Stats) -> dict:
         "predicted_n": stats.n_tokens,
         "predicted_ms": predicted_ms,
         "predicted_per_second": stats.tokens_per_second if stats.rate_measured else None,
+        "prompt_per_token_ms": prompt_ms / stats.prompt_tokens if stats.prompt_tokens else None,
+        "predicted_per_token_ms": 1000 / stats.tokens_per_second if stats.rate_measured else None,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
         "draft_n_forced": stats.n_forced,  # of draft_n, tokens a grammar forced (SpecChat's own field)

@@ -362,13 +362,14 @@ def _prompt(body: dict) -> str | list:
 
 
 def _no_logprobs(body: dict) -> None:
-    """Token probabilities are not reported yet (the engine's events carry no logits): asking for them is an
-    error, not a silent null."""
-    for name in ("logprobs", "top_logprobs", "n_probs"):
+    """Token probabilities are not reported yet (the engine's events carry no logits), nor are logits biased:
+    asking for either is an error, not a silent null or a bias ignored."""
+    for name in ("logprobs", "top_logprobs", "n_probs", "logit_bias"):
         value = body.get(name)
-        if value not in (None, False, 0):
-            raise ApiError(400, f"'{name}' is not supported: SpecChat does not report token probabilities yet.",
-                           param=name, code="not_supported")
+        if value not in (None, False, 0, {}, []):
+            what = "bias logits" if name == "logit_bias" else "report token probabilities"
+            raise ApiError(400, f"'{name}' is not supported: SpecChat does not {what} yet.", param=name,
+                           code="not_supported")
 
 
 def _grammar(body: dict) -> Grammar | None:
