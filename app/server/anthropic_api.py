@@ -239,7 +239,7 @@ def _stop_reason(meta: dict, done: Done) -> tuple[str, str | None]:
     """end_turn, max_tokens or stop_sequence (with the sequence)."""
     if done.finish_reason == "length":
         return "max_tokens", None
-    word = stop_word(done, meta["stops"], meta["detokenize"])
+    word = stop_word(done, meta["stops"], meta.get("detokenize"))  # (read only when there are stops)
     return ("stop_sequence", word) if word else ("end_turn", None)
 
 
