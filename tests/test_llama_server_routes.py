@@ -358,3 +358,18 @@ def test_input_tokens_count_the_prompt_each_api_renders_and_generate_nothing(tin
     bad = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []}, timeout=30)
     assert bad.status_code == 400 and bad.json()["type"] == "error"
     assert api.generations == 0
+
+
+def test_n_choices_are_answered_one_after_the_other(tiny_server):
+    url, _, api = tiny_server
+    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/v1/completions", {"prompt": "the cat"})):
+        one = httpx.post(url + path, json=body | {"max_tokens": 6, "temperature": 0}, timeout=60).json()
+        r = httpx.post(url + path, json=body | {"max_tokens": 6, "temperature": 0, "n": 3}, timeout=60).json()
+        assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+        assert [c.get("text") or c.get("message") for c in r["choices"]] == [
+            one["choices"][0].get("text") or one["choices"][0].get("message")] * 3  # greedy: the same each time
+        assert r["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"]
+        assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+    before = api.generations
+    assert httpx.post(f"{url}/v1/chat/completions", json={"messages": PROMPT, "n": 0}, timeout=30).status_code == 400
+    assert api.generations == before

@@ -218,15 +218,26 @@ class OpenAIServer:
                 cancel.set()
 
     async def _answer(self, request: Request, chat: bool):
-        started = await self._begin(request, await _json_body(request), chat)
-        job, ids = started.job, started.ids
-        meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                    model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools)
-        if job.stream:  # (the stream closes the generation when it ends)
-            return sse(self._stream(job, started.first, started.batches, meta, started.watch))
-        done = await started.finish()
-        self._log(meta, done, chat)
-        return JSONResponse(self._final(meta, done))
+        body = await _json_body(request)
+        n = _choices(body)
+        answers = []
+        for i in range(n):  # n > 1: the choices one after the other (the prompt is reused from the cache)
+            started = await self._begin(request, {**body, "n": 1} if n > 1 else body, chat)
+            job, ids = started.job, started.ids
+            meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
+                        model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools)
+            if job.stream:  # (the stream closes the generation when it ends)
+                return sse(self._stream(job, started.first, started.batches, meta, started.watch))
+            done = await started.finish()
+            self._log(meta, done, chat)
+            answers.append(self._final(meta, done, index=i))
+        whole = answers[0]
+        if n > 1:  # one answer: its choices, the usage of all, the timings of the last
+            completion = sum(a["usage"]["completion_tokens"] for a in answers)
+            usage = whole["usage"]
+            usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+            whole.update(choices=[a["choices"][0] for a in answers], timings=answers[-1]["timings"])
+        return JSONResponse(whole)
 
     def _prepare(self, body, chat: bool, engine, loaded: str) -> tuple[Job, list[int], object, object]:
         """On a worker thread: the request read (``Job``), its prompt's tokens, the generation's parameters and the
@@ -310,7 +321,7 @@ class OpenAIServer:
 
         return leave
 
-    def _final(self, meta: dict, done: Done) -> dict:
+    def _final(self, meta: dict, done: Done, index: int = 0) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
         if meta["chat"]:
             content, calls = meta["tools"].parse(done.text, meta["offered"]) if meta["tools"] else (done.text, [])
@@ -318,9 +329,9 @@ class OpenAIServer:
             if calls:
                 message["tool_calls"] = [_call(c) for c in calls]
                 finish = "tool_calls" if finish == "stop" else finish
-            choice = {"index": 0, "message": message, "finish_reason": finish}
+            choice = {"index": index, "message": message, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": done.text, "logprobs": None, "finish_reason": finish}
         return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
                 "created": meta["created"], "model": meta["model"],
                 "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice],
@@ -441,6 +452,21 @@ def stop_word(done: Done, stops, detokenize) -> str | None:
     full = detokenize(done.token_ids)
     found = [(i, s) for s in stops if (i := full.find(s, max(0, len(done.text) - 1))) >= 0]
     return min(found)[1] if found and len(full) > len(done.text) else None
+
+
+MAX_CHOICES = 8
+
+
+def _choices(body) -> int:
+    """``n``: how many choices, answered whole (1 to MAX_CHOICES; more than one is not streamed)."""
+    n = body.get("n", 1) if isinstance(body, dict) else 1
+    if n is None:
+        return 1
+    if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be a whole number from 1 to {MAX_CHOICES}.", param="n")
+    if n > 1 and body.get("stream"):
+        raise ApiError(400, "n > 1 is answered whole: leave out 'stream'.", param="n")
+    return n
 
 
 def _call(call) -> dict:

@@ -416,8 +416,8 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
-    if _number(body, "n", int, 1) != 1:
-        raise ApiError(400, "Only n = 1 is supported.", param="n")
+    if _number(body, "n", int, 1) != 1:  # (the chat and completions endpoints answer n > 1 one at a time)
+        raise ApiError(400, "Only n = 1 is supported here.", param="n")
     _no_logprobs(body)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop
