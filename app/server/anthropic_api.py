@@ -229,10 +229,18 @@ def message(meta: dict, done: Done | None) -> dict:
         reason = "tool_use" if calls and reason == "end_turn" else reason
     out = {"id": meta["id"], "type": "message", "role": "assistant", "model": meta["model"], "content": content,
            "stop_reason": reason, "stop_sequence": sequence,
-           "usage": {"input_tokens": meta["prompt_n"], "output_tokens": done.stats.n_tokens if done else 0}}
+           "usage": _usage(meta["prompt_n"], done)}
     if done is not None:
         out["timings"] = timings(done.stats)
     return out
+
+
+def _usage(prompt_n: int, done: Done | None) -> dict:
+    """Anthropic's usage, as llama-server writes it: ``input_tokens`` evaluated, ``cache_read_input_tokens`` reused
+    from the previous request (their sum is the prompt), ``output_tokens``."""
+    cached = done.stats.prompt_cached if done else 0
+    return {"input_tokens": prompt_n - cached, "cache_read_input_tokens": cached,
+            "output_tokens": done.stats.n_tokens if done else 0}
 
 
 def _stop_reason(meta: dict, done: Done) -> tuple[str, str | None]:

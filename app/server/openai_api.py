@@ -347,7 +347,9 @@ class OpenAIServer:
         def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
                   calls: list | None = None) -> str:
             if chat:
-                delta = ({"role": "assistant", "content": ""} if role else {"content": text} if text is not None else {})
+                # (the first, as llama-server: the role, no content yet)
+                delta = ({"role": "assistant", "content": None} if role else {"content": text} if text is not None
+                         else {})
                 if calls:
                     delta = {"tool_calls": calls}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
