@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SDIST = ROOT / "tests" / ".cache" / "llama_cpp_python-0.3.36.tar.gz"
 SUITE = "vendor/llama.cpp/tools/server/tests/"
+TEMPLATES = "vendor/llama.cpp/models/templates/"
 # The files about what both servers serve (left out: embeddings, rerank, infill, LoRA, router, slot saving, vision,
 # MCP and built-in tools, the CORS proxy, sleeping, GCP and KV-cache tuning).
 FILES = ("test_basic.py", "test_chat_completion.py", "test_compat_anthropic.py", "test_compat_oai_responses.py",
@@ -106,14 +106,13 @@ def as_server(argv: list[str]) -> None:
 def prepare(work: Path, kind: str) -> dict:
     """The suite unpacked into ``work``, a wget stub (no network), the starter's files, the launcher script; returns
     the environment the suite runs in."""
-    suite = work / "suite"
-    if not suite.exists():
-        with tarfile.open(SDIST) as tar:
-            top = tar.getnames()[0].split("/")[0]
-            members = [m for m in tar.getmembers() if m.name.startswith(f"{top}/{SUITE}")]
-            tar.extractall(work / "sdist", members, filter="data")
-        shutil.copytree(work / "sdist" / top / SUITE, suite)
-        (suite / "wget.py").write_text("def download(url, out=None):\n    raise RuntimeError('no network: ' + url)\n")
+    with tarfile.open(SDIST) as tar:  # the suite where it lies (its tests read ../../../models/templates)
+        top = tar.getnames()[0].split("/")[0]
+        suite = work / "sdist" / top / SUITE
+        if not suite.exists():
+            wanted = (f"{top}/{SUITE}", f"{top}/{TEMPLATES}")
+            tar.extractall(work / "sdist", [m for m in tar.getmembers() if m.name.startswith(wanted)], filter="data")
+            (suite / "wget.py").write_text("def download(url, out=None):\n    raise RuntimeError('no network: ' + url)\n")
     home = work / "home"
     env = dict(os.environ, SPECCHAT_HOME=str(home), PEER_SUITE=str(suite))
     sys.path.insert(0, str(ROOT))
@@ -134,13 +133,13 @@ def prepare(work: Path, kind: str) -> dict:
     return env
 
 
-def run(kind: str, files: list[str], out: Path, work: Path, extra: list[str]) -> dict:
+def run(kind: str, files: list[str], out: Path, work: Path, extra: list[str], merge: bool = False) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     env = prepare(work, kind)
     report = work / f"junit-{kind}.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider", "-q", f"--junitxml={report}",
            *[f"unit/{f}" for f in files], *extra]
-    subprocess.run(cmd, cwd=work / "suite", env=env)
+    subprocess.run(cmd, cwd=env["PEER_SUITE"], env=env)
     results = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname', '').split('.')[-1]}.py::{case.get('name')}"
@@ -149,6 +148,8 @@ def run(kind: str, files: list[str], out: Path, work: Path, extra: list[str]) ->
             if case.find(tag) is not None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
         results[name] = outcome
+    if merge and out.exists():  # this run's tests replace theirs in an earlier run's results
+        results = {**json.loads(out.read_text())["results"], **results}
     out.write_text(json.dumps({"server": kind, "results": results}, indent=1))
     print(f"{kind}: {sum(v == 'passed' for v in results.values())} of {len(results)} passed; written to {out}")
     return results
@@ -180,13 +181,14 @@ def main(argv: list[str]) -> int:
     r.add_argument("--files", nargs="+", default=list(FILES))
     r.add_argument("--json", type=Path, required=True, help="where to write the results")
     r.add_argument("--work", type=Path, default=Path("/tmp/specchat-peer"), help="the suite's folder")
+    r.add_argument("--merge", action="store_true", help="update the results in --json instead of replacing them")
     r.add_argument("pytest_args", nargs="*", help="more for pytest (after --)")
     c = sub.add_parser("compare", help="the table of two runs")
     c.add_argument("llama_server", type=Path)
     c.add_argument("specchat", type=Path)
     args = p.parse_args(argv)
     if args.command == "run":
-        run(args.server, args.files, args.json, args.work, args.pytest_args)
+        run(args.server, args.files, args.json, args.work, args.pytest_args, args.merge)
     else:
         compare(args.llama_server, args.specchat)
     return 0
