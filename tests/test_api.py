@@ -69,6 +69,7 @@ def test_timings_per_token_puts_running_figures_on_every_chunk(client):
                                                  extra_body={"timings_per_token": True}))
     counts = [_timings(c)["predicted_n"] for c in chunks[1:]]
     assert counts == sorted(counts) and counts[-1] > counts[0]
+    assert "timings" not in (chunks[0].model_extra or {})  # the role's chunk, before any token (as llama-server)
 
 
 def test_completion_streamed_and_not(client):

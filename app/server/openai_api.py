@@ -358,7 +358,7 @@ class OpenAIServer:
             out = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
                    "created": meta["created"], "model": meta["model"],
                    "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice]}
-            if with_timings or job.timings_per_token:
+            if with_timings or (job.timings_per_token and not role):  # (the role's chunk comes before any token)
                 out["timings"] = timings(stats)
             return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
 
