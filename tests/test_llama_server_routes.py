@@ -205,7 +205,8 @@ def test_native_completion_fields_as_llama_server_writes_them(tiny_server):
     whole = httpx.post(f"{url}/completion", json=body | {"return_tokens": True}, timeout=60).json()
     assert rt.engine.detokenize(whole["tokens"]) == whole["content"] and len(whole["tokens"]) == 12
     assert whole["has_new_line"] == ("\n" in whole["content"]) and whole["truncated"] is False
-    assert whole["generation_settings"]["n_predict"] == 12 and whole["generation_settings"]["n_ctx"] == 256
+    settings = whole["generation_settings"]
+    assert settings["n_predict"] == 12 and settings["n_ctx"] == 256 and settings["logit_bias"] == []
     assert whole["prompt"].replace("\u2581", " ").strip().endswith("the cat")
     assert httpx.post(f"{url}/completion", json=body, timeout=60).json()["tokens"] == []
     with httpx.stream("POST", f"{url}/completion", json=body | {"stream": True}, timeout=60) as r:
@@ -336,7 +337,8 @@ def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in chunks)
     before = api.generations
-    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": -100}}):
+    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": -100}},
+                  {"ignore_eos": True}, {"messages": PROMPT + [{"role": "assistant", "content": "a"}] * 2}):
         r = httpx.post(f"{url}/v1/chat/completions", json=body | extra, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
     assert api.generations == before

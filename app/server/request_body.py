@@ -272,6 +272,8 @@ def _messages(body: dict) -> list[dict]:
             msg["tool_calls"] = [_past_call(c, f"messages[{i}].tool_calls[{j}]")
                                  for j, c in enumerate(_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(msg)
+    if len(out) > 1 and out[-1]["role"] == out[-2]["role"] == "assistant":  # (as llama-server)
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.", param="messages")
     return out
 
 
@@ -364,6 +366,9 @@ def _prompt(body: dict) -> str | list:
 def _no_logprobs(body: dict) -> None:
     """Token probabilities are not reported yet (the engine's events carry no logits), nor are logits biased:
     asking for either is an error, not a silent null or a bias ignored."""
+    if body.get("ignore_eos") not in (None, False):
+        raise ApiError(400, "'ignore_eos' is not supported: SpecChat ends an answer at the model's end of text.",
+                       param="ignore_eos", code="not_supported")
     for name in ("logprobs", "top_logprobs", "n_probs", "logit_bias"):
         value = body.get(name)
         if value not in (None, False, 0, {}, []):
