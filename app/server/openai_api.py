@@ -33,7 +33,7 @@ from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, tool_prompt
 from . import llama_server_api
 from .metrics import Metrics
-from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
+from .request_body import ApiError, BodyLimit, Job, _number, body_limit, decode, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
 
@@ -461,10 +461,10 @@ MAX_CHOICES = 8
 
 def _choices(body) -> int:
     """``n``: how many choices, answered whole (1 to MAX_CHOICES; more than one is not streamed)."""
-    n = body.get("n", 1) if isinstance(body, dict) else 1
-    if n is None:
-        return 1
-    if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+    if not isinstance(body, dict):
+        return 1  # (parse says what is wrong with it)
+    n = _number(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be a whole number from 1 to {MAX_CHOICES}.", param="n")
     if n > 1 and body.get("stream"):
         raise ApiError(400, "n > 1 is answered whole: leave out 'stream'.", param="n")
