@@ -62,6 +62,7 @@ def test_streamed_chat_matches_the_whole_answer_and_ends_with_timings_and_usage(
     assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_n"] == whole.usage.completion_tokens
     assert "timings" not in (chunks[1].model_extra or {})  # only the last, unless timings_per_token
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert _timings(chunks[-1])["predicted_n"] == whole.usage.completion_tokens  # the usage chunk has them too
 
 
 def test_timings_per_token_puts_running_figures_on_every_chunk(client):

@@ -395,7 +395,7 @@ class OpenAIServer:
             if job.include_usage:
                 tail = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": meta["created"], "model": meta["model"], "choices": [],
-                        "usage": _usage(meta, done.stats)}
+                        "usage": _usage(meta, done.stats), "timings": timings(done.stats)}  # (as llama-server)
                 yield f"data: {json.dumps(tail)}\n\n"
             yield "data: [DONE]\n\n"
         except EngineError as exc:  # after the headers went out: the error as the stream's last event
