@@ -45,6 +45,7 @@ def test_a_message_with_usage_and_speculative_timings(client, served):
     assert r.stop_reason in ("end_turn", "max_tokens") and r.stop_sequence is None
     t = r.model_extra["timings"]
     assert r.usage.output_tokens == t["predicted_n"] <= 24 and r.usage.input_tokens == t["prompt_n"] > 0
+    assert r.usage.cache_read_input_tokens == t["cache_n"]
     assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
 
 
@@ -163,7 +164,9 @@ def test_a_tool_result_round_trip_on_the_server_is_the_same_with_speculation_off
     on = client.messages.create(**kw, extra_body=GREEDY)
     off = client.messages.create(**kw, extra_body={**GREEDY, "speculative.n_max": 0})
     plain = client.messages.create(model=served[1], max_tokens=20, messages=ASK, extra_body=GREEDY)
-    assert on.content == off.content and on.usage.input_tokens > plain.usage.input_tokens
+    prompt = [r.usage.input_tokens + r.usage.cache_read_input_tokens for r in (on, off, plain)]
+    assert on.content == off.content and prompt[0] == prompt[1] > prompt[2]
+    assert off.usage.cache_read_input_tokens > 0  # the same prompt again: reused, as llama-server counts it
 
 
 def test_a_streamed_call_is_a_tool_use_block_with_its_input_as_json_delta():

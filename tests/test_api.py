@@ -62,6 +62,7 @@ def test_streamed_chat_matches_the_whole_answer_and_ends_with_timings_and_usage(
     assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_n"] == whole.usage.completion_tokens
     assert "timings" not in (chunks[1].model_extra or {})  # only the last, unless timings_per_token
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert _timings(chunks[-1])["predicted_n"] == whole.usage.completion_tokens  # the usage chunk has them too
 
 
 def test_timings_per_token_puts_running_figures_on_every_chunk(client):
@@ -69,6 +70,7 @@ def test_timings_per_token_puts_running_figures_on_every_chunk(client):
                                                  extra_body={"timings_per_token": True}))
     counts = [_timings(c)["predicted_n"] for c in chunks[1:]]
     assert counts == sorted(counts) and counts[-1] > counts[0]
+    assert "timings" not in (chunks[0].model_extra or {})  # the role's chunk, before any token (as llama-server)
 
 
 def test_completion_streamed_and_not(client):
@@ -292,7 +294,8 @@ def test_the_api_key_is_required(server):
     (json.dumps({"messages": "hi"}), 400, "'messages' must be"),
     (json.dumps({"messages": PROMPT, "temperature": "hot"}), 400, "'temperature' must be a number"),
     (json.dumps({"messages": PROMPT, "top_k": -1}), 400, "top-k"),
-    (json.dumps({"messages": PROMPT, "n": 2}), 400, "n = 1"),
+    (json.dumps({"messages": PROMPT, "n": 9}), 400, "from 1 to 8"),
+    (json.dumps({"messages": PROMPT, "n": 2, "stream": True}), 400, "answered whole"),
     (json.dumps({"messages": PROMPT, "speculative.n_max": 2, "speculative.n_min": 5}), 400, "draft-min"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "image_url part needs"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}), 400, "only text and image"),
@@ -304,7 +307,9 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(serve
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert words in err["message"] and set(err) == {"message", "type", "param", "code"}
+    assert words in err["message"] and set(err) - {"n_prompt_tokens", "n_ctx"} == {"message", "type", "param", "code"}
+    if err["type"] == "exceed_context_size_error":  # llama-server's, with its figures
+        assert err["n_prompt_tokens"] >= err["n_ctx"] > 0
     assert client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=4).choices[0].message.content
 
 
@@ -429,3 +434,56 @@ def test_a_request_queued_while_another_pair_loads_is_told_to_retry_not_a_500(ti
     rt.engine = None
     rt.load(LoadSpec(target=rt.spec.target, draft=rt.spec.draft, ctx=256))
     assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 200
+
+
+# --- llama-server's serve flags -----------------------------------------------------------------------------------
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} says\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_llama_server_flags_set_names_request_defaults_the_template_and_metrics(specchat_home, tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE, encoding="utf-8")
+    flags = ("--alias", "local, gpt-4o-mini", "--tags", "chat,small", "--temp", "0", "-n", "5", "--seed", "7", "--top-k", "20",
+             "--chat-template-file", str(template), "--jinja", "--reasoning", "off", "--metrics")
+    with specchat_serve(specchat_home, None, *flags) as url:
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
+        [model] = [m for m in c.models.list().data if m.model_extra["loaded"]]
+        assert model.id == "gpt-4o-mini" and model.model_extra["aliases"] == ["gpt-4o-mini", "local"]
+        assert model.model_extra["pair"] == "starter" and model.model_extra["tags"] == ["chat", "small"]
+        r = c.chat.completions.create(model="anything", messages=PROMPT)  # no max_tokens, no temperature
+        again = c.chat.completions.create(model="anything", messages=PROMPT)
+        assert r.model == "gpt-4o-mini" and r.usage.completion_tokens <= 5
+        assert r.usage.completion_tokens == 5 or r.choices[0].finish_reason == "stop"
+        assert again.choices[0].message.content == r.choices[0].message.content  # --temp 0: greedy by default
+        base = url.rsplit("/v1", 1)[0]
+        props = httpx.get(f"{base}/props", timeout=30).json()
+        params = props["default_generation_settings"]["params"]
+        assert (params["n_predict"], params["temperature"], params["seed"], params["top_k"]) == (5, 0, 7, 20)
+        assert props["chat_template"] == TEMPLATE and props["model_alias"] == "gpt-4o-mini"
+        assert props["endpoint_metrics"] is True
+        prompt = httpx.post(f"{base}/apply-template", json={"messages": PROMPT}, timeout=30).json()["prompt"]
+        assert prompt.startswith(f"<|im_start|>user says\n{PROMPT[0]['content']}")  # the flag's template, rendered
+        metrics = httpx.get(f"{base}/metrics", timeout=30)
+        assert metrics.status_code == 200 and "llamacpp:spec_decode_num_accepted_tokens_total" in metrics.text
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--chat-template", "chatml"], "not a Jinja template"),
+    (["--chat-template", "{{ x }}", "--chat-template-file", "t.jinja"], "not both"),
+    (["--chat-template-file", "/nonexistent/t.jinja"], "Cannot read"),
+    (["--reasoning-format", "deepseek"], "not supported"),
+    (["-n", "0"], "at least 1"),
+])
+def test_bad_llama_server_flags_are_one_clear_line_before_anything_loads(capsys, flags, words):
+    from app.cli.main import main
+
+    assert main(["serve", "--pair", "starter", *flags]) == 1
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_alias_flags_are_split_and_sorted():
+    from app.cli.serve import aliases_flag
+
+    assert aliases_flag(["c, b", "a,c", " "]) == ("a", "b", "c")  # sorted, as llama-server's std::set

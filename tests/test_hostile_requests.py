@@ -91,8 +91,13 @@ def assert_openai_error(r: httpx.Response, status: int, words: str = "", param: 
     assert r.status_code == status, (r.status_code, r.text[:500])
     assert r.headers["content-type"].startswith("application/json"), r.headers
     err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    assert isinstance(err["message"], str) and err["type"] == "invalid_request_error", err
+    if err.get("type") == "exceed_context_size_error":  # llama-server's type, with its two figures
+        assert set(err) == {"message", "type", "param", "code", "n_prompt_tokens", "n_ctx"}, err
+        assert err["code"] == "context_length_exceeded" and err["n_prompt_tokens"] >= err["n_ctx"] > 0, err
+    else:
+        assert set(err) == {"message", "type", "param", "code"}, err
+        assert err["type"] == "invalid_request_error", err
+    assert isinstance(err["message"], str), err
     assert words in err["message"], err
     if param != "any":
         assert err["param"] == param, err

@@ -60,7 +60,8 @@ def test_unprefixed_aliases_answer_as_v1(tiny_server):
     assert models["object"] == "list" and models["data"][0]["loaded"] is True
     body = {"prompt": "the cat", "max_tokens": 6, "temperature": 0}
     plain, v1 = (httpx.post(f"{url}{p}/completions", json=body, timeout=60).json() for p in ("", "/v1"))
-    assert plain["object"] == "text_completion" and plain["choices"][0]["text"] == v1["choices"][0]["text"]
+    # llama-server's unprefixed /completions is its native completion, /v1/completions OpenAI's
+    assert v1["object"] == "text_completion" and plain["content"] == v1["choices"][0]["text"] and plain["stop"]
     chat = httpx.post(f"{url}/chat/completions", json={"messages": PROMPT, "max_tokens": 6}, timeout=60).json()
     assert chat["object"] == "chat.completion" and "timings" in chat
 
@@ -150,17 +151,17 @@ def test_under_listen_a_missing_key_is_refused_on_the_unprefixed_routes(listenin
              ("POST", "/chat/completions"))
     for method, path in paths:
         r = httpx.request(method, url + path, json={"messages": PROMPT, "prompt": "x"}, timeout=30)
-        assert r.status_code == 401, (path, r.text)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", (path, r.text)
     assert api.generations == 0
     signed = {"Authorization": f"Bearer {KEY}"}
     assert httpx.get(f"{url}/health", headers=signed, timeout=30).json() == {"status": "ok"}
     r = httpx.post(f"{url}/completions", headers=signed, json={"prompt": "the cat", "max_tokens": 4}, timeout=60)
-    assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+    assert r.status_code == 200 and r.json()["content"] is not None
 
 
 def test_any_model_name_is_answered_by_the_loaded_pair(tiny_server):
     url, _, _ = tiny_server
-    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/completions", {"prompt": "the cat"})):
+    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/v1/completions", {"prompt": "the cat"})):
         r = httpx.post(url + path, json=body | {"model": "gpt-3.5-turbo", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] <= 4
@@ -173,12 +174,12 @@ def test_n_predict_is_max_tokens_and_minus_one_runs_to_the_context(tiny_server):
         assert r["usage"]["completion_tokens"] == r["timings"]["predicted_n"] <= 3
         assert r["usage"]["completion_tokens"] == 3 or r["choices"][0]["finish_reason"] == "stop"
     both = {"prompt": "the cat", "n_predict": 3, "max_tokens": 5, "temperature": 0}  # max_tokens wins
-    assert httpx.post(f"{url}/completions", json=both, timeout=60).json()["usage"]["completion_tokens"] <= 5
-    r = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": -1}, timeout=120).json()
+    assert httpx.post(f"{url}/v1/completions", json=both, timeout=60).json()["usage"]["completion_tokens"] <= 5
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "the cat", "n_predict": -1}, timeout=120).json()
     # the context ends it (its last token is sampled, never decoded: it needs no room)
     assert r["usage"]["completion_tokens"] + r["usage"]["prompt_tokens"] <= rt.engine.n_ctx + 1
     assert r["choices"][0]["finish_reason"] in ("length", "stop")  # -1 is taken (not "at least 1")
-    bad = httpx.post(f"{url}/completions", json={"prompt": "the cat", "n_predict": "x"}, timeout=30)
+    bad = httpx.post(f"{url}/v1/completions", json={"prompt": "the cat", "n_predict": "x"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_predict"
 
 
@@ -198,9 +199,179 @@ def test_native_completion_streamed_and_not(tiny_server):
     assert events[-1]["timings"]["predicted_n"] == whole["tokens_predicted"] and api.served[0].endpoint
 
 
+def test_native_completion_fields_as_llama_server_writes_them(tiny_server):
+    url, rt, _ = tiny_server
+    body = {"prompt": "the cat", "n_predict": 12, "temperature": 0}
+    whole = httpx.post(f"{url}/completion", json=body | {"return_tokens": True}, timeout=60).json()
+    assert rt.engine.detokenize(whole["tokens"]) == whole["content"] and len(whole["tokens"]) == 12
+    assert whole["has_new_line"] == ("\n" in whole["content"]) and whole["truncated"] is False
+    settings = whole["generation_settings"]
+    assert settings["n_predict"] == 12 and settings["n_ctx"] == 256 and settings["logit_bias"] == []
+    assert whole["prompt"].replace("\u2581", " ").strip().endswith("the cat")
+    assert httpx.post(f"{url}/completion", json=body, timeout=60).json()["tokens"] == []
+    with httpx.stream("POST", f"{url}/completion", json=body | {"stream": True}, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert [t for e in events[:-1] for t in e["tokens"]] == whole["tokens"]  # streamed chunks carry their ids
+    word = whole["content"][len(whole["content"]) // 2:][:2]
+    cut = httpx.post(f"{url}/completion", json=body | {"stop": [word]}, timeout=60).json()
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == word and word not in cut["content"]
+    only = httpx.post(f"{url}/completion", json=body | {"response_fields": ["content", "generation_settings/seed",
+                                                                             "nowhere"]}, timeout=60).json()
+    assert set(only) == {"content", "generation_settings/seed"} and only["content"] == whole["content"]
+
+
 def test_native_completion_errors(tiny_server):
     url, rt, _ = tiny_server
     assert httpx.post(f"{url}/completion", json={"prompt": 5}, timeout=30).status_code == 400
     rt.close()
     r = httpx.post(f"{url}/completion", json={"prompt": "the cat"}, timeout=30)
     assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+
+
+def _prometheus(text: str) -> dict[str, tuple[str, float]]:
+    """{name: (type, value)} of Prometheus text, each sample checked to have its TYPE and HELP lines."""
+    types, out = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            name, value = line.split(" ", 1)
+            assert name in types and f"# HELP {name} " in text, line
+            out[name] = (types[name], float(value))
+    return out
+
+
+def test_metrics_are_501_unless_asked_for_then_count_every_endpoint_as_llama_server_names_them(tiny_server):
+    url, _, api = tiny_server
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error" and "--metrics" in r.text
+    api.metrics_enabled = True  # (what --metrics sets)
+    timings = [httpx.post(f"{url}/completion", json={"prompt": "the cat sat", "n_predict": n, "temperature": 0},
+                          timeout=60).json()["timings"] for n in (1, 4, 16)]  # the same prompt: reused after the first
+    timings.append(httpx.post(f"{url}/chat/completions", json={"messages": PROMPT, "max_tokens": 8},
+                              timeout=60).json()["timings"])
+    with httpx.stream("POST", f"{url}/v1/responses", json={"input": "the dog", "max_output_tokens": 8,
+                                                            "stream": True}, timeout=60) as r:
+        completed = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")][-1]
+    timings.append(completed["timings"])
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert int(r.headers["Process-Start-Time-Unix"]) > 0
+    m = _prometheus(r.text)
+    total = {k: sum(t[k] for t in timings) for k in ("prompt_n", "cache_n", "predicted_n", "draft_n",
+                                                       "draft_n_accepted")}
+    assert total["cache_n"] > 0 and total["draft_n"] > 0
+    assert m["llamacpp:prompt_tokens_total"] == ("counter", total["prompt_n"])
+    assert m["llamacpp:prompt_tokens_cached_total"] == ("counter", total["cache_n"])
+    assert m["llamacpp:tokens_predicted_total"] == ("counter", total["predicted_n"])
+    assert m["llamacpp:spec_decode_num_draft_tokens_total"] == ("counter", total["draft_n"])
+    assert m["llamacpp:spec_decode_num_accepted_tokens_total"] == ("counter", total["draft_n_accepted"])
+    assert 0 < m["llamacpp:spec_decode_num_drafts_total"][1] <= total["draft_n"]
+    assert m["llamacpp:n_decode_total"][1] >= total["predicted_n"] - total["draft_n_accepted"]
+    assert m["llamacpp:requests_processing"] == ("gauge", 0) and m["llamacpp:requests_deferred"] == ("gauge", 0)
+    assert m["llamacpp:predicted_tokens_seconds"][1] > 0 and m["llamacpp:prompt_seconds_total"][1] > 0
+    again = _prometheus(httpx.get(f"{url}/v1/metrics", timeout=30).text)
+    assert again["llamacpp:tokens_predicted_total"] == m["llamacpp:tokens_predicted_total"]  # counters stay
+    assert again["llamacpp:predicted_tokens_seconds"][1] == 0  # the gauges' window restarted with the scrape
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/embeddings"), ("POST", "/v1/embeddings"), ("POST", "/embedding"),
+                                          ("POST", "/rerank"), ("POST", "/v1/reranking"), ("POST", "/infill"),
+                                          ("GET", "/lora-adapters"), ("POST", "/slots/0"),
+                                          ("POST", "/v1/audio/transcriptions")])
+def test_features_left_out_answer_501_not_supported_not_404(tiny_server, method, path):
+    url, _, api = tiny_server
+    r = httpx.request(method, url + path, json={"input": "x", "content": "x"}, timeout=30)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error", r.text
+    assert api.generations == 0 and httpx.get(f"{url}/nowhere", timeout=30).status_code == 404
+
+
+def test_token_id_prompts_are_the_same_prompt_as_their_text(tiny_server):
+    url, rt, _ = tiny_server
+    ids = rt.engine.model.tokenize("the cat", add_special=True)
+    body = {"n_predict": 6, "temperature": 0}
+    text = httpx.post(f"{url}/completion", json=body | {"prompt": "the cat"}, timeout=60).json()
+    for prompt in (ids, [ids]):
+        native = httpx.post(f"{url}/completion", json=body | {"prompt": prompt}, timeout=60).json()
+        assert native["content"] == text["content"] and native["tokens_evaluated"] == len(ids)
+        oai = httpx.post(f"{url}/v1/completions", json=body | {"prompt": prompt}, timeout=60).json()
+        assert oai["choices"][0]["text"] == text["content"] and oai["usage"]["prompt_tokens"] == len(ids)
+    for prompt in ([ids[0], "the cat"], {"prompt_string": "the cat"}):  # ids and text mixed; llama-server's object
+        mixed = httpx.post(f"{url}/completion", json=body | {"prompt": prompt}, timeout=60).json()
+        assert mixed["content"] == text["content"] or ids[0] != rt.engine.model.bos
+    several = httpx.post(f"{url}/completion", json=body | {"prompt": [ids, "the cat", {"prompt_string": "the cat"}]},
+                         timeout=60).json()
+    assert [r["content"] for r in several] == [text["content"]] * 3  # a list of prompts: a list of answers
+    for bad in ([10 ** 9], [], [1, None], {"prompt_string": 5}, {"prompt_string": "x", "multimodal_data": ["x"]}):
+        r = httpx.post(f"{url}/completion", json=body | {"prompt": bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
+    r = httpx.post(f"{url}/v1/completions", json=body | {"prompt": [ids, ids]}, timeout=30)
+    assert r.status_code == 400 and "one per request" in r.json()["error"]["message"]
+
+
+def test_a_prompt_over_the_context_is_llama_servers_exceed_context_size_error(tiny_server):
+    url, rt, _ = tiny_server
+    long = "the cat sat " * 200
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}),
+                       ("/completion", {"prompt": long}), ("/v1/completions", {"prompt": [5] * 300})):
+        r = httpx.post(url + path, json=body, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["type"] == "exceed_context_size_error", r.text
+        assert err["n_ctx"] == rt.engine.n_ctx == 256 and err["n_prompt_tokens"] > 256
+        assert "exceeds the available context size" in err["message"]
+
+
+def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
+    url, _, api = tiny_server
+    body = {"messages": PROMPT, "max_tokens": 4, "temperature": 0}
+    first = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    again = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert first["system_fingerprint"].startswith("specchat") and again["system_fingerprint"] == \
+        first["system_fingerprint"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["timings"]["cache_n"] > 0
+    t = again["timings"]  # llama-server's per-token figures beside its rates
+    assert t["predicted_per_token_ms"] == pytest.approx(1000 / t["predicted_per_second"])
+    assert t["prompt_per_token_ms"] == pytest.approx(t["prompt_ms"] / t["prompt_n"])
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in chunks)
+    before = api.generations
+    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": -100}},
+                  {"ignore_eos": True}, {"messages": PROMPT + [{"role": "assistant", "content": "a"}] * 2}):
+        r = httpx.post(f"{url}/v1/chat/completions", json=body | extra, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
+    assert api.generations == before
+    assert httpx.post(f"{url}/v1/chat/completions", json=body | {"logprobs": False}, timeout=30).status_code == 200
+
+
+def test_input_tokens_count_the_prompt_each_api_renders_and_generate_nothing(tiny_server):
+    from app.prompts import chat_tokens
+
+    url, rt, api = tiny_server
+    body = {"messages": PROMPT}
+    n = len(chat_tokens(rt.engine.model, PROMPT))  # what a generation would evaluate
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        assert httpx.post(url + path, json=body, timeout=30).json() == {"input_tokens": n}
+    r = httpx.post(f"{url}/v1/messages/count_tokens", json={"model": "x", "messages": PROMPT}, timeout=30)
+    assert r.json() == {"input_tokens": n}  # (no max_tokens needed)
+    r = httpx.post(f"{url}/responses/input_tokens", json={"input": PROMPT[0]["content"]}, timeout=30)
+    assert r.json() == {"input_tokens": n}
+    bad = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
+    assert api.generations == 0
+
+
+def test_n_choices_are_answered_one_after_the_other(tiny_server):
+    url, _, api = tiny_server
+    for path, body in (("/v1/chat/completions", {"messages": PROMPT}), ("/v1/completions", {"prompt": "the cat"})):
+        one = httpx.post(url + path, json=body | {"max_tokens": 6, "temperature": 0}, timeout=60).json()
+        r = httpx.post(url + path, json=body | {"max_tokens": 6, "temperature": 0, "n": 3}, timeout=60).json()
+        assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+        assert [c.get("text") or c.get("message") for c in r["choices"]] == [
+            one["choices"][0].get("text") or one["choices"][0].get("message")] * 3  # greedy: the same each time
+        assert r["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"]
+        assert r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+    before = api.generations
+    assert httpx.post(f"{url}/v1/chat/completions", json={"messages": PROMPT, "n": 0}, timeout=30).status_code == 400
+    assert api.generations == before

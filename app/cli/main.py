@@ -240,6 +240,36 @@ def _serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, metavar="MB",
                    help="the largest request body /v1 takes, in MB; larger ones get 413 (default: 64 bytes per token "
                         "of the loaded context, at least 16 MB)")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve llama-server's Prometheus metrics at /metrics, speculative counters included (default: "
+                        "off, as llama-server: 501)")
+    _llama_server_flags(p)
+
+
+def _llama_server_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's flags for what the API answers with: the model's names, request defaults, the template."""
+    g = p.add_argument_group("as llama-server (what a request leaves out; the model's names; its template)")
+    g.add_argument("-a", "--alias", action="append", default=[], metavar="NAMES",
+                   help="the names /v1/models lists the loaded pair by, comma-separated (any name is answered)")
+    g.add_argument("--tags", action="append", default=[], metavar="TAGS",
+                   help="comma-separated tags /v1/models shows for the pair (informational)")
+    g.add_argument("--temp", "--temperature", dest="temperature", type=float, help="temperature (0: greedy)")
+    g.add_argument("-s", "--seed", type=int, help="sampling seed (-1: random)")
+    g.add_argument("-n", "--predict", "--n-predict", dest="max_tokens", type=int,
+                   help="most tokens an answer gets (-1: until the context is full)")
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--min-p", type=float)
+    g.add_argument("--chat-template", metavar="JINJA_TEMPLATE", help="a Jinja chat template used instead of the "
+                                                                     "target's own")
+    g.add_argument("--chat-template-file", type=Path, metavar="FILE", help="the same, read from a file")
+    g.add_argument("--jinja", action=argparse.BooleanOptionalAction, default=None,
+                   help="taken for llama-server's sake: SpecChat always renders templates with Jinja")
+    g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"),
+                   help="thinking on or off (the template's enable_thinking); auto: the template's default")
+    g.add_argument("--reasoning-format", choices=("auto", "none", "deepseek", "deepseek-legacy"),
+                   help="SpecChat leaves thinking in the content: auto and none are that; deepseek's split is not "
+                        "supported")
 
 
 def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -545,7 +575,7 @@ def cmd_app(args) -> int:
     from dataclasses import replace
 
     from ..chat.settings import Settings, load_settings
-    from .serve import serve
+    from .serve import aliases_flag, chat_template_flag, request_defaults, serve
 
     if args.draft and not args.target:
         raise EngineError("--draft needs --target (or choose a --pair).")
@@ -567,12 +597,17 @@ def cmd_app(args) -> int:
     overrides = {k: v for k, v in dict(drafter=args.drafter, draft_max=args.draft_max, draft_min=args.draft_min,
                                        draft_p_min=args.draft_p_min, adaptive=args.adaptive,
                                        ngram=ngram_settings(args) or None).items() if v is not None}
+    overrides.update(request_defaults(args))
     if overrides:
         replace(Settings(), **overrides).generation()  # an invalid flag fails here, before anything loads
+    template = chat_template_flag(args.chat_template, args.chat_template_file)
+    if template is not None and requested is not None and requested.server:
+        raise EngineError("--chat-template is for a local pair: a server renders its own template.")
     return serve(requested, overrides, args.port, args.listen, args.command == "app" and not args.no_browser,
                  api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
                  server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth,
-                 max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None)
+                 max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None, metrics=args.metrics,
+                 aliases=aliases_flag(args.alias), chat_template=template, tags=aliases_flag(args.tags))
 
 
 def main(argv: list[str] | None = None) -> int:

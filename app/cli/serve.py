@@ -12,6 +12,7 @@ import threading
 import time
 import webbrowser
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Before Gradio is imported: no analytics or version checks (nothing leaves the machine unasked).
@@ -71,21 +72,28 @@ def _interrupt(signum, frame):
 def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen: bool, open_browser: bool,
           api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True,
           server_key: str | None = None, allow_hosts: list[str] | None = None, no_auth: bool = False,
-          max_body: int | None = None) -> int:
+          max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = (),
+          chat_template: str | None = None, tags: tuple[str, ...] = ()) -> int:
     """``api_key`` guards this app's own /v1 (and, with ``listen``, everything: one is made up when none is given,
     unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted); ``max_body``:
-    the largest /v1 request body in bytes (None: sized to the loaded context)."""
+    the largest /v1 request body in bytes (None: sized to the loaded context); ``metrics``: serve llama-server's
+    Prometheus ``/metrics``; ``aliases``: the names the loaded pair is listed by (--alias); ``chat_template``: a
+    Jinja template the target's prompts are rendered with instead of its own (--chat-template); ``tags``: shown in
+    /v1/models (--tags)."""
     from ..server.guard import Access, Guard
     from ..server.llama_server_api import LlamaAliases
 
     clear_stale_temp_folders()  # exports a crashed SpecChat left behind
     runtime = Runtime()
     settings, notes = start_runtime(runtime, requested, overrides, with_ui, server_key)
+    if chat_template is not None and runtime.engine is not None:
+        runtime.engine.model.template_override = chat_template
     host = "0.0.0.0" if listen else "127.0.0.1"
     port = port or free_port(host)
     api_key, made_up_key = _session_key(listen, api_key, no_auth)
     access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
-    root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors, max_body)
+    root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors, max_body,
+                             dict(metrics=metrics, aliases=aliases, tags=tags))
     server, thread = _start_http(LlamaAliases(Guard(root, access)), host, port)
     _shut_down_on_signals()
     try:  # from the moment it says it is running, Ctrl-C is a clean shutdown
@@ -124,6 +132,41 @@ def start_runtime(runtime: Runtime, requested: LoadSpec | None, overrides: dict,
     return settings, notes
 
 
+def request_defaults(args) -> dict:
+    """llama-server's flags for what a request leaves out, as Settings fields (only those given)."""
+    from ..server.request_body import NO_LIMIT
+
+    given = dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                 max_tokens=NO_LIMIT if args.max_tokens == -1 else args.max_tokens,
+                 enable_thinking={"on": True, "off": False}.get(args.reasoning))
+    if args.reasoning_format in ("deepseek", "deepseek-legacy"):
+        raise EngineError(f"--reasoning-format {args.reasoning_format} is not supported: SpecChat leaves the "
+                          "thinking in the answer's content (as --reasoning-format none).")
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def aliases_flag(values: list[str]) -> tuple[str, ...]:
+    """--alias or --tags NAMES (comma-separated, repeatable): each once, sorted as llama-server keeps them (a
+    std::set: the first alias names the model)."""
+    return tuple(sorted({n.strip() for v in values for n in v.split(",")} - {""}))
+
+
+def chat_template_flag(text: str | None, path: Path | None) -> str | None:
+    """--chat-template TEXT or --chat-template-file FILE: a Jinja template (llama.cpp's built-in names are not
+    templates SpecChat can render: their Jinja text is)."""
+    if text is not None and path is not None:
+        raise EngineError("Give --chat-template or --chat-template-file, not both.")
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EngineError(f"Cannot read --chat-template-file {path}: {exc}") from None
+    if text is not None and "{%" not in text and "{{" not in text:
+        raise EngineError(f"--chat-template {text[:40]!r} is not a Jinja template: give the template's text (or "
+                          "--chat-template-file); llama.cpp's built-in template names are not supported.")
+    return text
+
+
 def _session_key(listen: bool, api_key: str | None, no_auth: bool) -> tuple[str | None, bool]:
     """The key that guards the app, and whether it was made up here: serving the network, one is needed."""
     made_up_key = listen and not api_key and not no_auth
@@ -137,16 +180,17 @@ def _session_key(listen: bool, api_key: str | None, no_auth: bool) -> tuple[str 
 
 
 def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bool, host: str, port: int,
-             api_key: str | None, cors: list[str] | None,
-             max_body: int | None = None) -> tuple[object, OpenAIServer, SpecChatUI | None]:
-    """The ASGI app: the API at /v1 and, ``with_ui``, the Gradio UI at /. Returns it, the API and the UI (or None)."""
+             api_key: str | None, cors: list[str] | None, max_body: int | None = None,
+             api_options: dict | None = None) -> tuple[object, OpenAIServer, SpecChatUI | None]:
+    """The ASGI app: the API at /v1 and, ``with_ui``, the Gradio UI at /. Returns it, the API and the UI (or None).
+    ``api_options``: OpenAIServer's (metrics, aliases, tags)."""
     from fastapi import FastAPI
 
     from ..server.openai_api import OpenAIServer
 
     # What a request leaves out: the app's settings as last saved by the UI, or this command's.
     defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
-    api = OpenAIServer(runtime, defaults, max_body=max_body)
+    api = OpenAIServer(runtime, defaults, max_body=max_body, **(api_options or {}))
     root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     root.mount("/v1", api.app(cors))
     if not with_ui:

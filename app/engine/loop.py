@@ -200,11 +200,11 @@ class Output:
         self.flags: list[bool] = []  # per token: from an accepted draft
         self.stream = TextStream(params.stop)
         self.finish: str | None = None
+        self.unshown: list[int] = []  # tokens whose text is not whole yet (across rounds): the next TextDelta's
 
     def commit(self, pending: list[int], accepted: int) -> Iterator[TextDelta]:
         """Commit a round's tokens (its first ``accepted`` came from the draft), checking the stop conditions token
         by token; text as it becomes whole."""
-        emitted: list[int] = []
         for i, tok in enumerate(pending):
             from_draft = i < accepted
             if self.model.is_eog(tok):
@@ -213,12 +213,12 @@ class Output:
             self.history.append(tok)
             self.ids.append(tok)
             self.flags.append(from_draft)
-            emitted.append(tok)
+            self.unshown.append(tok)
             shown = self.model.piece_text(tok) if tok in self.params.shown else self.model.piece(tok)
             text = self.stream.feed(shown)
             if text:
-                yield TextDelta(text, emitted, from_draft)
-                emitted = []
+                yield TextDelta(text, self.unshown, from_draft)
+                self.unshown = []
             if self.stream.stopped:
                 self.finish = "stop"
                 return

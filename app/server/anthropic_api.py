@@ -14,10 +14,10 @@ import json
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from ..engine import Done, EngineError, ModelsUnloaded, TextDelta
-from .openai_api import _Held, _json_body, _retry, timings
+from ..engine import Done, EngineError, TextDelta
+from .openai_api import _Held, _json_body, sse, stop_word, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside Anthropic's.
@@ -154,41 +154,30 @@ class AnthropicMessages:
         except ApiError as exc:
             return anthropic_error(exc)
 
+    async def count_tokens(self, request: Request):
+        """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` for a Messages body (``max_tokens`` not
+        needed)."""
+        try:
+            body = await _json_body(request)
+            if isinstance(body, dict) and body.get("max_tokens") is None:
+                body = {**body, "max_tokens": 1}
+            return JSONResponse(await self.server.input_tokens(chat_body(body)))
+        except ApiError as exc:
+            return anthropic_error(exc)
+
     async def _answer(self, request: Request):
         server = self.server
         body = chat_body(await _json_body(request))
-        engine, loaded = server.runtime.engine, server._loaded_name()
-        if engine is None or loaded is None:
-            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.")
-        job, ids, params, reader = await asyncio.to_thread(server._prepare, body, True, engine, loaded)
-        batches, watch = server._generate(request, engine, ids, params, job.drafter)
-        handed_over = False
-        try:
-            try:
-                first = await anext(batches)
-            except StopAsyncIteration:
-                return JSONResponse({"type": "error", "error": {"type": "api_error", "message": "The client went "
-                                                                                                "away."}}, 499)
-            except ModelsUnloaded as exc:
-                raise _retry(exc) from None
-            except EngineError as exc:
-                raise ApiError(400, str(exc)) from None
-            meta = dict(id=f"msg_{uuid.uuid4().hex[:24]}", model=body.get("model") or loaded, prompt_n=len(ids),
-                        stops=tuple(params.stop), detokenize=engine.detokenize, chat=True,
-                        tools=reader, offered=job.tools)
-            if job.stream:
-                handed_over = True
-                return StreamingResponse(self._stream(first, batches, meta, watch), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            done = first[-1]
-            async for batch in batches:
-                done = batch[-1]
-            server._log(meta, done, True)
-            return JSONResponse(message(meta, done))
-        finally:
-            if not handed_over:
-                watch.cancel()
-                await batches.aclose()
+        started = await server._begin(request, body, True)
+        job = started.job
+        meta = dict(id=f"msg_{uuid.uuid4().hex[:24]}", model=body.get("model") or started.loaded,
+                    prompt_n=len(started.ids), stops=tuple(job.params.stop), chat=True,
+                    detokenize=server.runtime.engine.detokenize, tools=started.reader, offered=job.tools)
+        if job.stream:
+            return sse(self._stream(started.first, started.batches, meta, started.watch))
+        done = await started.finish()
+        server._log(meta, done, True)
+        return JSONResponse(message(meta, done))
 
     async def _stream(self, first: list, batches, meta: dict, watch: asyncio.Future):
         """Anthropic's events: message_start, ping, a text block (content_block_start, a content_block_delta per
@@ -257,23 +246,26 @@ def message(meta: dict, done: Done | None) -> dict:
         reason = "tool_use" if calls and reason == "end_turn" else reason
     out = {"id": meta["id"], "type": "message", "role": "assistant", "model": meta["model"], "content": content,
            "stop_reason": reason, "stop_sequence": sequence,
-           "usage": {"input_tokens": meta["prompt_n"], "output_tokens": done.stats.n_tokens if done else 0}}
+           "usage": _usage(meta["prompt_n"], done)}
     if done is not None:
         out["timings"] = timings(done.stats)
     return out
 
 
+def _usage(prompt_n: int, done: Done | None) -> dict:
+    """Anthropic's usage, as llama-server writes it: ``input_tokens`` evaluated, ``cache_read_input_tokens`` reused
+    from the previous request (their sum is the prompt), ``output_tokens``."""
+    cached = done.stats.prompt_cached if done else 0
+    return {"input_tokens": prompt_n - cached, "cache_read_input_tokens": cached,
+            "output_tokens": done.stats.n_tokens if done else 0}
+
+
 def _stop_reason(meta: dict, done: Done) -> tuple[str, str | None]:
-    """end_turn, max_tokens or stop_sequence (with the sequence): a stop string ended the answer where the text of
-    its tokens goes on, past the answer, with one of them."""
+    """end_turn, max_tokens or stop_sequence (with the sequence)."""
     if done.finish_reason == "length":
         return "max_tokens", None
-    if meta["stops"]:
-        full = meta["detokenize"](done.token_ids)
-        found = [(i, s) for s in meta["stops"] if (i := full.find(s, max(0, len(done.text) - 1))) >= 0]
-        if found and len(full) > len(done.text):
-            return "stop_sequence", min(found)[1]
-    return "end_turn", None
+    word = stop_word(done, meta["stops"], meta.get("detokenize"))  # (read only when there are stops)
+    return ("stop_sequence", word) if word else ("end_turn", None)
 
 
 def _event(name: str, data: dict) -> str:

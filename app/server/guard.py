@@ -282,8 +282,8 @@ async def refuse(scope, send, status: int, message: str, code: str):
     if scope["type"] == "websocket":
         return await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
     if path_under(scope.get("path", "/"), API_PREFIX):
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": code}})
+        kind = "authentication_error" if status == 401 else "invalid_request_error"  # (llama-server's type)
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
         return await _respond(send, status, body, "application/json")
     return await _respond(send, status, message + "\n", "text/plain; charset=utf-8")
 

@@ -3,11 +3,11 @@
 "not supported" answer: SpecChat has one slot, the engine's turn, and no slot API), each under ``/v1`` and
 without it.
 
-llama-server also serves ``/models``, ``/completions`` and ``/chat/completions`` without the ``/v1`` prefix;
-``LlamaAliases`` (an ASGI wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones
-before anything else sees them, so the guard decides on them exactly as on ``/v1`` (Origin, the key) and the same
-handlers answer. While no pair is loaded these routes answer as llama-server does while loading: 503
-``{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}``.
+llama-server also serves ``/models``, ``/chat/completions`` (and its ``/input_tokens``), ``/responses`` and
+``/completions`` (its native completion, as ``/completion``) without the ``/v1`` prefix; ``LlamaAliases`` (an ASGI
+wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones before anything else sees
+them, so the guard decides on them exactly as on ``/v1`` (Origin, the key) and the same handlers answer. While no
+pair is loaded these routes answer as llama-server does while loading: 503 ``{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}``.
 
 Tokenizing and rendering a template are CPU work: they run on a worker thread, like the OpenAI handlers' parsing.
 """
@@ -18,16 +18,27 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..engine import Done, EngineError, ModelsUnloaded, Round, TextDelta
+from ..engine import EngineError, ModelsUnloaded
 from ..engine.drafters import registry
 from ..prompts import chat_prompt, image_messages, tool_prompt
 from .request_body import ApiError, parse
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
-ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion")
-ALIASES = frozenset(ROUTES + ("/models", "/completions", "/chat/completions"))
+ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion", "/metrics")
+# llama-server's routes for what SpecChat deliberately does not do: 501 not_supported_error, as llama-server answers
+# a feature it was not started with, rather than 404.
+NOT_SUPPORTED = {
+    "/embedding": "embeddings", "/embeddings": "embeddings", "/rerank": "reranking", "/reranking": "reranking",
+    "/infill": "infill (fill-in-the-middle)", "/lora-adapters": "LoRA adapters",
+    "/audio/transcriptions": "audio transcription", "/slots/{id_slot}": "saving or restoring slots",
+}
+# Unprefixed paths and the /v1 path each stands for: the same, but /completions, which is llama-server's native
+# completion (/completion), not OpenAI's.
+ALIASES = {p: "/v1" + p for p in ROUTES + tuple(p for p in NOT_SUPPORTED if "{" not in p) + (
+    "/models", "/chat/completions", "/chat/completions/input_tokens", "/responses", "/responses/input_tokens")}
+ALIASES["/completions"] = "/v1/completion"
 
 
 def llama_error(status: int, message: str, type_: str) -> JSONResponse:
@@ -47,10 +58,12 @@ class LlamaAliases:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("path") in ALIASES:
-            scope = dict(scope, path="/v1" + scope["path"])
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        to = ALIASES.get(path) or ("/v1" + path if path.startswith("/slots/") else None)
+        if to is not None:
+            scope = dict(scope, path=to)
             if scope.get("raw_path") is not None:
-                scope["raw_path"] = b"/v1" + scope["raw_path"]
+                scope["raw_path"] = to.encode() if path in ALIASES else b"/v1" + scope["raw_path"]
         return await self.app(scope, receive, send)
 
 
@@ -60,10 +73,22 @@ def register(api: FastAPI, server) -> None:
     api.get("/health")(routes.health)
     api.get("/props")(routes.props)
     api.get("/slots")(routes.slots)
+    api.get("/metrics")(routes.metrics)
     api.post("/tokenize")(routes.tokenize)
     api.post("/detokenize")(routes.detokenize)
     api.post("/apply-template")(routes.apply_template)
-    api.post("/completion")(routes.completion)
+    from .native_completion import NativeCompletion  # (it imports this module)
+
+    api.post("/completion")(NativeCompletion(server).completion)
+    for path, what in NOT_SUPPORTED.items():
+        api.api_route(path, methods=["GET", "POST"], include_in_schema=False)(_not_supported(what))
+
+
+def _not_supported(what: str):
+    async def answer():
+        return llama_error(501, f"This server does not support {what}: SpecChat serves a chat pair (a target and "
+                                "its draft) for generation only.", "not_supported_error")
+    return answer
 
 
 class _Routes:
@@ -81,6 +106,15 @@ class _Routes:
     async def slots(self):
         return llama_error(501, "This server does not support slots endpoint. SpecChat serves one request at a "
                                 "time on its engine; there are no slots to list.", "not_supported_error")
+
+    async def metrics(self):
+        """llama-server's Prometheus text (app/server/metrics.py), or its 501 when not started with --metrics."""
+        server = self.server
+        if not server.metrics_enabled:
+            return llama_error(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                               "not_supported_error")
+        return PlainTextResponse(server.metrics.text(server.waiting), media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(server.metrics.started)})
 
     async def props(self):
         engine = self._engine()
@@ -103,10 +137,11 @@ class _Routes:
         return {
             "default_generation_settings": {"params": params, "n_ctx": engine.n_ctx},
             "total_slots": 1,
-            "model_alias": self.server._loaded_name(),
+            "model_alias": self.server.model_name(self.server._loaded_name()),
             "model_path": str(model.path),
             "modalities": {"vision": engine.projector is not None, "video": False, "audio": False},
-            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": False,
+            "endpoint_slots": False, "endpoint_props": False,
+            "endpoint_metrics": self.server.metrics_enabled,
             "chat_template": model.chat_template() or "",
             "bos_token": bos, "eos_token": eos,
             "build_info": _build_info(),
@@ -172,72 +207,6 @@ class _Routes:
             return {"prompt": b"".join(model.piece_text(t) for t in ids).decode("utf-8", "replace")}
         return {"prompt": chat_prompt(model, messages, **job.template_variables)}
 
-    # --- /completion: llama-server's native completion ----------------------------------------------------------
-    async def completion(self, request: Request):
-        """llama-server's ``/completion``: ``prompt`` and ``n_predict`` (or the OpenAI fields), answered as
-        ``{"content", "stop", "stop_type", "tokens_predicted", "tokens_evaluated", "timings", …}``; streamed, one
-        ``data: {"content", "stop": false, …}`` event per batch and the whole answer's fields on the last (no
-        ``[DONE]``, as llama-server)."""
-        from .openai_api import _json_body, _retry, timings
-
-        body = await _json_body(request)
-        server, engine, loaded = self.server, self._engine(), self.server._loaded_name()
-        if engine is None:
-            return loading()
-        job, ids, params, _ = await asyncio.to_thread(server._prepare, body, False, engine, loaded)
-        batches, watch = server._generate(request, engine, ids, params, job.drafter)
-
-        def final(done: Done) -> dict:
-            server._log({"model": loaded}, done, False)  # for the app's API section
-            return {"index": 0, "content": "" if job.stream else done.text, "tokens": [], "id_slot": 0, "stop": True,
-                    "model": loaded, "tokens_predicted": done.stats.n_tokens, "tokens_evaluated": len(ids),
-                    "prompt": job.prompt, "truncated": False, "tokens_cached": done.stats.prompt_cached,
-                    "stop_type": "limit" if done.finish_reason == "length" else "eos", "stopping_word": "",
-                    "timings": timings(done.stats)}
-
-        async def events(first):
-            batch, done = first, None
-            try:
-                while done is None:
-                    done = batch[-1] if isinstance(batch[-1], Done) else None
-                    text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
-                    n = next((ev.stats.n_tokens for ev in reversed(batch) if isinstance(ev, (Round, Done))), 0)
-                    if text:
-                        chunk = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
-                                 "tokens_predicted": n, "tokens_evaluated": len(ids)}
-                        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                    if done is None:
-                        batch = await anext(batches)
-                yield f"data: {json.dumps(final(done), ensure_ascii=False)}\n\n"
-            except EngineError as exc:
-                yield f"data: {json.dumps({'error': {'code': 500, 'message': str(exc), 'type': 'server_error'}})}\n\n"
-            finally:
-                watch.cancel()
-                await batches.aclose()
-
-        handed_over = False
-        try:
-            try:
-                first = await anext(batches)
-            except StopAsyncIteration:
-                return JSONResponse(ApiError(499, "The client went away.", code="client_closed").body(), 499)
-            except ModelsUnloaded as exc:
-                raise _retry(exc) from None
-            except EngineError as exc:
-                raise ApiError(400, str(exc)) from None
-            if job.stream:
-                handed_over = True
-                return StreamingResponse(events(first), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            done = first[-1]
-            async for batch in batches:
-                done = batch[-1]
-            return final(done)
-        finally:
-            if not handed_over:
-                watch.cancel()
-                await batches.aclose()
-
 
 def _flag(body: dict, name: str, default: bool) -> bool:
     value = body.get(name, default)
@@ -252,6 +221,14 @@ def _piece(raw: bytes):
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return list(raw)
+
+
+def fingerprint() -> str:
+    """``system_fingerprint``: what built the answer (llama-server: its build number and commit)."""
+    try:
+        return f"specchat-llama-cpp-python-{version('llama_cpp_python')}"
+    except PackageNotFoundError:
+        return "specchat"
 
 
 def _build_info() -> str:

@@ -32,7 +32,8 @@ from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, text_of, tool_prompt
 from . import llama_server_api
-from .request_body import ApiError, BodyLimit, Job, body_limit, decode, parse
+from .metrics import Metrics
+from .request_body import ApiError, BodyLimit, Job, _number, body_limit, decode, parse
 
 MAX_WAITING = 64  # requests queued or running at once; more get 503
 
@@ -49,6 +50,8 @@ def timings(stats: Stats) -> dict:
         "predicted_n": stats.n_tokens,
         "predicted_ms": predicted_ms,
         "predicted_per_second": stats.tokens_per_second if stats.rate_measured else None,
+        "prompt_per_token_ms": prompt_ms / stats.prompt_tokens if stats.prompt_tokens else None,
+        "predicted_per_token_ms": 1000 / stats.tokens_per_second if stats.rate_measured else None,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
         "draft_n_forced": stats.n_forced,  # of draft_n, tokens a grammar forced (SpecChat's own field)
@@ -69,9 +72,39 @@ class Served:
     finish: str
 
 
+@dataclass
+class Started:
+    """A generation under way (``OpenAIServer._begin``): the request read, its prompt's tokens, the tool format its
+    answer is read with (None: no call), the first batch of events, the rest, and the watch that cancels it when the
+    client goes away. A stream that takes it over closes it when it ends; else ``finish`` does."""
+
+    job: Job
+    ids: list[int]
+    reader: object
+    first: list
+    batches: AsyncIterator
+    watch: asyncio.Future
+    loaded: str  # the name answers carry for the loaded pair (OpenAIServer.model_name)
+
+    async def finish(self) -> Done:
+        """The whole answer: every batch read, the generation closed."""
+        try:
+            done = self.first[-1]
+            async for batch in self.batches:
+                done = batch[-1]
+            return done
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        self.watch.cancel()
+        await self.batches.aclose()
+
+
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
-                 max_body: int | None = None):
+                 max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = (),
+                 tags: tuple[str, ...] = ()):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
@@ -81,6 +114,10 @@ class OpenAIServer:
         self._count_lock = threading.Lock()
         self._cancels: set[threading.Event] = set()  # one per request queued or running
         self.served: deque[Served] = deque(maxlen=50)
+        self.metrics = Metrics()  # counted always, served at /metrics only when asked for (--metrics)
+        self.metrics_enabled = metrics
+        self.aliases = tuple(aliases)  # --alias: the names the loaded pair is listed and answers by
+        self.tags = tuple(tags)  # --tags: shown beside them
 
     # --- the app --------------------------------------------------------------------------------------------
     def app(self, cors: list[str] | None = None) -> FastAPI:
@@ -105,9 +142,16 @@ class OpenAIServer:
         llama_server_api.register(api, self)  # llama-server's /health, /props, /tokenize, …
         api.get("/models")(self.models)
         api.post("/chat/completions")(self.chat_completions)
+        api.post("/chat/completions/input_tokens")(self.chat_input_tokens)
         api.post("/completions")(self.completions)
         from .anthropic_api import AnthropicMessages  # (here: that module imports this one)
-        api.post("/messages")(AnthropicMessages(self).messages)  # Anthropic's Messages API
+        anthropic = AnthropicMessages(self)
+        api.post("/messages")(anthropic.messages)  # Anthropic's Messages API
+        api.post("/messages/count_tokens")(anthropic.count_tokens)
+        from .responses_api import Responses  # (the same)
+        responses = Responses(self)
+        api.post("/responses")(responses.create)  # OpenAI's Responses API
+        api.post("/responses/input_tokens")(responses.input_tokens)
         api.add_middleware(BodyLimit, limit=self.body_limit)  # added last: in front of the rest
         return api
 
@@ -130,6 +174,10 @@ class OpenAIServer:
                 for n in names]
         if loaded:  # how it speculates by default, for clients that show it (SpecChat pointed at this server does)
             data[0]["speculation"] = self._speculation()
+            if self.aliases:  # listed by its first alias, as llama-server (the pair's name is kept beside)
+                data[0].update(id=self.aliases[0], aliases=list(self.aliases), pair=loaded)
+            if self.tags:
+                data[0]["tags"] = list(self.tags)
         return {"object": "list", "data": data}
 
     def _speculation(self) -> str:
@@ -138,12 +186,30 @@ class OpenAIServer:
     async def chat_completions(self, request: Request):
         return await self._answer(request, chat=True)
 
+    async def chat_input_tokens(self, request: Request):
+        """llama-server's ``/chat/completions/input_tokens``: the prompt's length, nothing generated."""
+        return await self.input_tokens(await _json_body(request))
+
+    async def input_tokens(self, body) -> dict:
+        """``{"input_tokens": N}`` for a chat body: the prompt rendered and tokenized (on a worker thread) as its
+        generation would be, and counted."""
+        engine, loaded = self.runtime.engine, self._loaded_name()
+        if engine is None or loaded is None:
+            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
+                           "server_error", code="no_model_loaded")
+        ids = (await asyncio.to_thread(self._prepare, body, True, engine, loaded))[1]
+        return {"input_tokens": len(ids)}
+
     async def completions(self, request: Request):
         return await self._answer(request, chat=False)
 
     # --- answering ------------------------------------------------------------------------------------------
     def _loaded_name(self) -> str | None:
         return self.runtime.spec.describe() if self.runtime.spec and self.runtime.engine else None
+
+    def model_name(self, loaded: str) -> str:
+        """The name answers carry for the loaded pair ``loaded``: its first --alias, else its own."""
+        return self.aliases[0] if self.aliases else loaded
 
     def cancel_all(self) -> None:
         """Stop every request queued or running (shutting down)."""
@@ -153,40 +219,25 @@ class OpenAIServer:
 
     async def _answer(self, request: Request, chat: bool):
         body = await _json_body(request)
-        engine = self.runtime.engine
-        loaded = self._loaded_name()
-        if engine is None or loaded is None:
-            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
-                           "server_error", code="no_model_loaded")
-        # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
-        job, ids, params, reader = await asyncio.to_thread(self._prepare, body, chat, engine, loaded)
-
-        batches, watch = self._generate(request, engine, ids, params, job.drafter)
-        handed_over = False
-        try:
-            try:
-                first = await anext(batches)  # validation errors (and the wait for the engine) come before output
-            except StopAsyncIteration:  # cancelled before its turn: the client is gone, nobody reads an answer
-                return JSONResponse(ApiError(499, "The client went away.", code="client_closed").body(), 499)
-            except ModelsUnloaded as exc:  # another pair was loaded while this request waited
-                raise _retry(exc) from None
-            except EngineError as exc:
-                raise ApiError(400, str(exc)) from None
+        n = _choices(body)
+        answers = []
+        for i in range(n):  # n > 1: the choices one after the other (the prompt is reused from the cache)
+            started = await self._begin(request, {**body, "n": 1} if n > 1 else body, chat)
+            job, ids = started.job, started.ids
             meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                        model=loaded, chat=chat, prompt_n=len(ids), tools=reader, offered=job.tools)
-            if job.stream:
-                handed_over = True  # the stream stops the watch when it ends
-                return StreamingResponse(self._stream(job, first, batches, meta, watch), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            done = first[-1]
-            async for batch in batches:
-                done = batch[-1]
+                        model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools)
+            if job.stream:  # (the stream closes the generation when it ends)
+                return sse(self._stream(job, started.first, started.batches, meta, started.watch))
+            done = await started.finish()
             self._log(meta, done, chat)
-            return JSONResponse(self._final(meta, done))
-        finally:
-            if not handed_over:
-                watch.cancel()
-                await batches.aclose()
+            answers.append(self._final(meta, done, index=i))
+        whole = answers[0]
+        if n > 1:  # one answer: its choices, the usage of all, the timings of the last
+            completion = sum(a["usage"]["completion_tokens"] for a in answers)
+            usage = whole["usage"]
+            usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+            whole.update(choices=[a["choices"][0] for a in answers], timings=answers[-1]["timings"])
+        return JSONResponse(whole)
 
     def _prepare(self, body, chat: bool, engine, loaded: str) -> tuple[Job, list[int], object, object]:
         """On a worker thread: the request read (``Job``), its prompt's tokens, the generation's parameters and the
@@ -199,7 +250,9 @@ class OpenAIServer:
             raise ApiError(400, str(exc), param="drafter") from None
         params, reader = job.params, None
         try:
-            _check_length(engine, [text_of(m["content"]) for m in job.messages] if chat else [job.prompt], chat)
+            tokens_given = not chat and isinstance(job.prompt, list)  # (token ids: nothing to render)
+            texts = [text_of(m["content"]) for m in job.messages] if chat else [] if tokens_given else [job.prompt]
+            _check_length(engine, texts, chat)
             if chat and (job.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in job.messages)):
                 ids, grammar, fmt, shown = tool_prompt(engine.model, job.messages, job.tools, job.tool_choice,
                                                        engine.projector, **job.template_variables)
@@ -207,13 +260,13 @@ class OpenAIServer:
             elif chat:
                 ids = chat_tokens(engine.model, job.messages, engine.projector, **job.template_variables)
             else:
-                ids = plain_tokens(engine.model, job.prompt)
+                ids = _token_ids(engine, job.prompt) if tokens_given else plain_tokens(engine.model, job.prompt)
         except ModelsUnloaded as exc:
             raise _retry(exc) from None
         except EngineError as exc:
             raise ApiError(400, str(exc)) from None
         if len(ids) >= engine.n_ctx:
-            raise _too_long(f"The prompt is {len(ids)} tokens", engine.n_ctx, chat)
+            raise _too_long("The prompt is", len(ids), engine.n_ctx, chat)
         return job, ids, params, reader
 
     def _generate(self, request: Request, engine, ids: list[int], params, drafter: str):
@@ -221,8 +274,34 @@ class OpenAIServer:
         the engine come with the first), and a watch that cancels it when the client goes away."""
         cancel = threading.Event()
         leave = self._enter_queue(cancel)
-        batches = batches_async(lambda c: engine.generate(ids, params, drafter, c), leave, cancel)
+        batches = self.metrics.observe(batches_async(lambda c: engine.generate(ids, params, drafter, c), leave, cancel))
         return batches, asyncio.ensure_future(_cancel_on_disconnect(request, cancel))
+
+    async def _begin(self, request: Request, body, chat: bool) -> Started:
+        """A request body read, its prompt rendered (on a worker thread), its generation queued and its first batch
+        of events come: what every endpoint that generates starts with. A mistake, no pair loaded, the pair unloaded
+        meanwhile or the client gone before its turn are ApiErrors (400, 503, 503 with Retry-After, 499)."""
+        engine = self.runtime.engine
+        loaded = self._loaded_name()
+        if engine is None or loaded is None:
+            raise ApiError(503, "No model pair is loaded: load one in the app, or start `specchat serve --pair NAME`.",
+                           "server_error", code="no_model_loaded")
+        # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
+        job, ids, params, reader = await asyncio.to_thread(self._prepare, body, chat, engine, loaded)
+        batches, watch = self._generate(request, engine, ids, params, job.drafter)
+        try:
+            first = await anext(batches)  # validation errors (and the wait for the engine) come before output
+        except BaseException as exc:
+            watch.cancel()
+            await batches.aclose()
+            if isinstance(exc, StopAsyncIteration):  # cancelled before its turn: the client is gone
+                raise ApiError(499, "The client went away.", code="client_closed") from None
+            if isinstance(exc, ModelsUnloaded):  # another pair was loaded while this request waited
+                raise _retry(exc) from None
+            if isinstance(exc, EngineError):
+                raise ApiError(400, str(exc)) from None
+            raise
+        return Started(job, ids, reader, first, batches, watch, self.model_name(loaded))
 
     def _enter_queue(self, cancel: threading.Event) -> Callable[[], None]:
         """Count a request in (503 when too many wait); returns what counts it out, called on the worker when its
@@ -242,7 +321,7 @@ class OpenAIServer:
 
         return leave
 
-    def _final(self, meta: dict, done: Done) -> dict:
+    def _final(self, meta: dict, done: Done, index: int = 0) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
         if meta["chat"]:
             content, calls = meta["tools"].parse(done.text, meta["offered"]) if meta["tools"] else (done.text, [])
@@ -250,11 +329,12 @@ class OpenAIServer:
             if calls:
                 message["tool_calls"] = [_call(c) for c in calls]
                 finish = "tool_calls" if finish == "stop" else finish
-            choice = {"index": 0, "message": message, "finish_reason": finish}
+            choice = {"index": index, "message": message, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": done.text, "logprobs": None, "finish_reason": finish}
         return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
-                "created": meta["created"], "model": meta["model"], "choices": [choice],
+                "created": meta["created"], "model": meta["model"],
+                "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice],
                 "usage": _usage(meta, done.stats), "timings": timings(done.stats)}
 
     async def _stream(self, job: Job, first: list, batches: AsyncIterator, meta: dict, watch: asyncio.Future):
@@ -267,15 +347,18 @@ class OpenAIServer:
         def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
                   calls: list | None = None) -> str:
             if chat:
-                delta = ({"role": "assistant", "content": ""} if role else {"content": text} if text is not None else {})
+                # (the first, as llama-server: the role, no content yet)
+                delta = ({"role": "assistant", "content": None} if role else {"content": text} if text is not None
+                         else {})
                 if calls:
                     delta = {"tool_calls": calls}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             out = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
-                   "created": meta["created"], "model": meta["model"], "choices": [choice]}
-            if with_timings or job.timings_per_token:
+                   "created": meta["created"], "model": meta["model"],
+                   "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice]}
+            if with_timings or (job.timings_per_token and not role):  # (the role's chunk comes before any token)
                 out["timings"] = timings(stats)
             return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
 
@@ -312,7 +395,7 @@ class OpenAIServer:
             if job.include_usage:
                 tail = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": meta["created"], "model": meta["model"], "choices": [],
-                        "usage": _usage(meta, done.stats)}
+                        "usage": _usage(meta, done.stats), "timings": timings(done.stats)}  # (as llama-server)
                 yield f"data: {json.dumps(tail)}\n\n"
             yield "data: [DONE]\n\n"
         except EngineError as exc:  # after the headers went out: the error as the stream's last event
@@ -328,6 +411,12 @@ class OpenAIServer:
         self.served.appendleft(Served(time.time(), "chat" if chat else "completions", meta["model"], s.n_tokens,
                                       s.tokens_per_second if s.rate_measured else None,
                                       s.acceptance_rate if s.n_drafted else None, s.drafter, done.finish_reason))
+
+
+def sse(events: AsyncIterator[str]) -> StreamingResponse:
+    """Server-Sent Events, not buffered on the way (a proxy honours X-Accel-Buffering)."""
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
@@ -357,13 +446,39 @@ class _Held:
         return content[self.sent:]
 
 
+def stop_word(done: Done, stops, detokenize) -> str | None:
+    """The stop string that ended the answer, if one did: the text of its tokens goes on, past the answer, with one
+    of them (None: the end of text, the length, or no stop string)."""
+    if not stops or done.finish_reason == "length":
+        return None
+    full = detokenize(done.token_ids)
+    found = [(i, s) for s in stops if (i := full.find(s, max(0, len(done.text) - 1))) >= 0]
+    return min(found)[1] if found and len(full) > len(done.text) else None
+
+
+MAX_CHOICES = 8
+
+
+def _choices(body) -> int:
+    """``n``: how many choices, answered whole (1 to MAX_CHOICES; more than one is not streamed)."""
+    if not isinstance(body, dict):
+        return 1  # (parse says what is wrong with it)
+    n = _number(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be a whole number from 1 to {MAX_CHOICES}.", param="n")
+    if n > 1 and body.get("stream"):
+        raise ApiError(400, "n > 1 is answered whole: leave out 'stream'.", param="n")
+    return n
+
+
 def _call(call) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _usage(meta: dict, stats: Stats) -> dict:
     return {"prompt_tokens": meta["prompt_n"], "completion_tokens": stats.n_tokens,
-            "total_tokens": meta["prompt_n"] + stats.n_tokens}
+            "total_tokens": meta["prompt_n"] + stats.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.prompt_cached}}  # reused from the previous request
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -402,12 +517,27 @@ def _check_length(engine, texts: list[str], chat: bool) -> None:
     characters = sum(len(t) - sum(t.count(c) for c in _SPACES) for t in texts)
     at_least = characters // max(longest, 1)
     if at_least >= engine.n_ctx:
-        raise _too_long(f"The prompt is at least {at_least} tokens", engine.n_ctx, chat)
+        raise _too_long("The prompt is at least", at_least, engine.n_ctx, chat)
 
 
-def _too_long(what: str, n_ctx: int, chat: bool) -> ApiError:
-    return ApiError(400, f"{what} but the context holds {n_ctx}: shorten it.", param="messages" if chat else "prompt",
-                    code="context_length_exceeded")
+def _too_long(what: str, n_prompt: int, n_ctx: int, chat: bool) -> ApiError:
+    """llama-server's ``exceed_context_size_error``, with its ``n_prompt_tokens`` and ``n_ctx``."""
+    return ApiError(400, f"{what} {n_prompt} tokens but the context holds {n_ctx}: the request exceeds the available "
+                         "context size; shorten it.", "exceed_context_size_error",
+                    param="messages" if chat else "prompt", code="context_length_exceeded",
+                    extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
+
+
+def _token_ids(engine, sequence: list) -> list[int]:
+    """A prompt given as token ids (strings mixed in: tokenized, special tokens parsed, no BOS added), as llama-server
+    takes it: the ids used as they are, each in the vocabulary."""
+    model = engine.model
+    ids = [t for piece in sequence for t in ([piece] if type(piece) is int else
+                                             model.tokenize(piece, add_special=False, parse_special=True))]
+    if not all(0 <= t < model.n_vocab for t in ids):
+        raise ApiError(400, f"'prompt' holds a token id outside the vocabulary (0 to {model.n_vocab - 1}).",
+                       param="prompt")
+    return ids
 
 
 def _retry(exc: ModelsUnloaded) -> ApiError:

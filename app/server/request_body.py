@@ -23,16 +23,18 @@ from ..prompts.tools import Tool, ToolChoice
 
 
 class ApiError(Exception):
-    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status, and
+    llama-server's fields where it has them (``extra``: ``n_prompt_tokens`` and ``n_ctx`` of a prompt too long)."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+                 code: str | None = None, headers: dict | None = None, extra: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
+        self.headers, self.extra = headers or {}, extra or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 # The largest body /v1 takes unless --max-body-mb says otherwise: 64 bytes of JSON per token of the loaded context,
@@ -185,7 +187,7 @@ class Job:
 
     model: str | None
     messages: list[dict] | None  # chat
-    prompt: str | None  # completion
+    prompt: str | list | None  # completion: text, or token ids with strings mixed in (as llama-server takes them)
     params: GenerationParams
     drafter: str
     stream: bool
@@ -312,6 +314,8 @@ def _messages(body: dict) -> list[dict]:
             msg["tool_calls"] = [_past_call(c, f"messages[{i}].tool_calls[{j}]")
                                  for j, c in enumerate(_list(m["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(msg)
+    if len(out) > 1 and out[-1]["role"] == out[-2]["role"] == "assistant":  # (as llama-server)
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.", param="messages")
     return out
 
 
@@ -371,13 +375,48 @@ def _tools(body: dict, chat: bool) -> tuple[list[Tool], ToolChoice]:
     return out, ToolChoice(mode="required", name=name, parallel=parallel)
 
 
-def _prompt(body: dict) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+def prompts(value) -> list:
+    """The prompts a ``prompt`` field holds, as llama-server reads it: a string, ``{"prompt_string": …}``, or a
+    sequence starting with a token id (ids and strings mixed) is one; any other list is a list of those."""
+    if isinstance(value, (str, dict)) or (isinstance(value, list) and value and type(value[0]) is int):
+        return [value]
+    if isinstance(value, list) and value:
+        return value
+    raise ApiError(400, "'prompt' must be a string, token ids (with strings mixed in), {\"prompt_string\": ...}, or a "
+                        "list of those.", param="prompt")
+
+
+def _prompt(body: dict) -> str | list:
+    """One prompt: text, or a sequence of token ids and strings (tokenized when it is rendered)."""
+    given = prompts(body.get("prompt"))
+    if len(given) != 1:
+        raise ApiError(400, f"'prompt' holds {len(given)} prompts: give one per request (llama-server's /completion "
+                            "takes several, not streamed).", param="prompt")
+    prompt = given[0]
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise ApiError(400, "'multimodal_data' needs a model with a multimodal projector; this pair has none.",
+                           param="prompt")
+        prompt = prompt.get("prompt_string")
+    if isinstance(prompt, list) and prompt and all(type(t) in (int, str) for t in prompt):
+        return prompt
     if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string (one prompt per request).", param="prompt")
+        raise ApiError(400, "'prompt' must be a string or token ids (one prompt per request).", param="prompt")
     return prompt
+
+
+def _no_logprobs(body: dict) -> None:
+    """Token probabilities are not reported yet (the engine's events carry no logits), nor are logits biased:
+    asking for either is an error, not a silent null or a bias ignored."""
+    if body.get("ignore_eos") not in (None, False):
+        raise ApiError(400, "'ignore_eos' is not supported: SpecChat ends an answer at the model's end of text.",
+                       param="ignore_eos", code="not_supported")
+    for name in ("logprobs", "top_logprobs", "n_probs", "logit_bias"):
+        value = body.get(name)
+        if value not in (None, False, 0, {}, []):
+            what = "bias logits" if name == "logit_bias" else "report token probabilities"
+            raise ApiError(400, f"'{name}' is not supported: SpecChat does not {what} yet.", param=name,
+                           code="not_supported")
 
 
 def _grammar(body: dict) -> Grammar | None:
@@ -424,8 +463,9 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
-    if _number(body, "n", int, 1) != 1:
-        raise ApiError(400, "Only n = 1 is supported.", param="n")
+    if _number(body, "n", int, 1) != 1:  # (the chat and completions endpoints answer n > 1 one at a time)
+        raise ApiError(400, "Only n = 1 is supported here.", param="n")
+    _no_logprobs(body)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):

@@ -69,9 +69,12 @@ class Model:
         self.recurrent_bytes = info.recurrent_bytes  # one copy of the recurrent state (a snapshot, a checkpoint)
         self._piece_cache: dict[int, bytes] = {}
         self._text_cache: dict[int, bytes] = {}
+        self.template_override: str | None = None  # a chat template used instead of the file's (--chat-template)
 
     # --- metadata -------------------------------------------------------------------------------------------
     def chat_template(self) -> str | None:
+        if self.template_override is not None:
+            return self.template_override
         raw = ll.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8", "replace") if raw else None
 
