@@ -3,131 +3,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams, drafter_for
-from ..engine.drafters import OFF, NgramParams, registry
+from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams
+from ..engine.drafters import OFF, registry
 from ..engine import SamplingParams, TextDelta, batch_invariant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 from ..prompts import chat_tokens, plain_tokens
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line instead of a usage dump
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def spec_type(value: str) -> str:
-    """--spec-type: one of llama.cpp's speculative types, or several joined by commas (a chain), as the drafter."""
-    try:
-        return drafter_for(value)
-    except EngineError as exc:
-        raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
-
-
-def drafter_name(value: str) -> str:
-    """--drafter: a method, an n-gram kind, or several joined by commas (llama.cpp's type names are taken too)."""
-    try:
-        registry.parts(value)
-        return value
-    except EngineError as exc:
-        try:
-            return drafter_for(value)
-        except EngineError:
-            raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
-
-
-NGRAM_FLAGS = {f.name: "--spec-ngram-" + f.name.replace("_", "-") for f in fields(NgramParams)
-               if not f.name.startswith("lookup_cache")}
-
-
-def _ngram_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("n-gram kinds (llama.cpp's flags and defaults; --spec-type ngram-...)")
-    for name, flag in NGRAM_FLAGS.items():
-        g.add_argument(flag, dest="ngram_" + name, type=int, metavar="N",
-                       help=f"default {getattr(NgramParams(), name)}")
-    g.add_argument("-lcs", "--lookup-cache-static", dest="ngram_lookup_cache_static", metavar="FILE",
-                   help="ngram-cache: a static n-gram cache (llama-lookup-create's), read only")
-    g.add_argument("-lcd", "--lookup-cache-dynamic", dest="ngram_lookup_cache_dynamic", metavar="FILE",
-                   help="ngram-cache: a dynamic n-gram cache, read only here")
-
-
-def ngram_settings(args) -> dict:
-    """The n-gram settings given as flags (the rest keep llama.cpp's defaults)."""
-    return {f.name: v for f in fields(NgramParams) if (v := getattr(args, "ngram_" + f.name, None)) is not None}
-
-
-def _model_flags(p: argparse.ArgumentParser) -> None:
-    src = p.add_argument_group("models")
-    src.add_argument("--pair", help="a pair from models.toml (e.g. starter)")
-    src.add_argument("--target", "-m", type=Path, help="target GGUF file")
-    src.add_argument("--draft", "-md", "--spec-draft-model", type=Path,
-                     help="draft GGUF file (of another tokenizer: drafts as text)")
-    src.add_argument("--drafter", type=drafter_name, metavar="NAME",
-                     help="; ".join(f"{m.name}: {m.choice}" for m in registry.METHODS)
-                     + f" ({registry.Lookup.METHOD}: {registry.DEFAULT_KIND}); or an n-gram kind by llama.cpp's name; "
-                       "or several joined by commas, drafting together (default: the pair's draft model, else the "
-                       "target's own MTP layers, else n-gram lookup)")
-    src.add_argument("--spec-type", dest="drafter", type=spec_type, metavar="TYPE[,TYPE...]",
-                     help="--drafter by llama.cpp's names: " + "; ".join(
-                         f"{', '.join(m.spec_types)} ({m.name})" for m in registry.METHODS)
-                     + "; several joined by commas draft together, the draft with the most expected accepted tokens "
-                       "verified")
-    src.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (an mmproj GGUF), for images "
-                     "(default: the one mmproj-*.gguf beside the target file, where there is exactly one)")
-    src.add_argument("--no-mmproj", action="store_true", help="load no projector, even one found beside the target")
-    src.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
-    src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
-    src.add_argument("--threads-draft", "-td", "--spec-draft-threads", dest="threads_draft", type=int, default=0,
-                     help="CPU threads for the draft (default: -t)")
-    src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
-    src.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int, default=0,
-                     help="draft layers on the GPU")
-    src.add_argument("-ctxcp", "--ctx-checkpoints", dest="ctx_checkpoints", type=int, default=8,
-                     help="recurrent/hybrid models: saved states kept between chat turns, so Regenerate or an edited "
-                          "message restarts near the change (default: 8)")
-    d = p.add_argument_group("speculation (llama.cpp's flags; defaults from the pair)")
-    d.add_argument("--draft-max", "--spec-draft-n-max", dest="draft_max", type=int,
-                   help="most tokens drafted per round")
-    d.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=int,
-                   help="drafts shorter than this are not verified")
-    d.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float,
-                   help="stop drafting when the draft's top probability (among its 10 best, as llama.cpp) is lower")
-    d.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
-                   help="tune the draft length from measured acceptance and cost (default: the pair's setting)")
-    _ngram_flags(p)
-
-
-def _remote_flags(p: argparse.ArgumentParser, key_flag: str = "--api-key", with_off: bool = False) -> None:
-    """--server and its companions. The app names the server's key --server-api-key: its --api-key guards its own
-    /v1."""
-    r = p.add_argument_group("a server instead (llama-server, vLLM, SGLang, TGI, specchat serve: it runs the models "
-                             "and speculates)")
-    r.add_argument("--server", metavar="URL", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
-    r.add_argument(key_flag, dest="server_api_key", metavar="KEY", default=os.environ.get("SPECCHAT_SERVER_API_KEY"),
-                   help="the server's API key (default: $SPECCHAT_SERVER_API_KEY)"
-                        + ("; once accepted, saved (readable only by you) for next time" if key_flag != "--api-key"
-                           else ""))
-    r.add_argument("--model", help="the server's model id (default: the first it lists)")
-    r.add_argument("--method", help="your label for how the server speculates (e.g. 'EAGLE-3'), shown beside its "
-                                    "figures and kept apart in reports (default: what the server says, if anything)")
-    if with_off:
-        r.add_argument("--server-off", metavar="URL", help="the same model served without a draft, for the "
-                       "speculation-off side (for servers that cannot turn it off per request, like llama-server)")
+from .flags import (Parser, drafter_name, hub_refs, model_flags, ngram_settings, remote_flags, sampling_flags,
+                    serving_flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specchat", description="Local chat with speculative decoding on llama.cpp.")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    parser = Parser(prog="specchat", description="Local chat with speculative decoding on llama.cpp.")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
     g = sub.add_parser("generate", help="generate text for one prompt and report speculation stats")
-    _model_flags(g)
-    _remote_flags(g)
+    model_flags(g)
+    remote_flags(g)
     g.add_argument("--prompt", "-p", help="prompt text")
     g.add_argument("--prompt-file", "-f", type=Path, help="read the prompt from a file")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template (prompt = one user turn)")
@@ -140,12 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json-schema-file", "-jf", type=Path, help="read the JSON schema from a file")
     g.add_argument("--grammar", help="GBNF grammar the answer must follow")
     g.add_argument("--grammar-file", type=Path, help="read the GBNF grammar from a file")
-    _sampling_flags(g)
+    sampling_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
     b = sub.add_parser("bench", help="speculation off vs on over a JSONL file of prompts (greedy)")
-    _model_flags(b)
-    _remote_flags(b, with_off=True)
+    model_flags(b)
+    remote_flags(b, with_off=True)
     b.add_argument("--prompts", type=Path, required=True, help="JSONL: {\"prompt\": ..., \"category\": ...} per line")
     b.add_argument("--max-tokens", "-n", type=int, default=128)
     b.add_argument("--repeats", type=int, default=1, help="runs of each prompt per mode (interleaved)")
@@ -157,22 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
     c = sub.add_parser("chat", help="chat in the terminal")
-    _model_flags(c)
-    _remote_flags(c)
+    model_flags(c)
+    remote_flags(c)
     c.add_argument("--system", help="system message")
     c.add_argument("--image", action="append", type=Path, default=[], help="an image for your first message "
                    "(repeatable; needs a projector)")
-    _sampling_flags(c, max_tokens=1024)
+    sampling_flags(c, max_tokens=1024)
 
     a = sub.add_parser("app", help="the chat app in your browser, with the OpenAI-compatible API at /v1 (what "
                                    "plain `specchat` runs)")
-    _model_flags(a)
-    _serving_flags(a)
+    model_flags(a)
+    serving_flags(a)
     a.add_argument("--no-browser", action="store_true", help="do not open a browser window")
-    _remote_flags(a, key_flag="--server-api-key", with_off=True)
+    remote_flags(a, key_flag="--server-api-key", with_off=True)
     sv = sub.add_parser("serve", help="the OpenAI-compatible API alone (/v1), no browser")
-    _model_flags(sv)
-    _serving_flags(sv)
+    model_flags(sv)
+    serving_flags(sv)
 
     pr = sub.add_parser("prompt", help="print exactly the text (or tokens) the model sees for a conversation")
     pr.add_argument("--pair", help="a pair from models.toml (its target's template)")
@@ -189,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("pair", nargs="?", help="a pair from models.toml (see specchat list)")
     pl.add_argument("--repo", help="a Hub repo id, to download one GGUF file instead of a pair")
     pl.add_argument("--file", help="the GGUF file in --repo (a split GGUF: its first shard)")
-    _hub_refs(pl, "download")
+    hub_refs(pl, "download")
     se = sub.add_parser("search", help="search the Hugging Face Hub for GGUF models, most downloaded first")
     se.add_argument("query")
     se.add_argument("--limit", type=int, default=20)
@@ -212,74 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--measure", nargs="?", type=int, const=64, default=0, metavar="N",
                     help="also load the pair and measure it: acceptance and speed with the draft vs without, greedy, "
                          "N new tokens on each of three built-in prompts (default 64)")
-    _hub_refs(ck, "judge before downloading (from the files' headers)")
+    hub_refs(ck, "judge before downloading (from the files' headers)")
     return parser
-
-
-def _hub_refs(p: argparse.ArgumentParser, what: str) -> None:
-    """llama.cpp's -hf / -hfd: models on the Hub as owner/name[:QUANT or :FILE.gguf]."""
-    p.add_argument("-hf", "--hf-repo", dest="hf", metavar="REPO[:QUANT]", help=f"target on the Hub to {what}")
-    p.add_argument("-hfd", "--hf-repo-draft", dest="hfd", metavar="REPO[:QUANT]",
-                   help=f"draft on the Hub to {what} (with -hf: checked against the target first)")
-
-
-def _serving_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 7860 or the next free one)")
-    p.add_argument("--listen", action="store_true",
-                   help="serve on every network interface (default: loopback only); everything then needs the key")
-    p.add_argument("--api-key", default=os.environ.get("SPECCHAT_API_KEY"),
-                   help="the key: on loopback /v1 requires 'Authorization: Bearer KEY'; with --listen the UI and its "
-                        "API require it too (default: $SPECCHAT_API_KEY; with --listen, a random one, printed)")
-    p.add_argument("--no-auth", action="store_true",
-                   help="with --listen, serve without any key: anyone on your network can use the app")
-    p.add_argument("--allow-host", action="append", metavar="NAME", default=[],
-                   help="also answer requests addressed to NAME, e.g. behind a reverse proxy (repeatable; "
-                        "default: loopback names, and with --listen this machine's addresses and names)")
-    p.add_argument("--cors", action="append", metavar="ORIGIN",
-                   help="let web pages from ORIGIN call /v1 (repeatable; default: none)")
-    p.add_argument("--max-body-mb", type=float, metavar="MB",
-                   help="the largest request body /v1 takes, in MB; larger ones get 413 (default: 64 bytes per token "
-                        "of the loaded context, at least 16 MB)")
-    p.add_argument("--metrics", action="store_true",
-                   help="serve llama-server's Prometheus metrics at /metrics, speculative counters included (default: "
-                        "off, as llama-server: 501)")
-    _llama_server_flags(p)
-
-
-def _llama_server_flags(p: argparse.ArgumentParser) -> None:
-    """llama-server's flags for what the API answers with: the model's names, request defaults, the template."""
-    g = p.add_argument_group("as llama-server (what a request leaves out; the model's names; its template)")
-    g.add_argument("-a", "--alias", action="append", default=[], metavar="NAMES",
-                   help="the names /v1/models lists the loaded pair by, comma-separated (any name is answered)")
-    g.add_argument("--tags", action="append", default=[], metavar="TAGS",
-                   help="comma-separated tags /v1/models shows for the pair (informational)")
-    g.add_argument("--temp", "--temperature", dest="temperature", type=float, help="temperature (0: greedy)")
-    g.add_argument("-s", "--seed", type=int, help="sampling seed (-1: random)")
-    g.add_argument("-n", "--predict", "--n-predict", dest="max_tokens", type=int,
-                   help="most tokens an answer gets (-1: until the context is full)")
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--min-p", type=float)
-    g.add_argument("--chat-template", metavar="JINJA_TEMPLATE", help="a Jinja chat template used instead of the "
-                                                                     "target's own")
-    g.add_argument("--chat-template-file", type=Path, metavar="FILE", help="the same, read from a file")
-    g.add_argument("--jinja", action=argparse.BooleanOptionalAction, default=None,
-                   help="taken for llama-server's sake: SpecChat always renders templates with Jinja")
-    g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"),
-                   help="thinking on or off (the template's enable_thinking); auto: the template's default")
-    g.add_argument("--reasoning-format", choices=("auto", "none", "deepseek", "deepseek-legacy"),
-                   help="SpecChat leaves thinking in the content: auto and none are that; deepseek's split is not "
-                        "supported")
-
-
-def _sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
-    s = p.add_argument_group("sampling")
-    s.add_argument("--max-tokens", "-n", type=int, default=max_tokens)
-    s.add_argument("--temperature", "--temp", type=float, default=0.0, help="0: greedy (default)")
-    s.add_argument("--top-k", type=int, default=40)
-    s.add_argument("--top-p", type=float, default=0.95)
-    s.add_argument("--min-p", type=float, default=0.05)
-    s.add_argument("--seed", "-s", type=int, default=-1)
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
