@@ -29,7 +29,8 @@ class Settings:
     adaptive: bool = False
     enable_thinking: bool = True  # passed to the chat template (Qwen3 thinks unless told not to, as Qwen ships it)
     show_draft_tokens: bool = False
-    ngram: dict = field(default_factory=dict)  # the n-gram kinds' settings that differ from llama.cpp's defaults
+    # the n-gram kinds' settings that differ from llama.cpp's defaults (flags or settings.json; not in the panel)
+    ngram: dict = field(default_factory=dict, metadata={"panel": False})
     models: LoadSpec | None = None  # the last pair loaded (or server connected to)
     server: LoadSpec | None = None  # the last server connected to: its fields stay filled while a pair is loaded
 

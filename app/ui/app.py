@@ -35,7 +35,9 @@ from .models_tab import FILES, SERVER, ModelsView, ready_pairs
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
 # Settings edited in the panel, in the order the handlers receive them.
-SETTING_NAMES = [f.name for f in fields(Settings) if f.name not in LOAD_SPECS]
+# Settings the panel does not show: kept as start-up flags or settings.json set them (the n-gram kinds' settings)
+NOT_IN_PANEL = tuple(f.name for f in fields(Settings) if not f.metadata.get("panel", True))
+SETTING_NAMES = [f.name for f in fields(Settings) if f.name not in (*LOAD_SPECS, *NOT_IN_PANEL)]
 LABELS = {"top_k": "Top-k", "seed": "Seed", "max_tokens": "Max tokens", "draft_max": "Draft max",
           "draft_min": "Draft min", "temperature": "Temperature", "top_p": "Top-p", "min_p": "Min-p",
           "draft_p_min": "Draft p-min"}
@@ -56,7 +58,8 @@ def collect(values) -> Settings:
             if v != int(v):
                 raise EngineError(f"{LABELS.get(name, name)} must be a whole number (got {v}).")
             d[name] = int(v)
-    return replace(base, **d)
+    saved = load_settings()[0]
+    return replace(base, **{n: getattr(saved, n) for n in NOT_IN_PANEL}, **d)
 
 
 class SpecChatUI:
