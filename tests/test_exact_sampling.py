@@ -5,6 +5,7 @@ Thousands of seeded generations with speculation on and off; the empirical distr
 The same test is first shown to reject a real difference (the draft's own distribution), so it has teeth.
 """
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -45,7 +46,7 @@ def same_distribution(a: Counter, b: Counter) -> tuple[bool, float, float]:
 def samples(engine: Engine, ids, drafter: str, n_tokens: int = 3, seed0: int = 0, sp: SamplingParams = SP,
             **draft):
     params = lambda s: GenerationParams(  # noqa: E731
-        max_tokens=n_tokens, sampling=SamplingParams(sp.temperature, sp.top_k, sp.top_p, sp.min_p, seed=s),
+        max_tokens=n_tokens, sampling=replace(sp, seed=s),
         draft=DraftParams(**draft))
     out, drafted = [], 0
     for s in range(seed0, seed0 + N):
@@ -81,6 +82,18 @@ def test_model_drafter_samples_the_target_distribution(tiny_engine, plain_sample
     spec, drafted = samples(tiny_engine, [1, 300, 301, 302], "model", draft_max=3, draft_p_min=0.0)
     assert drafted > N  # speculation really ran (and was partly rejected: see the acceptance test below)
     compare(plain_samples, spec)
+
+
+def test_a_logit_bias_is_sampled_exactly_with_speculation(tiny_engine, plain_samples):
+    """The bias moves the target's distribution (its most sampled first token banned, another raised); drafts from
+    the unbiased draft model are verified against the biased one, so speculation samples exactly that."""
+    ids = [1, 300, 301, 302]
+    top, second = (t for t, _ in Counter(t[0] for t in plain_samples).most_common(2))
+    sp = replace(SP, logit_bias=((top, float("-inf")), (second, 1.0)))
+    plain, _ = samples(tiny_engine, ids, "none", seed0=30_000, sp=sp)
+    spec, drafted = samples(tiny_engine, ids, "model", sp=sp, draft_max=3, draft_p_min=0.0)
+    assert drafted > N and all(t[0] != top for t in plain + spec)
+    compare(plain, spec)
 
 
 def test_ngram_drafter_samples_the_target_distribution(tiny_engine):

@@ -206,7 +206,8 @@ def test_native_completion_fields_as_llama_server_writes_them(tiny_server):
     assert rt.engine.detokenize(whole["tokens"]) == whole["content"] and len(whole["tokens"]) == 12
     assert whole["has_new_line"] == ("\n" in whole["content"]) and whole["truncated"] is False
     settings = whole["generation_settings"]
-    assert settings["n_predict"] == 12 and settings["n_ctx"] == 256 and settings["logit_bias"] == []
+    assert settings["n_predict"] == 12 and settings["n_ctx"] == 256 and settings["logit_bias"] == [] \
+        and settings["ignore_eos"] is False
     assert whole["prompt"].replace("\u2581", " ").strip().endswith("the cat")
     assert httpx.post(f"{url}/completion", json=body, timeout=60).json()["tokens"] == []
     with httpx.stream("POST", f"{url}/completion", json=body | {"stream": True}, timeout=60) as r:
@@ -337,12 +338,36 @@ def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in chunks)
     before = api.generations
-    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": -100}},
-                  {"ignore_eos": True}, {"messages": PROMPT + [{"role": "assistant", "content": "a"}] * 2}):
+    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": "low"}},
+                  {"logit_bias": [[5]]}, {"logit_bias": {"99999999": -1}}, {"ignore_eos": "yes"},
+                  {"messages": PROMPT + [{"role": "assistant", "content": "a"}] * 2}):
         r = httpx.post(f"{url}/v1/chat/completions", json=body | extra, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
     assert api.generations == before
     assert httpx.post(f"{url}/v1/chat/completions", json=body | {"logprobs": False}, timeout=30).status_code == 200
+
+
+def test_logit_bias_and_ignore_eos_steer_the_answer_and_speculation_stays_exact(tiny_server):
+    url, rt, _ = tiny_server
+    body = {"prompt": "the cat sat on", "n_predict": 16, "temperature": 0, "return_tokens": True}
+
+    def complete(**extra) -> dict:
+        r = httpx.post(f"{url}/completion", json=body | extra, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    plain = complete()
+    for bias in ({str(plain["tokens"][0]): -100}, [[plain["tokens"][0], False]]):  # OpenAI's form, llama-server's
+        off, on = complete(logit_bias=bias, **{"speculative.n_max": 0}), complete(logit_bias=bias)
+        assert off["tokens"][0] != plain["tokens"][0]  # the bias took the plain answer's first token away
+        assert on["tokens"] == off["tokens"] and on["timings"]["draft_n"] > 0  # drafts verified against the bias
+    ends = {str(t): 100 for t in rt.engine.model.eog_tokens}  # end of text pushed to the top: the answer ends at once
+    ended = complete(logit_bias=ends)
+    assert ended["stop_type"] == "eos" and ended["tokens_predicted"] <= 1
+    kept = complete(logit_bias=ends, ignore_eos=True)  # ...unless ends are banned: then it runs to n_predict
+    assert kept["stop_type"] == "limit" and kept["tokens_predicted"] == 16
+    assert kept["generation_settings"]["ignore_eos"] is True
+    assert complete(logit_bias=ends, ignore_eos=True, **{"speculative.n_max": 0})["tokens"] == kept["tokens"]
 
 
 def test_input_tokens_count_the_prompt_each_api_renders_and_generate_nothing(tiny_server):

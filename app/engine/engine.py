@@ -14,7 +14,7 @@ from .events import Done, Event, Stats
 from .fair_lock import FairLock
 from .images import TextOnly, has_images
 from .llama import Model, ModelSettings, Projector, default_threads
-from .loop import GenerationParams, speculative_generate
+from .loop import GenerationParams, logit_bias_for, speculative_generate
 from .pair import Loaded, LoadedPair
 from .threads import RECHECK_S, ThreadChooser
 
@@ -95,6 +95,10 @@ class Engine:
         drafter.p_min = params.draft.draft_p_min
         return drafter
 
+    def check_logit_bias(self, sampling) -> None:
+        """A logit bias on a token outside the target's vocabulary is refused before anything runs."""
+        logit_bias_for(self.model, sampling)
+
     def speculation(self, kind: str) -> str:
         """How the pair speculates with this method, in words (the API's model list shows it)."""
         kind = kind if registry.runs_on(kind, self.drafters) else self.drafters[0]
@@ -115,6 +119,7 @@ class Engine:
         params = params or GenerationParams()
         params.validate()
         self._check_loaded()
+        self.check_logit_bias(params.sampling)
         d = self.make_drafter(drafter, params) if isinstance(drafter, str) else drafter
         if has_images(prompt_ids):
             d = self._with_images(d)

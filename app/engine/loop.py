@@ -131,11 +131,22 @@ class Choice:
     def __init__(self, model: Model, params: GenerationParams, rng: np.random.Generator):
         self.sp, self.rng = params.sampling, rng
         self.constraint = Constraint(params.grammar, model) if params.grammar else None
+        self.bias = logit_bias_for(model, params.sampling)
+
+    def _biased(self, logits: np.ndarray) -> np.ndarray:
+        if self.bias is None:
+            return logits
+        ids, values = self.bias
+        out = logits.astype(np.float32, copy=True)  # (the context's own buffer stays as llama.cpp wrote it)
+        np.add.at(out, ids, values)
+        return out
 
     def greedy(self, logits: np.ndarray) -> int:
+        logits = self._biased(logits)
         return self.constraint.greedy(logits) if self.constraint else greedy_token(logits)
 
     def distribution(self, logits: np.ndarray):
+        logits = self._biased(logits)
         return self.constraint.distribution(logits, self.sp) if self.constraint else distribution(logits, self.sp)
 
     def commit(self, tok: int) -> int:
@@ -145,6 +156,17 @@ class Choice:
 
     def pick(self, logits: np.ndarray) -> int:
         return self.commit(self.greedy(logits) if self.sp.greedy else sample(self.distribution(logits), self.rng))
+
+
+def logit_bias_for(model: Model, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray] | None:
+    """The biases to add to the target's logits (token ids, values), or None: the request's, and with ignore_eos a
+    ban on every end-of-generation token."""
+    pairs = list(sp.logit_bias) + ([(t, -np.inf) for t in model.eog_tokens] if sp.ignore_eos else [])
+    if not pairs:
+        return None
+    if (bad := next((t for t, _ in pairs if t >= model.n_vocab), None)) is not None:
+        raise EngineError(f"Invalid logit bias token {bad}: this model's vocabulary has {model.n_vocab} tokens.")
+    return np.array([t for t, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.float32)
 
 
 def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: Choice, sp: SamplingParams,

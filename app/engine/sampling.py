@@ -19,6 +19,10 @@ class SamplingParams:
     top_p: float = 0.95  # 1: off
     min_p: float = 0.05  # 0: off
     seed: int = -1  # -1: random
+    # added to the target's logits before anything else, as llama.cpp's logit bias: ((token, bias), ...); a bias of
+    # -inf bans the token. Speculation stays exact: drafts are verified against the biased distribution.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False  # never end at an end-of-generation token (llama.cpp: a -inf bias on each)
 
     @property
     def greedy(self) -> bool:
@@ -33,6 +37,12 @@ class SamplingParams:
             raise EngineError(f"Invalid top-p {self.top_p}: it must be in (0, 1]; 1 turns it off.")
         if not 0.0 <= self.min_p < 1.0:
             raise EngineError(f"Invalid min-p {self.min_p}: it must be in [0, 1); 0 turns it off.")
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise EngineError(f"Invalid logit bias token {token!r}: use a token id (a whole number >= 0).")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or np.isnan(bias) or bias == np.inf:
+                raise EngineError(f"Invalid logit bias {bias!r} for token {token}: use a finite number, or -inf to ban "
+                                  "the token.")
 
 
 def make_rng(seed: int) -> np.random.Generator:

@@ -86,7 +86,8 @@ def _settings(params, n_ctx: int) -> dict:
     """``generation_settings``: what this generation ran with, in llama-server's names."""
     s, d = params.sampling, params.draft
     return {"n_ctx": n_ctx, "n_predict": params.max_tokens, "seed": s.seed, "temperature": s.temperature,
-            "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "stop": list(params.stop), "logit_bias": [],
+            "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "stop": list(params.stop),
+            "logit_bias": [[t, b if b > -float("inf") else False] for t, b in s.logit_bias], "ignore_eos": s.ignore_eos,
             "speculative.n_max": d.draft_max, "speculative.n_min": d.draft_min, "speculative.p_min": d.draft_p_min}
 
 

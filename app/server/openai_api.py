@@ -248,6 +248,10 @@ class OpenAIServer:
             engine.check_drafter(job.drafter)
         except EngineError as exc:
             raise ApiError(400, str(exc), param="drafter") from None
+        try:
+            engine.check_logit_bias(job.params.sampling)
+        except EngineError as exc:
+            raise ApiError(400, str(exc), param="logit_bias") from None
         params, reader = job.params, None
         try:
             tokens_given = not chat and isinstance(job.prompt, list)  # (token ids: nothing to render)

@@ -406,17 +406,33 @@ def _prompt(body: dict) -> str | list:
 
 
 def _no_logprobs(body: dict) -> None:
-    """Token probabilities are not reported yet (the engine's events carry no logits), nor are logits biased:
-    asking for either is an error, not a silent null or a bias ignored."""
-    if body.get("ignore_eos") not in (None, False):
-        raise ApiError(400, "'ignore_eos' is not supported: SpecChat ends an answer at the model's end of text.",
-                       param="ignore_eos", code="not_supported")
-    for name in ("logprobs", "top_logprobs", "n_probs", "logit_bias"):
+    """Token probabilities are not reported yet (the engine's events carry no logits): asking is an error, not a
+    silent null."""
+    for name in ("logprobs", "top_logprobs", "n_probs"):
         value = body.get(name)
         if value not in (None, False, 0, {}, []):
-            what = "bias logits" if name == "logit_bias" else "report token probabilities"
-            raise ApiError(400, f"'{name}' is not supported: SpecChat does not {what} yet.", param=name,
-                           code="not_supported")
+            raise ApiError(400, f"'{name}' is not supported: SpecChat does not report token probabilities yet.",
+                           param=name, code="not_supported")
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as OpenAI sends it ({"15043": -100}) or llama-server ([[15043, -1.0]], false to ban a token)."""
+    value = body.get("logit_bias")
+    if value in (None, {}, []):
+        return ()
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    out = []
+    for pair in pairs if isinstance(pairs, list) else [None]:
+        token, bias = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+            token = int(token)
+        bias = -math.inf if bias is False else bias
+        if isinstance(token, bool) or not isinstance(token, int) or isinstance(bias, bool) \
+                or not isinstance(bias, (int, float)):
+            raise ApiError(400, "'logit_bias' must map token ids to numbers ({\"15043\": -100}, or [[15043, -1.0]]; "
+                                "false bans a token).", param="logit_bias")
+        out.append((token, float(bias)))
+    return tuple(out)
 
 
 def _grammar(body: dict) -> Grammar | None:
@@ -494,6 +510,9 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
         drafter, s = OFF, replace(s, draft_min=0)
     try:
         params = replace(s.generation(), stop=tuple(stop or ()), grammar=_grammar(body))
+        params = replace(params, sampling=replace(params.sampling, logit_bias=_logit_bias(body),
+                                                  ignore_eos=_flag(body, "ignore_eos")))
+        params.sampling.validate()
     except EngineError as exc:
         raise ApiError(400, str(exc)) from None
     options = body.get("stream_options") or {}
