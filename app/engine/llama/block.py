@@ -20,7 +20,7 @@ import llama_cpp.llama_cpp as ll
 from ..errors import EngineError
 from .backend import FloatRow, failure, logits_row
 from .context import Context
-from .heads import LayerInputs, nextn_call
+from .heads import LayerInputs, OwnCache, nextn_call
 from .model import Model
 
 
@@ -35,7 +35,7 @@ class _Features(LayerInputs):
         self.feed(start, self.read(n))
 
 
-class BlockContext:
+class BlockContext(OwnCache):
     """A block draft's context, following its target's decodes from its making on."""
 
     def __init__(self, target: Context, model: Model, layers: tuple[int, ...], n_block_max: int, causal: bool,
@@ -80,20 +80,6 @@ class BlockContext:
         self._features.pos = ctypes.cast(self._own_pos, ctypes.POINTER(ll.llama_pos))
         self._block = ll.llama_batch_init(n_block_max, 0, 1)
         self._follow = _Features(target, layers, self.follow)
-
-    def set_threads(self, n: int) -> None:
-        ll.llama_set_n_threads(self.ptr, n, n)
-
-    def drop_from(self, pos: int) -> None:
-        """Forget the positions from ``pos`` on."""
-        ll.llama_memory_seq_rm(self.mem, 0, max(pos, 0), -1)
-
-    def clear(self) -> None:
-        ll.llama_memory_clear(self.mem, True)
-
-    def next_pos(self) -> int:
-        """The position after the last the cache holds."""
-        return int(ll.llama_memory_seq_pos_max(self.mem, 0)) + 1
 
     def follow(self, start: int, rows: np.ndarray) -> None:
         """The target decoded positions ``start``... and left these features: what the cache held from ``start`` on

@@ -101,7 +101,28 @@ def captured(target: Context, kind: type[Capture], *args) -> Capture:
     return kind(target, *args)
 
 
-class HeadContext:
+class OwnCache:
+    """A drafting context's own cache, one sequence (``ptr``: the context, ``mem``: its memory)."""
+
+    ptr: object
+    mem: object
+
+    def set_threads(self, n: int) -> None:
+        ll.llama_set_n_threads(self.ptr, n, n)
+
+    def drop_from(self, pos: int) -> None:
+        """Forget the positions from ``pos`` on."""
+        ll.llama_memory_seq_rm(self.mem, 0, max(pos, 0), -1)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.mem, True)
+
+    def next_pos(self) -> int:
+        """The position after the last the cache holds."""
+        return int(ll.llama_memory_seq_pos_max(self.mem, 0)) + 1
+
+
+class HeadContext(OwnCache):
     """A head's context on the target's (``ctx_other``): rows that carry a token and an ``n_embd``-wide state, one
     output row per step (its logits, over the target's vocabulary, and the head's own hidden state)."""
 
@@ -130,19 +151,6 @@ class HeadContext:
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(n_batch * n_embd,)).reshape(-1, n_embd)
         self._enc = None  # an encoder's feature batch (EAGLE-3), made on first use
         self._last = 0
-
-    def set_threads(self, n: int) -> None:
-        ll.llama_set_n_threads(self.ptr, n, n)
-
-    def drop_from(self, pos: int) -> None:
-        """Forget the positions from ``pos`` on."""
-        ll.llama_memory_seq_rm(self.mem, 0, max(pos, 0), -1)
-
-    def clear(self) -> None:
-        ll.llama_memory_clear(self.mem, True)
-
-    def next_pos(self) -> int:
-        return int(ll.llama_memory_seq_pos_max(self.mem, 0)) + 1
 
     def decode(self, rows: list[tuple[int, int, np.ndarray]], output_last: bool) -> None:
         """Decode rows (position, token, state); with ``output_last`` the last row's outputs can be read."""
