@@ -188,6 +188,13 @@ class Cancelled(Exception):
     """A decode was interrupted by the cancel event; the cache was rolled back."""
 
 
+def in_sequence(b, j: int, logits: bool) -> None:
+    """Row ``j`` of a batch belongs to sequence 0 alone; ``logits``: its outputs can be read."""
+    b.n_seq_id[j] = 1
+    b.seq_id[j][0] = 0
+    b.logits[j] = int(logits)
+
+
 def logits_row(ctx_ptr, idx: int, n_vocab: int) -> np.ndarray:
     """A context's logits for batch row ``idx`` of its last decode: a view, valid until the next decode."""
     addr = ctypes.cast(ll.llama_get_logits_ith(ctx_ptr, idx), ctypes.c_void_p).value

@@ -18,7 +18,7 @@ import numpy as np
 import llama_cpp.llama_cpp as ll
 
 from ..errors import EngineError
-from .backend import FloatRow, failure, logits_row
+from .backend import FloatRow, failure, in_sequence, logits_row
 from .context import Context
 from .heads import LayerInputs, OwnCache, nextn_call
 from .model import Model
@@ -95,9 +95,7 @@ class BlockContext(OwnCache):
             for j in range(n):
                 for k, on in enumerate(self._sections):
                     self._own_pos[k * n + j] = (start + i + j) * on
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = 0
-                b.logits[j] = 0
+                in_sequence(b, j, logits=False)
             b.n_tokens = n
             if ll.llama_decode(self.ptr, b) != 0:  # (llama.cpp logged why) not the target's failure: the cache
                 self.drop_from(start)  # stops before these, and the draft drafts nothing until they come again
@@ -110,9 +108,7 @@ class BlockContext(OwnCache):
         for j, tok in enumerate(tokens):
             b.token[j] = tok
             b.pos[j] = pos0 + j
-            b.n_seq_id[j] = 1
-            b.seq_id[j][0] = 0
-            b.logits[j] = 1
+            in_sequence(b, j, logits=True)
         b.n_tokens = len(tokens)
         rc = ll.llama_decode(self.ptr, b)
         if rc != 0:

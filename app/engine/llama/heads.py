@@ -13,7 +13,7 @@ import numpy as np
 import llama_cpp.llama_cpp as ll
 
 from ..errors import EngineError
-from .backend import FloatRow, ext, failure, logits_row
+from .backend import FloatRow, ext, failure, in_sequence, logits_row
 from .context import Context
 from .model import Model
 
@@ -159,9 +159,7 @@ class HeadContext(OwnCache):
             self._tokens[j] = tok
             self._embd[j] = h
             b.pos[j] = pos
-            b.n_seq_id[j] = 1
-            b.seq_id[j][0] = 0
-            b.logits[j] = 1 if output_last and j == len(rows) - 1 else 0
+            in_sequence(b, j, logits=output_last and j == len(rows) - 1)
         b.n_tokens = len(rows)
         rc = ll.llama_decode(self.ptr, b)
         if rc != 0:
@@ -190,9 +188,7 @@ class HeadContext(OwnCache):
             for j, x in enumerate(chunk):
                 self._feat[j] = x
                 b.pos[j] = pos0 + j
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = 0
-                b.logits[j] = 1
+                in_sequence(b, j, logits=True)
             b.n_tokens = len(chunk)
             rc = ll.llama_encode(self.ptr, b)
             if rc != 0:
