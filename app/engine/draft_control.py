@@ -6,7 +6,7 @@ Adaptive mode decides token by token, from measurements of this generation:
 - Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
   rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits); an n-gram
   kind's proposals share one bucket (llama.cpp's kinds report no confidence).
-- It starts by measuring at little risk: a short draft, then one plain step (the rate drafting must beat); a pair
+- It starts by measuring at little risk: a short draft, then two plain steps (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
   were plainly accepted, one long draft times a long verification batch too (short ones alone overstate it).
@@ -20,7 +20,15 @@ Adaptive mode decides token by token, from measurements of this generation:
   and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
   then turns it back on when the text becomes predictable. A draft model falls behind while off and catches up
   on every token made meanwhile when it drafts again, so each probe that changes nothing doubles the wait, and
-  where catching up costs more per token than drafting can save, probes are rare.
+  where catching up costs more per token than drafting can save, probes are rare. Probes are priced: the wait
+  between two is at least what the last measuring rounds lost against plain steps, over PROBE_BUDGET of a plain
+  step, so they cost at most that share of the time spent off.
+- Plain steps are timed apart from verification batches: from one token to a few llama.cpp switches to batched
+  kernels, so a line through every batch size overstates the plain step (on Gemma 3 270M drafted by its own
+  Q4_K_M: 17-21 ms from the line against 14.6 measured), and drafting that lost looked like a win.
+- Costs outlive the answer (``Measured``, kept by the engine per drafter and thread count): while the draft was
+  timed less than MEMORY_S ago, the next answer starts from them instead of measuring again, so a pair that
+  cannot pay starts with speculation off and a pair that pays drafts from its first round.
 - The model can be wrong where the round has costs it does not see (a draft model call whose first token is
   judged not worth drafting, the draft catching up after rounds off), so the measured rate of the rounds that
   called the draft model is checked against plain decoding's, and speculation goes off when it is lower.
@@ -28,6 +36,7 @@ Adaptive mode decides token by token, from measurements of this generation:
 from __future__ import annotations
 
 import statistics
+import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
@@ -58,6 +67,28 @@ class DraftParams:
             raise EngineError(f"Invalid --draft-p-min {self.draft_p_min}: it must be in [0, 1).")
 
 
+class Measured:
+    """What a round costs with one drafter on this pair (the timings, not the acceptance, which is the text's): kept
+    from one answer to the next, so each does not pay again to learn it."""
+
+    MEMORY_S = 300.0  # how long timings of the draft are trusted without a new one (the host's speed drifts)
+
+    def __init__(self, decay: float = 0.9):
+        self.t_draft = _Estimate(decay)  # seconds to draft one more token
+        self.t_catch_up = _Estimate(decay)  # seconds per token a draft model's first call spends catching up
+        self.probe_loss = _Estimate(decay)  # seconds a measuring round lost against plain steps
+        self.verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
+        self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
+        self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
+
+    def fresh(self) -> bool:
+        """Timed enough, and recently enough, to start an answer from: a draft token and a plain step each timed
+        twice, a verification batch too, the draft within MEMORY_S."""
+        plain = self.verify.get(1)
+        return (self.t_draft.n >= 1 and plain is not None and plain.n >= 1 and len(self.verify) >= 2
+                and time.monotonic() - self.draft_timed_at < self.MEMORY_S)
+
+
 class DraftLength:
     MEASURE_DRAFT = 2  # tokens a measuring round drafts: two draft calls to time, at little risk
     PROBE_EVERY = 24  # rounds with speculation off between two probe drafts
@@ -71,9 +102,17 @@ class DraftLength:
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
     EXPLORE, EXPLORE_EVERY = 6, 3  # see _explore
     LONG_LOOK, LONG_LOOKS, LONG_LOOK_ACCEPTANCE = 16, 2, 0.8  # see _long_look_due
+    LONG_BATCH_GUESS = 0.3  # see _could_pay
+    PLAIN_SAMPLES = 2  # plain steps timed before judging (they cost nothing against plain decoding)
+    PROBE_BUDGET = 0.02  # the share of the time spent off that probes may lose, by their measured losses
 
-    def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,)):
+    def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
+                 measured: Measured | None = None):
         self.p = params
+        m = measured or Measured(self.DECAY)
+        self._known = m.fresh()  # costs from earlier answers: no measuring rounds at the start of this one
+        self._measured = m
+        self._short = min(max(self.MEASURE_DRAFT, params.draft_min), params.draft_max)  # a measuring round's draft
         self._edges = signal_edges
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
@@ -83,9 +122,8 @@ class DraftLength:
         self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
         self._succ = 0.0  # accepted draft tokens (decayed)
         self._seen = 0.0  # draft tokens examined by the target (decayed)
-        self._t_draft = _Estimate(self.DECAY)  # seconds to draft one more token
-        self._t_catch_up = _Estimate(self.DECAY)  # seconds per token a draft model's first call spends catching up
-        self._verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
+        self._t_draft, self._t_catch_up, self._probe_loss = m.t_draft, m.t_catch_up, m.probe_loss
+        self._verify = m.verify
         self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
         self._off_rounds = 0
         self._failed_probes = 0  # probes in a row after which speculation stayed off
@@ -95,6 +133,7 @@ class DraftLength:
         self._rounds = 0
         self._long_looks = 0
         self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
+        self._fit: tuple[float, float, float] | None = None  # _line, this round
 
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
@@ -103,16 +142,15 @@ class DraftLength:
         was_probe, self._measuring = self._measuring, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
-        if self._examined and not self._plain_rounds:
-            return 0  # one plain step: what drafting must beat, and a second batch size for the verify fit
-        measure = min(max(self.MEASURE_DRAFT, self.p.draft_min), self.p.draft_max)
-        if not self._t_draft.known or self._rounds < 2:
-            return self._measure(measure)  # measure before judging
-        if self._long_look_due(measure):
+        if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
+            return 0  # plain steps: what drafting must beat (the second replaces the first, a new shape's timing)
+        if not self._t_draft.known or (self._rounds < 2 and not self._known):
+            return self._measure(self._short)  # measure before judging
+        if self._long_look_due():
             self._long_looks += 1
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         if self._examined < 4 and self._best_k(0.999) > 0:
-            return self._measure(measure)  # drafting could pay: learn the acceptance before drafting at length
+            return self._measure(self._short)  # drafting could pay: learn the acceptance before drafting at length
         best = self._best_k()
         k = best if not self._measured_loss() else 0  # (a pair that cannot pay even when every token is accepted
         # goes off here after one short draft)
@@ -120,18 +158,20 @@ class DraftLength:
             self._off_rounds += 1
             if was_probe and self._spec[0] > 0 and self._settled():
                 self._failed_probes += 1  # (a draft model's: each probe first catches up on the rounds off)
-            # Off while the costs rest on a few timings (a new shape's first call, a busy moment): probe soon, to
-            # settle them. Off because a draft model costs more than it can save even when every token is
-            # accepted, by settled costs: probes would only learn that again. Off for any other reason (poor
-            # acceptance, a measured loss that noise can fake): probe often, so a passing slowdown does not end
-            # speculation for the whole answer.
-            if not self._settled():
+            # Off because a draft model cannot pay (_hopeless): no probes in this answer. Off while the costs rest on a
+            # few timings (a new shape's first call, a busy moment): probe soon, to settle them. Off because a draft
+            # model costs more than it can save even when every token is accepted, by settled costs: likewise.
+            # Off for any other reason (poor acceptance, a measured loss that noise can fake): probe often, so a
+            # passing slowdown does not end speculation for the whole answer.
+            if self._hopeless():
+                every = float("inf")
+            elif not self._settled():
                 every = self.PROBE_EVERY_UNSETTLED
             elif self._spec[0] > 0 and self._best_saving() <= self._t_catch_up.value:
                 every = self.PROBE_EVERY_WHEN_COSTLY
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
-            if self._off_rounds >= every:
+            if self._off_rounds >= max(every, self._priced_wait()):
                 self._off_rounds = 0
                 # (off for a measured loss where the model says drafting pays: a probe of the length it says, so
                 # that one round can outweigh the loss)
@@ -141,7 +181,14 @@ class DraftLength:
             self._failed_probes = 0
         return k
 
-    def _long_look_due(self, measure: int) -> bool:
+    def _priced_wait(self) -> float:
+        """Rounds off between two probes so that probes lose at most PROBE_BUDGET of the time spent off: a pair
+        whose measuring rounds lost 11 ms each against a 15 ms plain step probes every 38 rounds, not every 4."""
+        if not self._probe_loss.n:  # (one timing only: a new shape's first call may have paid extra)
+            return 0.0
+        return max(self._probe_loss.value, 0.0) / (self.PROBE_BUDGET * self._verify_time(1))
+
+    def _long_look_due(self) -> bool:
         """Time one long verification batch? When acceptance is plainly high and a draft token costs less than a
         target step, but only short batches were timed: the line through them overstates what each extra position
         costs a long batch (from one token to a few, llama.cpp switches to batched kernels: on the starter pair 6.5
@@ -149,8 +196,32 @@ class DraftLength:
         for whole answers whose every draft token was accepted."""
         return (self._long_looks < self.LONG_LOOKS and self._examined >= 2
                 and self.acceptance() >= self.LONG_LOOK_ACCEPTANCE
-                and max(self._verify) <= measure + 1 < self.p.draft_max
-                and self._t_draft.value < self._verify_time(1))
+                and not self._long_batch_timed() and self._short + 1 < self.p.draft_max
+                and self._could_pay())
+
+    def _long_batch_timed(self) -> bool:
+        return max(self._verify, default=1) > self._short + 1
+
+    def _hopeless(self) -> bool:
+        """A draft model that cannot pay even at full acceptance and by the optimistic guess of _could_pay, by
+        costs timed twice. A probe would only learn that again, and would first catch the draft model up on every
+        token made since it last drafted: on Gemma 3 270M drafted by its own Q4_K_M, 2.1 ms a token against a 13 ms
+        plain step, so probes lose a sixth of the time off however rare they are. Its costs are timed again in a
+        later answer (Measured.MEMORY_S)."""
+        return self._measured.calls_model and self._t_draft.n > 0 and not self._could_pay()
+
+    def _could_pay(self) -> bool:
+        """Could drafting pay at full acceptance if a long batch's extra positions cost only LONG_BATCH_GUESS of
+        what the short ones measured each (on the starter pair they cost half)? If not, a long look cannot change
+        the verdict (on Gemma 3 270M drafted by its own Q4_K_M, a draft token costs 0.8 of a target step: each
+        extra position would have to cost under a fifth of what it measured), and neither can a probe. Once a long
+        batch was timed, no guess: the measured costs say."""
+        if self._long_batch_timed():
+            return self._best_k(0.999) > 0
+        plain, slope = self._verify_time(1), self.LONG_BATCH_GUESS * self._slope()
+        k, _ = best_draft_length(lambda n: plain + slope * (n - 1), lambda k: k * self._t_draft.value,
+                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999)
+        return k > 0
 
     def _measure(self, k: int) -> int:
         """A round that drafts ``k`` tokens whatever their signals: it is there to time the draft and to see
@@ -197,9 +268,17 @@ class DraftLength:
         return self._t_draft.n >= self.SETTLED and sum(e.n >= 3 for e in self._verify.values()) >= 2
 
     def _line(self) -> tuple[float, float, float]:
-        """Verification time against batch size: a least-squares line through the sizes seen, each weighted by
-        how often (up to 10). Returns (mean size, mean seconds, seconds per extra token)."""
-        pts = [(n, e.value, max(1, min(e.n, 10))) for n, e in self._verify.items()]
+        """Verification time against batch size: a least-squares line through the batch sizes seen (2 tokens or
+        more; the plain step too while only one such size was seen), each weighted by how often (up to 10).
+        Returns (mean size, mean seconds, seconds per extra token). Computed once a round (``update`` clears it)."""
+        if self._fit is None:
+            self._fit = self._fit_line()
+        return self._fit
+
+    def _fit_line(self) -> tuple[float, float, float]:
+        batches = [n for n in self._verify if n > 1]
+        sizes = batches if len(batches) >= 2 else list(self._verify)
+        pts = [(n, self._verify[n].value, max(1, min(self._verify[n].n, 10))) for n in sizes]
         w = sum(k for *_, k in pts)
         mn = sum(n * k for n, _, k in pts) / w
         mt = sum(t * k for _, t, k in pts) / w
@@ -213,6 +292,8 @@ class DraftLength:
         return self._line()[2]
 
     def _verify_time(self, n: int) -> float:
+        if n == 1 and 1 in self._verify:
+            return self._verify[1].value  # a plain step: measured, never read off the batches' line
         if n in self._verify and self._verify[n].n >= 3:
             return self._verify[n].value  # this size measured: no line needed
         mn, mt, slope = self._line()
@@ -223,7 +304,7 @@ class DraftLength:
         token) at the price of one more position in the verification batch, and of a draft step if ``draft_step``.
         Asked for every drafted token, it only changes with ``update``: computed once a round."""
         if self._bars is None:
-            if not self._t_draft.known or self._rounds < 2:
+            if not self._t_draft.known or (self._rounds < 2 and not self._known):
                 self._bars = (0.5, 0.5)
             else:
                 slope, plain = self._slope(), self._verify_time(1)
@@ -262,7 +343,7 @@ class DraftLength:
                forced: list[bool] | None = None) -> None:
         """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's)."""
         d = self.DECAY
-        self._bars = None
+        self._bars = self._fit = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
                 if signal is None:  # a token a grammar forced: not the drafter's to judge
@@ -285,6 +366,9 @@ class DraftLength:
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
         # a round's first tell that marginal cost; the first also catches up on the tokens made since the last
         # draft, so it only stands in (once some rounds passed with nothing better) until a real timing comes.
+        if n_evals or own:
+            self._measured.draft_timed_at = time.monotonic()
+            self._measured.calls_model |= n_evals > 0
         if n_evals > 1:
             self._t_draft.add((draft_s - first_s) / (n_evals - 1))
         elif n_evals == 1 and not self._t_draft.known and self._rounds >= 3:
@@ -293,6 +377,8 @@ class DraftLength:
             self._t_draft.add(draft_s / own)
         if n_evals and n_first:
             self._t_catch_up.add(first_s / n_first)
+        if self._measuring and 1 in self._verify:  # what this measuring round lost (or won) against plain steps
+            self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify_time(1))
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .costs import Costs, measure
+from .draft_control import Measured
 from .drafters import Drafter, ModelDrafter, registry
 from .drafters.chain import ChainDrafter
 from .errors import EngineError, ModelsUnloaded
@@ -30,6 +31,7 @@ class Engine:
         self._lock = FairLock()  # one generation at a time, in the order they asked
         self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj, mmproj_found)
         self._threads = ThreadChooser(default_threads())
+        self._measured: dict[tuple[str, int], Measured] = {}  # see draft_control.Measured
 
     # --- the loaded pair ------------------------------------------------------------------------------------
     @property
@@ -154,7 +156,9 @@ class Engine:
                 self.draft.ctx.set_cancel(cancel)
             try:
                 self._choose_threads()
-                for event in speculative_generate(self._pair.target.ctx, d, prompt_ids, params, cancel):
+                # (a round's costs depend on the drafter and the threads: what earlier answers measured with both)
+                measured = self._measured.setdefault((d.name, self._pair.target.ctx.n_threads), Measured())
+                for event in speculative_generate(self._pair.target.ctx, d, prompt_ids, params, cancel, measured):
                     yield event
                     if self._threads.since_last_look >= RECHECK_S:
                         self._choose_threads()

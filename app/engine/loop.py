@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from .constraint import Constrained, Constraint
-from .draft_control import MAX_DRAFT, DraftLength, DraftParams
+from .draft_control import MAX_DRAFT, DraftLength, DraftParams, Measured
 from .drafters import Draft, Drafter
 from .errors import EngineError
 from .events import Done, Event, Round, Stats, TextDelta
@@ -46,10 +46,12 @@ def speculative_generate(
     prompt_ids: list[int],
     params: GenerationParams,
     cancel: threading.Event | None = None,
+    measured: Measured | None = None,
 ) -> Iterator[Event]:
+    """``measured``: what rounds cost with this drafter, from earlier answers (updated by this one)."""
     sp = params.sampling
     rng = make_rng(sp.seed)
-    control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR)
+    control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured)
     gate = control if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
     if not prompt_ids:
