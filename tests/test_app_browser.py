@@ -208,6 +208,10 @@ def test_compare_reports_speedup_and_identical(page):
     summary = page.compare("Explain in three sentences why the sky is blue.")
     assert float(summary.get_attribute("data-speedup")) > 0
     assert "outputs identical" in summary.inner_text()
+    ceiling = summary.locator(".ceiling")  # what the pair can reach here, and the share of it this run reached
+    assert float(ceiling.get_attribute("data-ceiling")) >= 1.0
+    assert re.search(r"This pair can reach at most \d\.\d\dx here .* This comparison reached \d+% of it\."
+                     r"|Drafting cannot pay with this pair here", ceiling.inner_text())
     off, on = (page.page.locator(f"#cmp-{side}").inner_text().split("\n", 1) for side in ("off", "on"))
     assert re.match(r"Speculation off — \d+\.\d tok/s", off[0])
     assert re.match(r"Speculation on \(draft model\) — \d+\.\d", on[0])
@@ -220,6 +224,7 @@ def test_compare_reports_speedup_and_identical(page):
         page.page.get_by_role("button", name="Export CSV").click()
     lines = Path(download.value.path()).read_text().splitlines()
     assert lines[0].startswith("run,backend,prompt,drafter,tokens") and lines[1].endswith(",yes")
+    assert ",speedup,ceiling," in lines[0] and float(lines[1].split(",")[-3]) >= 1.0  # the ceiling of that run
 
 
 def test_bad_input_shows_an_error_and_the_app_keeps_working(page):

@@ -24,6 +24,23 @@ def test_ceiling_takes_the_best_draft_length():
     assert Costs({1: 0.010, 2: 0.020}, draft_s=(0.010, 0.015)).ceiling(4) == (1.0, 0)
 
 
+def test_the_ceiling_says_what_the_pair_can_reach_and_why():
+    pays = Costs({1: 0.010, 2: 0.012, 4: 0.016}, draft_s=(0.004, 0.006)).ceiling_of(3)
+    assert pays.pays and pays.draft_length == 3 and pays.speedup == pytest.approx(4 / 3)
+    assert pays.draft_cost == pytest.approx(0.4) and pays.position_cost == pytest.approx(0.2)
+    assert pays.explain() == ("This pair can reach at most 1.33x here (3 draft tokens a round, every one accepted): a "
+                              "draft token costs 0.40 of a target step and each token verified in a batch 0.20.")
+    # a draft costing 0.8 of a target step (Gemma 3 270M by its own Q4_K_M): it cannot pay, and says what could
+    cannot = Costs({1: 0.013, 2: 0.023, 9: 0.046}, draft_s=(0.0105, 0.015)).ceiling_of(8)
+    assert not cannot.pays and cannot.speedup == 1.0 and cannot.draft_cost == pytest.approx(0.0105 / 0.013)
+    assert cannot.position_cost == pytest.approx((0.046 - 0.013) / 8 / 0.013)
+    text = cannot.explain(("n-gram lookup", "MTP"))
+    assert text.startswith("Drafting cannot pay with this pair here, even with every draft token accepted: a draft "
+                           "token costs 0.81 of a target step")
+    assert text.endswith("Try a smaller draft model, n-gram lookup or MTP.")
+    assert cannot.explain().endswith("Try a smaller draft model.")
+
+
 def test_mean_of_samples():
     a = Costs({1: 0.010, 2: 0.014}, (0.004, 0.006))
     b = Costs({1: 0.020, 2: 0.018}, (0.006, 0.010))

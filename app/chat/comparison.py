@@ -22,6 +22,10 @@ class Comparison:
     diff_spans: tuple[tuple[int, int], tuple[int, int]] | None = None
     note: str = ""  # e.g. a server that kept drafting with speculation off requested
     by_text: bool = False  # a server gives no token ids: the outputs are compared character by character
+    # What the pair can reach here (engine.speedup.Ceiling), timed after both runs (a draft model only), and the
+    # pair's other methods by name, for the advice where drafting cannot pay
+    ceiling: object | None = None
+    others: tuple[str, ...] = ()
 
     @property
     def speedup(self) -> float:

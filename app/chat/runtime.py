@@ -10,7 +10,7 @@ import threading
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from ..engine import DRAFTERS, OFF, DraftParams, Engine, EngineError, supports_gpu_offload
+from ..engine import DRAFT_MODEL, DRAFTERS, OFF, DraftParams, Engine, EngineError, method_name, supports_gpu_offload
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
 from .comparison import Comparison
@@ -199,6 +199,11 @@ class Runtime:
                 yield cmp
             if cancel.is_set():
                 break
+        if not cancel.is_set() and drafter == DRAFT_MODEL and engine.draft is not None:
+            cmp.phase = "ceiling"  # so that a speedup can be read against what this pair can reach here, now
+            yield cmp
+            cmp.ceiling = engine.ceiling(params.draft.draft_max, drafter)
+            cmp.others = tuple(method_name(m) for m in engine.alternatives())
         cmp.phase = "done"
         cmp.locate_difference(engine.detokenize)
         yield cmp

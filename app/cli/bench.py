@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..engine import DRAFT_MODEL, OFF, Costs, Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams
+from ..engine.drafters import registry
 from ..engine.grammar import Grammar
 from ..prompts import chat_tokens, plain_tokens
 
@@ -106,20 +107,22 @@ def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts
                                f"acceptance {row['acceptance']:.1%}, identical {row['identical']}\n")
                 progress.flush()
         costs.append(engine.measure_costs(dp.draft_max, names[0]))
-    reports = [_report(name, dp, rows[name], Costs.mean(costs), max_tokens, repeats, state) for name in names]
+    others = tuple(f"{registry.label(m)} with --drafter {m}" for m in engine.drafters if m not in (DRAFT_MODEL, OFF))
+    reports = [_report(name, dp, rows[name], Costs.mean(costs), max_tokens, repeats, state, others) for name in names]
     return reports[0] if isinstance(drafter, str) else reports
 
 
 def _report(drafter: str, dp: DraftParams, rows: list[dict], mean_costs: Costs, max_tokens: int, repeats: int,
-            state: dict) -> dict:
+            state: dict, others: tuple[str, ...] = ()) -> dict:
     by_cat = defaultdict(list)
     for row in rows:
         by_cat[row["category"]].append(row)
     overall = _aggregate(rows)
     ceiling = None
     if drafter == DRAFT_MODEL:  # n-gram proposals come and go with the text: its ceiling is not a round's cost
-        best, k = mean_costs.ceiling(dp.draft_max)
-        ceiling = {"speedup": best, "draft_length": k, "reached": overall["speedup"] / best}
+        c = mean_costs.ceiling_of(dp.draft_max)
+        ceiling = {"speedup": c.speedup, "draft_length": c.draft_length, "reached": overall["speedup"] / c.speedup,
+                   "draft_cost": c.draft_cost, "position_cost": c.position_cost, "explanation": c.explain(others)}
     return {
         "drafter": drafter,
         "draft": {"draft_max": dp.draft_max, "draft_min": dp.draft_min, "draft_p_min": dp.draft_p_min,
@@ -296,6 +299,7 @@ def print_report(report: dict) -> None:
         cl = report["ceiling"]
         print(f"ceiling if every draft token were accepted: {cl['speedup']:.2f}x with {cl['draft_length']} draft "
               f"tokens per round; this run reached {cl['reached']:.0%} of it")
+        print(cl["explanation"])
     for role, c in (report.get("recurrent_state") or {}).items():
         print(f"recurrent state of the {role} ({c['state_mib']:.2f} MiB), per round: {c['rollbacks']:.2f} snapshot "
               f"rollbacks, {c['saves']:.2f} saves, {c['restores']:.2f} restores, {c['replayed_tokens']:.2f} tokens "

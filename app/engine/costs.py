@@ -14,7 +14,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .llama import Context
-from .speedup import best_draft_length
+from .speedup import Ceiling, best_draft_length
 
 POSITION = 128  # scratch tokens cached before timing: a short chat's worth of attention
 
@@ -55,6 +55,15 @@ class Costs:
         can do better; rejections only lower it."""
         k, rate = best_draft_length(self.verify, self.draft, range(1, draft_max + 1))
         return (rate * self.verify(1) if k else 1.0), k
+
+    def ceiling_of(self, draft_max: int) -> Ceiling:
+        """The ceiling with the costs that make it: a draft token, and a verified position at the length reaching
+        it (the longest one timed where none pays), each in target steps."""
+        speedup, k = self.ceiling(draft_max)
+        n = max(k or draft_max, 1) + 1
+        step = self.verify(1)
+        return Ceiling(speedup, k, self.draft_s[0] / step if self.draft_s else 0.0,
+                       (self.verify(n) - step) / (n - 1) / step)
 
     def as_dict(self) -> dict:
         out = {"verify_ms": {n: s * 1e3 for n, s in sorted(self.verify_s.items())}}

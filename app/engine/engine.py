@@ -17,6 +17,7 @@ from .images import TextOnly, has_images
 from .llama import Model, ModelSettings, Projector, default_threads
 from .loop import GenerationParams, logit_bias_for, speculative_generate
 from .pair import Loaded, LoadedPair
+from .speedup import Ceiling
 from .threads import RECHECK_S, ThreadChooser
 
 
@@ -196,6 +197,17 @@ class Engine:
                 return measure(self.target.ctx, draft, draft_max)
             finally:
                 self._pair.clear()
+
+    def ceiling(self, draft_max: int, drafter: str) -> Ceiling | None:
+        """What the pair can reach with this drafter on this machine now, every draft token accepted (timed now;
+        clears both caches). None but for a draft model: other drafters' proposals come and go with the text."""
+        if drafter != ModelDrafter.name or self.draft is None:
+            return None
+        return self.measure_costs(draft_max, drafter).ceiling_of(draft_max)
+
+    def alternatives(self) -> tuple[str, ...]:
+        """The pair's methods other than its draft model, by name."""
+        return tuple(m for m in self.drafters if m not in (ModelDrafter.name, registry.OFF))
 
     def reset(self) -> None:
         """Forget the cached conversation (both KV caches)."""

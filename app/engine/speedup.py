@@ -3,6 +3,7 @@ the target accepts a draft token. Bench's ceiling asks it at full acceptance, th
 acceptance it measures."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -23,3 +24,29 @@ def best_draft_length(verify: Callable[[int], float], draft: Callable[[int], flo
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k, best_rate
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The best speedup a pair can reach on this machine now: every draft token accepted, the costs just timed."""
+
+    speedup: float  # over plain decoding (1.0: no draft length pays)
+    draft_length: int  # the draft length reaching it (0: none)
+    draft_cost: float  # one draft token, in target steps
+    position_cost: float  # one more position in the verification batch that reaches it, in target steps
+
+    @property
+    def pays(self) -> bool:
+        return self.draft_length > 0
+
+    def explain(self, others: tuple[str, ...] = ()) -> str:
+        """In words, for bench and Compare: what the pair can reach and why; where it cannot pay, what could
+        (``others``: the other drafters the pair can run, by name)."""
+        why = (f"a draft token costs {self.draft_cost:.2f} of a target step and each token verified in a batch "
+               f"{self.position_cost:.2f}")
+        if self.pays:
+            return (f"This pair can reach at most {self.speedup:.2f}x here ({self.draft_length} draft tokens a "
+                    f"round, every one accepted): {why}.")
+        tries = ["a smaller draft model", *others]
+        return (f"Drafting cannot pay with this pair here, even with every draft token accepted: {why}. "
+                f"Try {', '.join(tries[:-1]) + ' or ' + tries[-1] if len(tries) > 1 else tries[0]}.")

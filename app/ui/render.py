@@ -211,6 +211,8 @@ def bar_chart(values: list[float], w: int = 420, h: int = 140) -> str:
 
 def compare_summary(cmp) -> str:
     """Speedup, acceptance, tokens/s of each run, and the identical-output check."""
+    if cmp.phase == "ceiling":
+        return '<div class="spec-compare running">Timing what this pair can reach here…</div>'
     if cmp.phase != "done":
         return f'<div class="spec-compare running">Running speculation {cmp.phase}…</div>'
     if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
@@ -231,8 +233,20 @@ def compare_summary(cmp) -> str:
         f'<div class="row">off {off.tokens_per_second:.1f} tok/s → on {on.tokens_per_second:.1f} tok/s · '
         f'acceptance {_figure(on, "acceptance_rate", _pct(on.acceptance_rate))} · '
         f'{_figure(on, "mean_accepted_per_round", f"{on.mean_accepted_per_round:.2f}")} accepted/round · '
-        f'{html.escape(method_name(cmp.drafter))}</div><div class="check">{check}</div>{note}</div>'
+        f'{html.escape(method_name(cmp.drafter))}</div><div class="check">{check}</div>{_ceiling(cmp)}{note}</div>'
     )
+
+
+def _ceiling(cmp) -> str:
+    """What the pair can reach here, timed after the runs, and the share of it this comparison reached."""
+    c = cmp.ceiling
+    if c is None:
+        return ""
+    if not c.pays:
+        advice = html.escape(c.explain(cmp.others)) + " (Drafter, under Settings)"
+        return f'<div class="ceiling cannot" data-ceiling="{c.speedup:.3f}">{advice}</div>'
+    return (f'<div class="ceiling" data-ceiling="{c.speedup:.3f}">{html.escape(c.explain())} This comparison '
+            f'reached {cmp.speedup / c.speedup:.0%} of it.</div>')
 
 
 def compare_pane(cmp, side: str) -> str:
@@ -251,8 +265,8 @@ def compare_pane(cmp, side: str) -> str:
     return f"**{title}**\n\n{text}"
 
 
-COMPARE_COLUMNS = ["run", "backend", "prompt", "drafter", "tokens", "tok/s off", "tok/s on", "speedup", "acceptance",
-                   "identical"]
+COMPARE_COLUMNS = ["run", "backend", "prompt", "drafter", "tokens", "tok/s off", "tok/s on", "speedup", "ceiling",
+                   "acceptance", "identical"]
 
 
 def compare_row(cmp, n: int, backend: str) -> dict:
@@ -265,6 +279,7 @@ def compare_row(cmp, n: int, backend: str) -> dict:
         "run": n, "backend": backend, "prompt": cmp.prompt[:80], "drafter": method_name(cmp.drafter),
         "tokens": on.n_tokens, "tok/s off": round(cmp.off.stats.tokens_per_second, 2),
         "tok/s on": round(on.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
+        "ceiling": round(cmp.ceiling.speedup, 3) if cmp.ceiling else "n/a",  # (a draft model only)
         "acceptance": round(on.acceptance_rate, 4) if on.reported("acceptance_rate") else NOT_REPORTED,
         "identical": ("yes" if diff is None else f"no ({unit} {diff})") if cmp.greedy else "n/a (sampled)",
     }
