@@ -105,6 +105,10 @@ class DraftLength:
     LONG_BATCH_GUESS = 0.3  # see _could_pay
     PLAIN_SAMPLES = 2  # plain steps timed before judging (they cost nothing against plain decoding)
     PROBE_BUDGET = 0.02  # the share of the time spent off that probes may lose, by their measured losses
+    # Drafting must promise this much over plain decoding: where it promises less, the host's noise decides whether
+    # it wins, while its costs are sure (on Gemma 3 270M by its own Q4_K_M, a ceiling of 0.97-1.01x, plain steps
+    # a few percent slower for a moment turned drafting on, and the draft model's catching up lost 20% of an answer)
+    PAY_MARGIN = 0.03
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
                  measured: Measured | None = None):
@@ -156,18 +160,18 @@ class DraftLength:
         # goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
-            if was_probe and self._spec[0] > 0 and self._settled():
+            if was_probe and self._measured.calls_model and self._settled():
                 self._failed_probes += 1  # (a draft model's: each probe first catches up on the rounds off)
             # Off because a draft model cannot pay (_hopeless): no probes in this answer. Off while the costs rest on a
             # few timings (a new shape's first call, a busy moment): probe soon, to settle them. Off because a draft
-            # model costs more than it can save even when every token is accepted, by settled costs: likewise.
-            # Off for any other reason (poor acceptance, a measured loss that noise can fake): probe often, so a
+            # model's catching up costs more per token than drafting can save even when every token is accepted, by
+            # settled costs: probe rarely. Off for any other reason (poor acceptance, a measured loss that noise can fake): probe often, so a
             # passing slowdown does not end speculation for the whole answer.
             if self._hopeless():
                 every = float("inf")
             elif not self._settled():
                 every = self.PROBE_EVERY_UNSETTLED
-            elif self._spec[0] > 0 and self._best_saving() <= self._t_catch_up.value:
+            elif self._measured.calls_model and self._best_saving() <= self._t_catch_up.value:
                 every = self.PROBE_EVERY_WHEN_COSTLY
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
@@ -220,7 +224,7 @@ class DraftLength:
             return self._best_k(0.999) > 0
         plain, slope = self._verify_time(1), self.LONG_BATCH_GUESS * self._slope()
         k, _ = best_draft_length(lambda n: plain + slope * (n - 1), lambda k: k * self._t_draft.value,
-                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999)
+                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999, self.PAY_MARGIN)
         return k > 0
 
     def _measure(self, k: int) -> int:
@@ -323,7 +327,7 @@ class DraftLength:
         """The draft length that makes tokens fastest at this acceptance (0: plain decoding), and that rate."""
         a = min(self.acceptance() if acceptance is None else acceptance, 0.999)
         return best_draft_length(self._verify_time, lambda k: k * self._t_draft.value,
-                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), a)
+                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), a, self.PAY_MARGIN)
 
     def _best_saving(self) -> float:
         """Seconds per token drafting saves at best (every draft token accepted), by the measured costs. A draft

@@ -15,13 +15,15 @@ def tokens_per_round(k: int, acceptance: float) -> float:
 
 
 def best_draft_length(verify: Callable[[int], float], draft: Callable[[int], float], lengths: range,
-                      acceptance: float = 1.0) -> tuple[int, float]:
+                      acceptance: float = 1.0, margin: float = 0.0) -> tuple[int, float]:
     """The draft length among ``lengths`` that makes tokens fastest (0: plain decoding), and that rate in tokens
-    per second. ``verify(n)``: seconds of a target batch of n tokens; ``draft(k)``: seconds drafting k tokens."""
-    best_k, best_rate = 0, 1.0 / verify(1)
+    per second. ``verify(n)``: seconds of a target batch of n tokens; ``draft(k)``: seconds drafting k tokens;
+    ``margin``: how much faster than plain decoding (0.03: 3%) a draft length must be to be chosen."""
+    plain = 1.0 / verify(1)
+    best_k, best_rate = 0, plain
     for k in lengths:
         rate = tokens_per_round(k, acceptance) / (draft(k) + verify(k + 1))
-        if rate > best_rate:
+        if rate > best_rate and rate > plain * (1.0 + margin):
             best_k, best_rate = k, rate
     return best_k, best_rate
 
