@@ -66,6 +66,20 @@ def test_costs_timed_in_one_answer_start_the_next():
     assert not cheap.fresh() and feed(DraftLength(ADAPTIVE, measured=cheap), 3, lambda k: k, t_draft=0.002)[0] == 2
 
 
+def test_measuring_drafts_that_end_before_their_first_token_are_not_asked_for_every_round():
+    """A base model unsure at the start of a letter: with --draft-p-min the draft model ends each draft before its
+    first token, so a measuring round costs a draft call (4 ms) and learns nothing. After a few, the controller
+    judges as usual (off) and probes at the price those calls cost (2% of the time off: every 20 rounds)."""
+    c = DraftLength(ADAPTIVE)
+    called = []
+    for i in range(100):
+        k = c.next()
+        if k:
+            called.append(i)
+        c.update(0, 0, 0.004 if k else 0.0, verify(1), n_evals=1 if k else 0)
+    assert len(called) <= 8 and called[4:] == [23, 43, 63, 83]
+
+
 def test_probes_back_off_while_acceptance_stays_poor():
     """Off for poor acceptance: probes are priced (each loses 8 ms against a 10 ms plain step: at most 2% of the
     time off goes to probes, so 40 rounds between two), and once the costs are settled each probe that finds
@@ -143,7 +157,8 @@ def test_short_batches_alone_do_not_judge_what_a_long_one_costs():
     kernels: 6.5 ms a position, then 3.3), a draft token 11.5 ms, every draft token accepted. Judged by the line
     through the short measuring batches, a draft token cost more than it saves, and speculation went off for whole
     answers (0.1 accepted tokens a round, 0.91x); at 12 tokens a round drafting pays (13 tokens in 201 ms against
-    221). One long batch is timed first."""
+    221). A long batch is timed first, twice where its first timing says drafting cannot pay
+    (a new shape's first call pays extra)."""
     seen = set()
 
     def verify_s(n: int) -> float:

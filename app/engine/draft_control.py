@@ -97,6 +97,7 @@ class DraftLength:
     # drafters probe for free.
     PROBE_EVERY_WHEN_COSTLY = 192
     DECAY = 0.9  # weight of the past in the running estimates (about the last 10 rounds)
+    TOKEN_DECAY = 0.98  # ...of the past in the acceptance, per draft token judged (about the last 50)
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
@@ -105,10 +106,15 @@ class DraftLength:
     LONG_BATCH_GUESS = 0.3  # see _could_pay
     PLAIN_SAMPLES = 2  # plain steps timed before judging (they cost nothing against plain decoding)
     PROBE_BUDGET = 0.02  # the share of the time spent off that probes may lose, by their measured losses
-    # Drafting must promise this much over plain decoding: where it promises less, the host's noise decides whether
-    # it wins, while its costs are sure (on Gemma 3 270M by its own Q4_K_M, a ceiling of 0.97-1.01x, plain steps
-    # a few percent slower for a moment turned drafting on, and the draft model's catching up lost 20% of an answer)
-    PAY_MARGIN = 0.03
+    # Drafting must promise this much over plain decoding: where it promises less, the host's noise and costs the
+    # model leaves out (the draft model catching up after rounds off, its prefill) decide whether it wins, while
+    # its costs are sure. On Gemma 3 270M by its own Q4_K_M (a ceiling of 0.97-1.07x by the host's spell) a 3%
+    # margin still turned drafting on and off within answers, and catching up lost 5-30% of an answer; the starter
+    # on a slow spell (1.10x at 12 tokens a round, all accepted) still drafts.
+    PAY_MARGIN = 0.08
+    # Short measuring drafts the drafter itself ends before their first token (--draft-p-min: a base model unsure at
+    # the start of a letter) each cost a draft call and learn nothing: after this many in a row, judge as usual
+    EMPTY_MEASURES = 2
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
                  measured: Measured | None = None):
@@ -136,6 +142,7 @@ class DraftLength:
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
         self._long_looks = 0
+        self._empty = 0  # rounds that called the draft model and drafted nothing, since one drafted
         self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
         self._fit: tuple[float, float, float] | None = None  # _line, this round
 
@@ -153,7 +160,7 @@ class DraftLength:
         if self._long_look_due():
             self._long_looks += 1
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
-        if self._examined < 4 and self._best_k(0.999) > 0:
+        if self._examined < 4 and self._empty < self.EMPTY_MEASURES and self._best_k(0.999) > 0:
             return self._measure(self._short)  # drafting could pay: learn the acceptance before drafting at length
         best = self._best_k()
         k = best if not self._measured_loss() else 0  # (a pair that cannot pay even when every token is accepted
@@ -188,9 +195,10 @@ class DraftLength:
     def _priced_wait(self) -> float:
         """Rounds off between two probes so that probes lose at most PROBE_BUDGET of the time spent off: a pair
         whose measuring rounds lost 11 ms each against a 15 ms plain step probes every 38 rounds, not every 4."""
-        if not self._probe_loss.n:  # (one timing only: a new shape's first call may have paid extra)
+        if not self._probe_loss.known:
             return 0.0
-        return max(self._probe_loss.value, 0.0) / (self.PROBE_BUDGET * self._verify_time(1))
+        trust = 1.0 if self._probe_loss.n else 0.5  # (one timing only: a new shape's first call may have paid extra)
+        return trust * max(self._probe_loss.value, 0.0) / (self.PROBE_BUDGET * self._verify_time(1))
 
     def _long_look_due(self) -> bool:
         """Time one long verification batch? When acceptance is plainly high and a draft token costs less than a
@@ -204,7 +212,10 @@ class DraftLength:
                 and self._could_pay())
 
     def _long_batch_timed(self) -> bool:
-        return max(self._verify, default=1) > self._short + 1
+        """A batch longer than a measuring round's timed twice (a new shape's first call pays extra: on the starter
+        13 tokens took 74 ms the first time, 63 after, and judged by the first, drafting could not pay)."""
+        n = max(self._verify, default=1)
+        return n > self._short + 1 and self._verify[n].n > 0
 
     def _hopeless(self) -> bool:
         """A draft model that cannot pay even at full acceptance and by the optimistic guess of _could_pay, by
@@ -363,9 +374,10 @@ class DraftLength:
         own = n_drafted - sum(forced)
         own_accepted = n_accepted - sum(forced[:n_accepted])
         examined -= sum(forced[:examined])
-        if own:
-            self._succ = d * self._succ + own_accepted
-            self._seen = d * self._seen + examined
+        if own:  # (forgotten per token judged: a short round is not worth a long one)
+            w = self.TOKEN_DECAY ** examined if self.TOKEN_DECAY else d
+            self._succ = w * self._succ + own_accepted
+            self._seen = w * self._seen + examined
             self._examined += examined
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
         # a round's first tell that marginal cost; the first also catches up on the tokens made since the last
@@ -388,6 +400,7 @@ class DraftLength:
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
+        self._empty = 0 if n_drafted else self._empty + (n_evals > 0)
         self._verify.setdefault(n_drafted + 1, _Estimate(d)).add(verify_s)
 
 
