@@ -148,11 +148,12 @@ def test_a_pair_assembled_from_search_results_downloads_and_speculates_exactly(e
     assert r.stdout.index(DRAFT_REPO) < r.stdout.index(WRONG_REPO)  # the target's own tokens first
     assert "from the catalog" not in r.stdout  # it has a draft of its own vocabulary: nothing else offered
 
-    r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", WRONG_REPO)  # a draft of another vocabulary:
+    # (--no-mmproj: the repo's mmproj-Tiny-7B-F16.gguf is a text model under a projector's name)
+    r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", WRONG_REPO, "--no-mmproj")  # another vocabulary:
     assert r.returncode == 0 and AS_TEXT in r.stderr, r.stderr  # said before it comes down, not refused
     assert r.stdout.split()[1] == str(cached(env, WRONG_REPO, "Tiny-1B-Instruct-Q8_0.gguf"))
 
-    r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", DRAFT_REPO)
+    r = specchat(env, "pull", "-hf", f"{TARGET_REPO}:Q8_0", "-hfd", DRAFT_REPO, "--no-mmproj")
     assert r.returncode == 0, r.stderr
     target = cached(env, TARGET_REPO, "Tiny-7B-Instruct-Q8_0.gguf")
     draft = cached(env, DRAFT_REPO, "Tiny-0.5B-Instruct-Q8_0.gguf")

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--repo", help="a Hub repo id, to download one GGUF file instead of a pair")
     pl.add_argument("--file", help="the GGUF file in --repo (a split GGUF: its first shard)")
     hub_refs(pl, "download")
+    pl.add_argument("--no-mmproj", action="store_true", help="leave out the target's vision projector (an mmproj "
+                    "GGUF, downloaded by default where the pair or the -hf repo has one, as llama.cpp's -hf does)")
     se = sub.add_parser("search", help="search the Hugging Face Hub for GGUF models, most downloaded first")
     se.add_argument("query")
     se.add_argument("--limit", type=int, default=20)

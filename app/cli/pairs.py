@@ -23,6 +23,8 @@ def cmd_list(args) -> int:
             quant, gb, state = r[role + "_quant"], r[role + "_gb"], r[role + "_status"]
             print(f"  {role:6} {r[role]}" + (f"  {quant}  ~{gb:.2f} GB  {state}" if quant else ""))
         print(f"  context {r['context']:,}  license: {r['license']}")
+        if r["images"]:
+            print(f"  images: {r['images']}")
         print(f"  this machine: {r['fit']}")
     print("\nDownload a pair with: specchat pull NAME")
     return 0
@@ -33,10 +35,15 @@ def hub_note() -> str:
 
 
 def cmd_pull(args) -> int:
+    mmproj = not args.no_mmproj
     if args.hf or args.hfd:
         if args.pair or args.repo or args.file:
             raise EngineError("Give a pair name, --repo and --file, or -hf / -hfd: one of them.")
-        files = [(c.repo, c.file) for c in _hub_pair(args.hf, args.hfd, out=sys.stderr)[0]]
+        chosen = _hub_pair(args.hf, args.hfd, out=sys.stderr)[0]
+        files = [(c.repo, c.file) for c in chosen]
+        if args.hf and mmproj and (proj := downloads.hf_projector(chosen[0].repo, chosen[0].file)):  # as llama.cpp's -hf, the target's
+            _print_choice(proj, "projector")
+            files.insert(1, (proj.repo, proj.file))
     elif args.repo or args.file:
         if args.pair or not (args.repo and args.file):
             raise EngineError("Give a pair name, or --repo and --file for one GGUF file.")
@@ -46,11 +53,11 @@ def cmd_pull(args) -> int:
         if not downloads.hub_files(pair.sources):
             print(f"{args.pair} is built in: nothing to download.")
             return 0
-        roles = [(role, s) for role, s in (("target", pair.target), ("draft", pair.draft)) if s and s.repo]
         files = []
-        for (role, _), c in zip(roles, downloads.remote_choices([s for _, s in roles])):  # what each tag names today
+        for role, c in downloads.pull_plan(pair, mmproj):  # what each tag names today
             _print_choice(c, role)
             files.append((c.repo, c.file))
+        files = list(dict.fromkeys(files))
     else:
         raise EngineError("Name a pair to pull (see specchat list), or give --repo and --file.")
     bars = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..engine import DraftParams, EngineError
@@ -14,10 +14,18 @@ from . import hf_files
 
 _PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
               "target", "draft"}
-_SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "side_file", "size_gb"}
+_SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "side_file", "size_gb", "mmproj"}
 USES = ("chat", "code", "reasoning")
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 BUILTINS = ("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1")
+
+
+@dataclass(frozen=True)
+class Projector:
+    """A target's vision projector on the Hub: one file of a repo, or (no file) the one llama.cpp's ``-hf`` takes
+    from the target's repo beside the target's file (``hf_files.projector``), found again at each pull."""
+    repo: str
+    file: str = ""
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,7 @@ class Source:
     quantization: str = ""
     size_gb: float = 0.0
     side_file: str = ""
+    mmproj: Projector | None = None  # a target's vision projector, downloaded with it
 
     @property
     def tag(self) -> str:
@@ -105,7 +114,7 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
             pairs[name] = Pair(
                 name=name,
                 target=_source(raw.get("target"), f"{where} target"),
-                draft=_source(raw["draft"], f"{where} draft") if "draft" in raw else None,
+                draft=_draft(raw["draft"], f"{where} draft") if "draft" in raw else None,
                 description=str(raw.get("description", "")),
                 use=use,
                 context=context,
@@ -124,7 +133,9 @@ def _source(raw, where: str) -> Source:
     unknown = set(raw) - _SOURCE_KEYS
     if unknown:
         raise EngineError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
-    src = Source(**raw)
+    src = Source(**{k: v for k, v in raw.items() if k != "mmproj"})
+    if "mmproj" in raw:
+        src = replace(src, mmproj=_projector(raw["mmproj"], src, where))
     if not isinstance(src.size_gb, (int, float)) or src.size_gb < 0 or not isinstance(src.quantization, str):
         raise EngineError(f"{where}: size_gb must be a number of GB and quantization a name like Q4_K_M")
     if src.builtin:
@@ -138,6 +149,30 @@ def _source(raw, where: str) -> Source:
     elif src.side_file not in ("", *hf_files.SIDE_KINDS):
         raise EngineError(f"{where}: side_file must be one of {', '.join(hf_files.SIDE_KINDS)}, not {src.side_file!r}")
     return src
+
+
+def _draft(raw, where: str) -> Source:
+    src = _source(raw, where)
+    if src.mmproj:
+        raise EngineError(f"{where}: only the target carries a vision projector (mmproj): the draft reads no images")
+    return src
+
+
+def _projector(raw, src: Source, where: str) -> Projector | None:
+    """``mmproj = true`` (the target repo's projector, by llama.cpp's rule) or ``{ repo = ..., file = ... }`` (repo
+    defaults to the target's)."""
+    if raw is False:
+        return None
+    if not src.repo:
+        raise EngineError(f"{where}: only a Hub target has a vision projector (mmproj)")
+    if raw is True:
+        return Projector(src.repo)
+    if isinstance(raw, dict) and set(raw) <= {"repo", "file"} and str(raw.get("file", "")).endswith(".gguf") \
+            and _REPO_ID.match(str(raw.get("repo", src.repo))):
+        return Projector(str(raw.get("repo", src.repo)), str(raw["file"]))
+    raise EngineError(f"{where}: mmproj must be true (the target repo's own projector, picked as llama.cpp's -hf "
+                      "does) or { repo = \"owner/name\", file = \"mmproj-F16.gguf\" } (repo defaults to the "
+                      "target's)")
 
 
 def get_pair(name: str) -> Pair:
@@ -175,6 +210,23 @@ def local_choice(src: Source) -> hf_files.GgufChoice | None:
         return hf_files.pick(hf_files.group(src.repo, entries, whole_only=False), src.repo, src.tag, src.side_file)
     except EngineError:
         return None
+
+
+def local_projector(src: Source, partly: bool = False) -> hf_files.GgufChoice | None:
+    """A Hub target's vision projector downloaded to this machine (None: it has none, or it is not downloaded; with
+    ``partly``, a partial download counts): the named file, or the one llama.cpp's rule picks beside the target's
+    file among the projectors on disk."""
+    from .hub import cached_path, local_names
+
+    target = local_choice(src) if src.mmproj else None
+    if target is None:
+        return None
+    repo = src.mmproj.repo
+    here = [c for c in hf_files.group(repo, [(name, 0) for name in local_names(repo)])
+            if partly or cached_path(repo, c.file)]
+    if src.mmproj.file:
+        return next((c for c in here if hf_files.matches(c.file, src.mmproj.file)), None)
+    return hf_files.projector(here, target.file)
 
 
 @dataclass(frozen=True)

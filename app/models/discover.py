@@ -25,7 +25,6 @@ from .hf_files import GgufChoice
 
 HEADER_FIRST_READ = 1 << 20  # most GGUF headers fit; a 150k-token vocabulary needs a few MB
 HEADER_MAX_READ = 64 << 20
-_NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)  # vision projectors and importance matrices
 
 
 @dataclass(frozen=True)
@@ -80,12 +79,16 @@ def search(query: str, limit: int = 20, endpoint: str | None = None) -> list[Rep
 
 def list_gguf(repo: str, endpoint: str | None = None) -> list[GgufChoice]:
     """The repo's GGUF models, split files grouped, smallest first; vision projectors and imatrix files left out."""
+    return hf_files.models(list_all_gguf(repo, endpoint))
+
+
+def list_all_gguf(repo: str, endpoint: str | None = None) -> list[GgufChoice]:
+    """Every GGUF of the repo, vision projectors and imatrix files too, split files grouped, smallest first."""
     try:
         entries = [e for e in api(endpoint).list_repo_tree(repo, recursive=True) if hasattr(e, "size")]
     except Exception as exc:
         raise hub.explain(exc, repo, "its file list", endpoint) from exc
-    return hf_files.group(repo, [(e.path, e.size) for e in entries
-                                 if not _NOT_A_MODEL.search(e.path.rsplit("/", 1)[-1])])
+    return hf_files.group(repo, [(e.path, e.size) for e in entries])
 
 
 def family(name: str) -> str:

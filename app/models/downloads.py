@@ -5,8 +5,9 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from ..engine.errors import EngineError
 from . import hf_files, hub
-from .catalog import Pair, Source, load_catalog, status
+from .catalog import Pair, Projector, Source, load_catalog, local_projector, status
 from .hf_files import GgufChoice
 
 
@@ -16,32 +17,69 @@ def hub_files(sources: list[Source]) -> list[tuple[str, str]]:
     return list(dict.fromkeys((s.repo, s.tag) for s in sources if s.repo))
 
 
-def remote_choices(sources: list[Source], endpoint: str | None = None) -> list[GgufChoice]:
-    """The files on the Hub that the Hub sources name today (one per Hub source, in order), each resolved against its
+def pull_plan(pair: Pair, mmproj: bool = True, endpoint: str | None = None) -> list[tuple[str, GgufChoice]]:
+    """What pulling the pair downloads: (role, file on the Hub today) for the target, its vision projector (none with
+    ``mmproj`` False, llama.cpp's --no-mmproj) and the draft; nothing for builtins. Each tag is resolved against its
     repo's file list as llama.cpp's ``-hf repo:TAG`` does (any case, split files whole, side files in their folder):
     an upstream rename does not break a pull, a tag that fits nothing or several says what the repo has."""
-    from .discover import list_gguf
+    from .discover import list_all_gguf
 
     listed: dict[str, list[GgufChoice]] = {}  # one file list per repo (a Gemma 4 target and its assistant share one)
-    found = []
-    for s in sources:
-        if s.repo:
-            if s.repo not in listed:
-                listed[s.repo] = list_gguf(s.repo, endpoint)
-            found.append(hf_files.pick(listed[s.repo], s.repo, s.tag, s.side_file))
-    return found
+
+    def files_of(repo: str) -> list[GgufChoice]:
+        if repo not in listed:
+            listed[repo] = list_all_gguf(repo, endpoint)
+        return listed[repo]
+
+    plan = []
+    for role, s in (("target", pair.target), ("draft", pair.draft)):
+        if s is None or not s.repo:
+            continue
+        model = hf_files.pick(hf_files.models(files_of(s.repo)), s.repo, s.tag, s.side_file)
+        plan.append((role, model))
+        if mmproj and s.mmproj and (found := remote_projector(s.mmproj, model, files_of(s.mmproj.repo))):
+            plan.append(("projector", found))
+    return plan
+
+
+def remote_projector(proj: Projector, model: GgufChoice, files: list[GgufChoice]) -> GgufChoice | None:
+    """The projector file on the Hub today: the named one (an error listing the repo's projectors when it is gone),
+    or the one llama.cpp's -hf takes beside ``model`` (None when the repo has none: the pair then reads text only)."""
+    if not proj.file:
+        return hf_files.projector(files, model.file)
+    found = [c for c in files if hf_files.matches(c.file, proj.file)]
+    if not found:
+        have = ", ".join(c.file for c in files if hf_files.is_projector(c.file)) or "none"
+        raise EngineError(f"{proj.repo} has no projector {proj.file}; its projectors: {have}. The catalog entry may be "
+                          f"out of date: check {proj.repo}'s file list on the Hub.")
+    return found[0]
+
+
+def hf_projector(repo: str, model: str, endpoint: str | None = None) -> GgufChoice | None:
+    """The vision projector llama.cpp's ``-hf owner/name[:QUANT]`` downloads with the repo's ``model`` file (None:
+    the repo has none)."""
+    from .discover import list_all_gguf
+
+    return hf_files.projector(list_all_gguf(repo, endpoint), model)
 
 
 def pull(pair: Pair, on_progress: Callable[[hub.Progress], None] | None = None,
-         cancel: threading.Event | None = None) -> list[Path]:
-    """Download the pair's Hub files (target first, then draft); builtins need nothing."""
-    files = list(dict.fromkeys((c.repo, c.file) for c in remote_choices(list(pair.sources))))
+         cancel: threading.Event | None = None, mmproj: bool = True) -> list[Path]:
+    """Download the pair's Hub files (target, its projector, then draft); builtins need nothing."""
+    files = list(dict.fromkeys((c.repo, c.file) for _, c in pull_plan(pair, mmproj)))
     return hub.pull_files(files, on_progress=on_progress, cancel=cancel)
 
 
 def local_files(sources: list[Source]) -> list[tuple[str, str]]:
-    """(repo, file) on this machine (downloaded or partly) for each Hub source, each once."""
-    return list(dict.fromkeys((s.repo, files[0]) for s in sources if s.repo and (files := s.files())))
+    """(repo, file) on this machine (downloaded or partly) for each Hub source and its downloaded projector, each
+    once."""
+    found = []
+    for s in sources:
+        if s.repo and (files := s.files()):
+            found.append((s.repo, files[0]))
+        if s.repo and (proj := local_projector(s, partly=True)):
+            found.append((proj.repo, proj.file))
+    return list(dict.fromkeys(found))
 
 
 READY = ("builtin", "downloaded")
@@ -68,6 +106,14 @@ def remove(pair: Pair) -> tuple[int, list[str], list[str]]:
     return freed, removed, kept
 
 
+def images_note(target: Source) -> str:
+    """Whether the pair reads images: '' where its catalog entry names no projector."""
+    if not target.mmproj:
+        return ""
+    found = local_projector(target)
+    return f"reads images ({found.file})" if found else "reads images with its projector, not downloaded"
+
+
 def rows() -> list[dict]:
     """One row per catalog pair for `specchat list` and the Models view."""
     from ..engine.llama import gpus
@@ -87,5 +133,6 @@ def rows() -> list[dict]:
             "target_status": t.describe(), "draft_status": d.describe() if d else "in the target's file",
             "ready": t.state in READY and (d is None or d.state in READY),
             "fit": fit_note(p.target.size_gb, p.draft.size_gb if d else 0.0, devices),
+            "images": images_note(p.target),
         })
     return out

@@ -9,7 +9,8 @@ only in case, or in another folder). Side files (Gemma 4's MTP assistant, EAGLE-
 drafts: llama.cpp's ``mtp-``, ``eagle3-``, ``dflash-``, ``dspark-`` files, also anything in an ``MTP/`` folder) are
 never taken for the model itself; a source asks for one by its kind. Where a tag fits several models the plainest
 name wins (``Model-Q4_K_M`` over ``Model-UD-Q4_K_M``); where none is plainer, or nothing fits, the error lists what
-the repo has.
+the repo has. Vision projectors (``mmproj`` files) are never a model either: ``projector`` picks the one llama.cpp's
+``-hf`` downloads beside a model.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..engine.errors import EngineError
 SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 SIDE_PREFIXES = ("mtp-", "eagle3-", "dflash-", "dspark-")  # llama.cpp's side-file keywords (gguf_filename_is_model)
 SIDE_KINDS = tuple(p.removesuffix("-") for p in SIDE_PREFIXES)
+PROJECTOR = "mmproj"  # llama.cpp's keyword for a vision projector file
 _NOT_A_MODEL = re.compile(r"mmproj|imatrix", re.IGNORECASE)  # vision projectors, importance matrices (llama.cpp's rule)
 _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|[BF]F?16|F32|MXFP4(?:_MOE)?|TQ\d_\d)(?![A-Za-z0-9])",
                     re.IGNORECASE)
@@ -62,6 +64,12 @@ def group(repo: str, entries: list[tuple[str, int]], whole_only: bool = True) ->
     return sorted(choices, key=lambda c: (c.size, c.file))
 
 
+def models(choices: list[GgufChoice]) -> list[GgufChoice]:
+    """The choices that can be a model: no vision projector, no importance matrix (llama.cpp's
+    ``gguf_filename_is_model``, by the file name)."""
+    return [c for c in choices if not _NOT_A_MODEL.search(c.file.rsplit("/", 1)[-1])]
+
+
 def side_kind(path: str) -> str:
     """The kind of side file ``path`` is ('' for a model): as llama.cpp tells them (``kind-`` in the file name, in
     lower case: ``Qwen3.6-27B-MTP-Q4_K_M.gguf`` and ``…-IQ3_XXS-mtp.gguf`` are models that carry MTP layers), or a
@@ -71,6 +79,35 @@ def side_kind(path: str) -> str:
         if kind in folders or kind + "-" in name:
             return kind
     return ""
+
+
+def is_projector(path: str) -> bool:
+    """Whether ``path`` is a vision projector: llama.cpp's keyword ``mmproj`` in it (here in any case)."""
+    return path.lower().endswith(".gguf") and PROJECTOR in path.lower()
+
+
+def projector(choices: list[GgufChoice], model: str) -> GgufChoice | None:
+    """The vision projector llama.cpp's ``-hf`` downloads with the repo's ``model`` file (common/download.cpp:
+    ``find_best_mmproj`` = ``find_best_sibling(files, model, "mmproj")``): of the ``mmproj`` files in the model's
+    folder or a folder above it, one in the deepest such folder, then the one whose quantization is closest in bits
+    to the model's (``extract_quant_bits``: the first number of the name's last label, Q4_K_M 4, Q8_0 8, F16 and BF16
+    16, none 0), then the first in the repo's listing (by name). None when the repo has no projector for it."""
+    folder = model.split("/")[:-1]
+
+    def rank(c: GgufChoice) -> tuple:
+        own = c.file.split("/")[:-1]
+        return -len(own), abs(_quant_bits(c.file) - _quant_bits(model)), c.file
+
+    found = [c for c in choices if is_projector(c.file) and c.file.split("/")[:-1] == folder[:c.file.count("/")]]
+    return min(found, key=rank, default=None)
+
+
+def _quant_bits(path: str) -> int:
+    """llama.cpp's ``extract_quant_bits``: the first number in the last ``-`` / ``.`` label of a GGUF's name (its
+    shard suffix aside); 0 where there is none."""
+    label = re.search(r"[-.]([A-Za-z0-9_]+)$", _stem(path))
+    number = re.search(r"\d+", label[1]) if label else None
+    return int(number[0]) if number else 0
 
 
 def _stem(path: str) -> str:

@@ -58,7 +58,7 @@ def resolve(spec: LoadSpec) -> Resolved:
         return Resolved(r.target, r.draft, r.draft_params)
     if spec.mmproj:
         return Resolved(r.target, r.draft, r.draft_params, Path(spec.mmproj).expanduser())
-    return Resolved(r.target, r.draft, r.draft_params, find_projector(r.target), mmproj_found=True)
+    return Resolved(r.target, r.draft, r.draft_params, r.mmproj or find_projector(r.target), mmproj_found=True)
 
 
 def find_projector(target: Path) -> Path | None:
@@ -74,11 +74,13 @@ def _resolve_models(spec: LoadSpec) -> Resolved:
     if spec.pair:
         if spec.target or spec.draft:
             raise EngineError("Give either a pair or target/draft files, not both.")
-        from .catalog import get_pair, local_path
+        from .catalog import get_pair, local_path, local_projector
+        from .hub import cached_path
 
         pair = get_pair(spec.pair)
+        proj = local_projector(pair.target)  # the catalog's projector, wherever in the repo it was downloaded
         return Resolved(local_path(pair.target, pair.name), local_path(pair.draft, pair.name) if pair.draft else None,
-                        pair.draft_params)
+                        pair.draft_params, cached_path(proj.repo, proj.file) if proj else None)
     if not spec.target:
         raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
     target = Path(spec.target).expanduser()

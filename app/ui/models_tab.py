@@ -187,8 +187,12 @@ class ModelsView:
                 return
             if advice.as_text:
                 note = f" It drafts for {hub_target[1]} as text: {advice.lines[-1]}"
-        for html, paths in self._pull(lambda p, c: hub.pull_files([(repo, file)], on_progress=p, cancel=c), request,
-                                      note):
+        def work(progress, cancel):  # a target comes with its repo's vision projector, as llama.cpp's -hf
+            proj = downloads.hf_projector(repo, file) if role == "target" else None
+            files = [(repo, file)] + ([(proj.repo, proj.file)] if proj else [])
+            return hub.pull_files(files, on_progress=progress, cancel=cancel)
+
+        for html, paths in self._pull(work, request, note):
             if paths is None:
                 yield html, *[gr.skip()] * 5
             else:

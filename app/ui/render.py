@@ -411,7 +411,8 @@ def models_table(rows: list[dict]) -> str:
         body.append(
             f'<tr data-pair="{e(r["pair"])}" data-state="{state}"><td><b>{e(r["pair"])}</b><br>'
             f'<small>{e(r["description"])}</small></td><td>{e(r["use"])}</td>'
-            f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB<br><small>{e(r["target_status"])}</small></td>'
+            f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB<br><small>{e(r["target_status"])}</small>'
+            + (f'<br><small>{e(r["images"])}</small>' if r.get("images") else "") + '</td>'
             + (f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB<br><small>{e(r["draft_status"])}</small></td>'
                if r["draft_quant"] else f'<td><small>{e(r["draft"])}</small></td>')
             + f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{e(r["fit"])}</small></td>'
