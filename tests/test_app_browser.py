@@ -9,6 +9,8 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -266,6 +268,36 @@ def test_the_mtp_drafter_on_a_model_without_mtp_layers_says_so_and_keeps_the_mes
     page.page.locator("#drafter label", has_text="Draft model").click()
     page.send("Name a colour.")
     assert page.wait_state(("done", "error", "cancelled"))["state"] == "done"
+
+
+def test_the_method_measured_fastest_is_the_drafter_the_app_starts_with_and_says_why(browser, fresh_home, tmp_path):
+    """`specchat check --measure` ranks the methods a pair can draft with on this machine and remembers the fastest:
+    the app started on those files has it chosen, with the measured figures under the Drafter choice."""
+    from support.tiny_gguf import write_model
+
+    from app.engine import METHODS
+
+    target = write_model(tmp_path / "target.gguf", seed=1)
+    draft = write_model(tmp_path / "draft.gguf", seed=3, base_seed=1, noise=0.02)
+    env = dict(os.environ, SPECCHAT_HOME=str(fresh_home))
+    run = subprocess.run([sys.executable, "-m", "app", "check", "--target", str(target), "--draft", str(draft),
+                          "--measure", "16"], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert run.returncode == 0, run.stderr
+    assert "Loading these files drafts with" in run.stdout
+    (ranked,) = json.loads((fresh_home / "data" / "measured_methods.json").read_text()).values()
+    best = {m.name: m.choice for m in METHODS}[ranked["methods"][0]["drafter"]]
+    app = App(fresh_home, "--target", str(target), "--draft", str(draft))
+    p = Page(browser, app.url)
+    try:
+        p.page.get_by_label("Toggle Sidebar").click()
+        drafter = p.page.locator("#drafter")
+        assert drafter.locator("label", has_text=best).locator("input").is_checked()
+        assert re.search(r"over plain decoding; specchat check --measure, \d{4}-\d\d-\d\d", drafter.inner_text())
+        p.shot("drafter-measured")
+    finally:
+        p.close()
+        app.stop()
 
 
 def test_a_model_with_mtp_layers_drafts_with_them_by_default_and_compare_names_the_method(browser, fresh_home,

@@ -163,6 +163,33 @@ def test_runtime_compare_is_identical_under_greedy(runtime):
         _last(runtime.compare(msgs, Settings(drafter="none")))
 
 
+def test_a_measured_fastest_method_is_what_a_loaded_pair_drafts_with(runtime, specchat_home):
+    """What `specchat check --measure` ranked for these files (here a real bench of both methods) becomes the
+    drafter the pair starts with: on Load in the app, and at start when measured since the settings were saved."""
+    from app.chat.method_ranking import FILE, recall, remember
+    from app.cli.bench import run_bench
+    from app.cli.serve import start_runtime
+    from app.engine import DraftParams
+    from app.paths import data_dir
+
+    target, draft = runtime.resolved.target, runtime.resolved.draft
+    assert recall(target, draft) is None and runtime.preferred is None
+    before = load_settings()[0]
+    save_settings(Settings(drafter="model").loaded(runtime.spec))  # the person's last session
+    prompts = [{"prompt": "the cat", "category": "x", "chat": False, "grammar": None}]
+    reports = run_bench(runtime.engine, ["model", "ngram"], DraftParams(draft_max=4), prompts, 8)
+    try:
+        ranking = remember(target, draft, reports)
+        assert runtime.ranking == ranking and runtime.preferred == ranking.best in ("model", "ngram")
+        assert Settings(drafter="none").for_pair(None, runtime.drafters, runtime.preferred).drafter == ranking.best
+        assert "over plain decoding; specchat check --measure" in ranking.why()
+        settings, _ = start_runtime(runtime, runtime.spec, {}, with_ui=True, server_key=None)
+        assert settings.drafter == ranking.best  # measured after the settings were saved: it applies at start
+    finally:  # (the home is shared with later tests)
+        (data_dir() / FILE).unlink()
+        save_settings(before)
+
+
 def test_runtime_stop_keeps_the_partial_answer(runtime):
     cancel = threading.Event()
     lives = []

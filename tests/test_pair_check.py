@@ -1,11 +1,16 @@
 """Judging a pair before loading: GGUF metadata read without llama.cpp agrees with llama.cpp, memory fit and
 offload recommendations, draft suggestions, `specchat check`."""
+import json
+import re
+
 import pytest
 from support.tiny_gguf import write_model
 
 from app.models import starter
+from app.chat.method_ranking import recall
 from app.cli import main
 from app.engine.compat import compatibility_problems
+from app.engine.drafters import registry
 from app.engine.gguf_file import read_info
 from app.engine.llama import Model, devices
 from app.engine.fit import ALL, GIB, Gpu, Load, estimate, recommend_offload
@@ -117,9 +122,24 @@ def test_check_report_and_cli(models, specchat_home, capsys):
     assert "different vocabularies: drafted as text (slower per token, usually lower acceptance): token 300 means" \
         in out and "--drafter ngram" in out
     assert main(["check", "--target", str(models["target"]), "--draft", str(models["other_text"]), "--measure", "24"]) == 0
-    measured = capsys.readouterr().out.splitlines()[-1]  # the pair loaded and timed, off and on
-    assert measured.startswith("measured (drafted as text): acceptance ") and "tok/s with the draft vs" in measured
-    assert measured.endswith("output identical with speculation off"), measured
+    measured = capsys.readouterr().out.splitlines()  # every method the pair can draft with, timed against plain
+    head = measured.index("measured, fastest first (drafted as text):")
+    rows, last = measured[head + 1:-1], measured[-1]
+    assert len(rows) == 2 and all(r.endswith("output identical with speculation off") for r in rows), rows
+    assert {r.split()[0] for r in rows} == {"draft", "n-gram"}
+    speedups = [float(re.search(r" x(\d+\.\d+) ", r).group(1)) for r in rows]
+    assert speedups == sorted(speedups, reverse=True)  # fastest first
+    # remembered for these files: loading them again drafts with the fastest, and says why
+    ranking = recall(models["target"], models["other_text"])
+    assert ranking and round(ranking.methods[0]["speedup"], 2) == speedups[0]
+    assert last.startswith("Loading these files drafts")
+    assert ranking.why() in last and f"specchat check --measure, {ranking.when}" in last
+    assert main(["generate", "--target", str(models["target"]), "--draft", str(models["other_text"]), "-n", "4",
+                 "--json", "-p", "hi"]) == 0
+    out = capsys.readouterr()
+    used = json.loads(out.out)["drafter"]  # (n-gram lookup reports its kind)
+    assert registry.method_of(used) == ranking.best and f"drafting with {ranking.why()}" in out.err
+    assert recall(models["target"], None) is None  # another pair (the target alone): nothing measured
     assert main(["check", "--pair", "starter"]) == 0
     out = capsys.readouterr().out
     assert "compatible: the draft shares the target's tokenizer" in out and "recommended offload: -ngl 0" in out

@@ -11,10 +11,12 @@ from dataclasses import replace
 from typing import Callable, Iterator
 
 from ..engine import DRAFT_MODEL, DRAFTERS, OFF, DraftParams, Engine, EngineError, method_name, supports_gpu_offload
+from ..engine.drafters import registry
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
 from .comparison import Comparison
 from .live_answer import Live
+from .method_ranking import Ranking, recall
 from .remote_server import RemoteServer, ServerSpec
 from .server_keys import key_for, save_key
 from .settings import Settings
@@ -114,6 +116,17 @@ class Runtime:
     def recommended(self) -> DraftParams | None:
         """The loaded pair's recommended draft settings (a server keeps its own)."""
         return self.resolved.draft_params if self.resolved else None
+
+    @property
+    def ranking(self) -> Ranking | None:
+        """What ``specchat check --measure`` found fastest for the loaded pair's files on this machine, if run."""
+        return recall(self.resolved.target, self.resolved.draft) if self.engine and self.resolved else None
+
+    @property
+    def preferred(self) -> str | None:
+        """The drafter a newly loaded pair starts with: the measured fastest where one was measured."""
+        r = self.ranking
+        return r.best if r and registry.runs_on(r.best, self.drafters) else None
 
     def _engine(self) -> Engine:
         if self.engine is None:

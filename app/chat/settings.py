@@ -61,11 +61,15 @@ class Settings:
         return replace(self, draft_max=dp.draft_max, draft_min=dp.draft_min, draft_p_min=dp.draft_p_min,
                        adaptive=dp.adaptive)
 
-    def for_pair(self, recommended: DraftParams | None, drafters: tuple[str, ...]) -> "Settings":
-        """Settings for a newly loaded pair: its recommended draft settings (if given), and the drafter chosen if the
-        pair can use it, else the pair's default (``drafters`` lists those it can use, default first: a model with MTP
-        layers and no draft model drafts with MTP)."""
+    def for_pair(self, recommended: DraftParams | None, drafters: tuple[str, ...],
+                 preferred: str | None = None) -> "Settings":
+        """Settings for a newly loaded pair: its recommended draft settings (if given), and the drafter measured
+        fastest for it (``preferred``, by ``specchat check --measure``), else the drafter chosen if the pair can use
+        it, else the pair's default (``drafters`` lists those it can use, default first: a model with MTP layers and
+        no draft model drafts with MTP)."""
         s = self.with_draft_params(recommended) if recommended else self
+        if preferred:
+            return replace(s, drafter=preferred)
         return s if registry.runs_on(s.drafter, drafters) or not drafters else replace(s, drafter=drafters[0])
 
     def loaded(self, spec: LoadSpec | None) -> "Settings":
@@ -104,3 +108,11 @@ def load_settings() -> tuple[Settings, str | None]:
 
 def save_settings(s: Settings) -> None:
     save_json(config_dir() / FILE, s.as_dict())
+
+
+def saved_at() -> float:
+    """When the settings were last saved (0: never)."""
+    try:
+        return (config_dir() / FILE).stat().st_mtime
+    except OSError:
+        return 0.0

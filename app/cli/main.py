@@ -8,6 +8,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+from ..chat.method_ranking import recall
 from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams
 from ..engine.drafters import OFF, registry
 from ..engine import SamplingParams, TextDelta, batch_invariant
@@ -165,8 +166,14 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     """Resolve --pair / --target / --draft, load the engine, pick the drafter and the draft settings."""
     spec = load_spec(args)
     resolved = resolve(spec)
-    # default: the pair's draft model, else the target's own MTP layers, else prompt lookup
-    drafter = args.drafter or registry.default_method(bool(resolved.draft), bool(read_info(resolved.target).nextn_layers))
+    # default: what `check --measure` found fastest for these files, else the pair's draft model, else the target's
+    # own MTP layers, else prompt lookup
+    default = registry.default_method(bool(resolved.draft), bool(read_info(resolved.target).nextn_layers))
+    ranked = recall(resolved.target, resolved.draft)
+    if not args.drafter and ranked:  # (measured on these very files: every method it ranked runs on them)
+        default = ranked.best
+        print(f"specchat: drafting with {ranked.why()}", file=sys.stderr)
+    drafter = args.drafter or default
     names = bench_drafters(args) or [drafter]  # (bench --drafters: each in turn)
     for part in (p for name in names for p in registry.parts(name)):
         if (what := registry.method(registry.method_of(part)).draft_file) and not resolved.draft:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..models import downloads, hub
 from ..models.catalog import get_pair
-from ..engine import DRAFT_MODEL, EngineError
+from ..engine import DRAFT_MODEL, OFF, EngineError, method_name
 
 
 def cmd_list(args) -> int:
@@ -171,9 +171,7 @@ def cmd_check(args) -> int:
     report = check_files(target, draft, args.ctx, args.ngl, args.ngld, mmproj)
     print("\n".join(describe(report)))
     if args.measure and report.fit.ok:
-        if not draft:
-            raise EngineError("--measure needs a draft: give --draft PATH (or a pair).")
-        print(_measure(target, draft, args), flush=True)
+        print(_measure(Path(target), Path(draft) if draft else None, args), flush=True)
     return 0 if report.fit.ok else 1  # a draft of another vocabulary drafts as text
 
 
@@ -184,27 +182,33 @@ MEASURE_PROMPTS = [
 ]
 
 
-def _measure(target, draft, args) -> str:
-    """Load the pair and time it as ``specchat bench`` does (greedy, speculation off and on interleaved): the
-    measured answer to whether this draft pays, in whichever mode the pair drafts (its tokens or text)."""
-    from ..engine import DraftParams
-    from ..models.loader import LoadSpec, load_engine
+def _measure(target: Path, draft: Path | None, args) -> str:
+    """Load the pair and time every method it can draft with as ``specchat bench --drafters`` does (greedy, all
+    against the same speculation-off runs, interleaved), rank them, and remember the fastest for these files: loading
+    them again drafts with it (``--drafter`` and the app's setting still choose another)."""
+    from ..chat.method_ranking import remember
+    from ..models.loader import LoadSpec, load_engine, resolve
     from .bench import run_bench
 
     if args.measure < 1:
         raise EngineError("--measure N: N new tokens per prompt, at least 1.")
-    engine = load_engine(LoadSpec(target=str(target), draft=str(draft), ctx=args.ctx, ngl=args.ngl or 0,
-                                  ngld=args.ngld or 0))
+    spec = LoadSpec(target=str(target), draft=str(draft) if draft else None, ctx=args.ctx, ngl=args.ngl or 0,
+                    ngld=args.ngld or 0)
+    engine = load_engine(spec)
     try:
-        print(f"measuring: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, greedy, "
-              "speculation off and on…", file=sys.stderr, flush=True)
-        o = run_bench(engine, DRAFT_MODEL, DraftParams(), MEASURE_PROMPTS, args.measure)["overall"]
-        mode = "drafted as text" if engine.cross_vocab else "drafted in the target's tokens"
+        methods = [m for m in engine.drafters if m != OFF]
+        print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "
+              "greedy, against the same speculation-off runs…", file=sys.stderr, flush=True)
+        reports = run_bench(engine, methods, resolve(spec).draft_params, MEASURE_PROMPTS, args.measure)
+        text = " (drafted as text)" if engine.cross_vocab and DRAFT_MODEL in methods else ""
     finally:
         engine.close()
-    return (f"measured ({mode}): acceptance {o['acceptance']:.0%}, {o['mean_accepted_per_round']:.2f} accepted per "
-            f"round; {o['tps_on']:.1f} tok/s with the draft vs {o['tps_off']:.1f} without (x{o['speedup']:.2f}); "
-            f"output {'identical' if o['all_identical'] else 'DIFFERENT'} with speculation off")
+    ranking = remember(target, draft, reports)
+    lines = [f"measured, fastest first{text}:"]
+    for m in ranking.methods:
+        lines.append(f"  {method_name(m['drafter']):32} x{m['speedup']:.2f}  acceptance {m['acceptance']:.0%}  "
+                     f"output {'identical' if m['identical'] else 'DIFFERENT'} with speculation off")
+    return "\n".join(lines + [f"Loading these files drafts with {ranking.why()}; --drafter chooses another."])
 
 
 def _check_on_hub(hf: str | None, hfd: str | None) -> int:

@@ -20,7 +20,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from ..chat.runtime import Runtime  # noqa: E402
-from ..chat.settings import Settings, load_settings, save_settings  # noqa: E402
+from ..chat.settings import Settings, load_settings, save_settings, saved_at  # noqa: E402
 from ..engine import EngineError  # noqa: E402
 from ..models.loader import LoadSpec  # noqa: E402
 from ..paths import clear_stale_temp_folders, remove_temp_folders, temp_folder  # noqa: E402
@@ -124,8 +124,10 @@ def start_runtime(runtime: Runtime, requested: LoadSpec | None, overrides: dict,
         notes += startup_pair(requested, settings.models, runtime, server_key)
     else:  # the API alone serves what was asked for, else the last-used pair: nothing to choose from without a UI
         runtime.load(requested or settings.models or STARTER, api_key=server_key)
-    if runtime.recommended and runtime.spec != settings.models:  # a pair not used last time brings its draft settings
-        settings = settings.with_draft_params(runtime.recommended)
+    if runtime.spec != settings.models:  # a pair not used last time brings its draft settings and measured drafter
+        settings = settings.for_pair(runtime.recommended, runtime.drafters, runtime.preferred)
+    elif runtime.preferred and runtime.ranking.at > saved_at():  # measured since the settings were saved
+        settings = replace(settings, drafter=runtime.preferred)
     settings = replace(settings, **overrides).loaded(runtime.spec)  # flags win
     if with_ui:
         save_settings(settings.for_pair(None, runtime.drafters))

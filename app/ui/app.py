@@ -92,6 +92,11 @@ class SpecChatUI:
     def _header(self) -> str:
         return render.header(self.runtime.info()["pair"], self.logo)
 
+    def _drafter_note(self) -> str | None:
+        """Why the loaded pair drafts as it does, where `specchat check --measure` measured its methods here."""
+        ranking = self.runtime.ranking
+        return ranking.why() if ranking else None
+
     def _hardware(self) -> str:
         return render.hardware_panel(hardware.snapshot(), self.runtime.info())
 
@@ -392,7 +397,7 @@ class SpecChatUI:
         except (EngineError, ValueError, TypeError) as exc:
             return render.notice(str(exc)), self._header(), self._hardware(), *keep, self._image_note()
         # A new pair brings its recommended draft settings, and the drafter it can use.
-        settings = collect(values).for_pair(self.runtime.recommended, self.runtime.drafters)
+        settings = collect(values).for_pair(self.runtime.recommended, self.runtime.drafters, self.runtime.preferred)
         self._save(settings)
         info = self.runtime.info()
         if server := info["server"]:
@@ -400,7 +405,8 @@ class SpecChatUI:
                    f"{server['method']}" + (f"; speculation off from {server['off']}" if server["off"] else ""))
         else:
             msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
-        return (render.notice(msg, "info"), self._header(), self._hardware(), settings.drafter,
+        return (render.notice(msg, "info"), self._header(), self._hardware(),
+                gr.update(value=settings.drafter, info=self._drafter_note()),
                 settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
                 self._server_fields(self.runtime.spec)[1], self._image_note())
 
@@ -463,7 +469,8 @@ class SpecChatUI:
                 choices = [(m.choice, m.name) for m in METHODS]
                 if s.drafter not in dict(choices).values():  # a kind or a chain (serve --spec-type): offered too
                     choices.append((method_name(s.drafter), s.drafter))
-                drafter = gr.Radio(choices, value=s.drafter, label="Drafter", elem_id="drafter")
+                drafter = gr.Radio(choices, value=s.drafter, label="Drafter", elem_id="drafter",
+                                   info=self._drafter_note())
                 draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
                 draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
                 draft_p_min = gr.Slider(0, 1, s.draft_p_min, step=0.01, label="Draft p-min")
