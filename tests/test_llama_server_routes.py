@@ -109,6 +109,30 @@ def test_apply_template_gives_the_prompt_the_chat_route_uses(tiny_server):
     assert httpx.post(f"{url}/apply-template", json={"messages": "no"}, timeout=30).status_code == 400
 
 
+def test_the_turn_left_closed_or_the_assistants_text_continued_as_llama_server_does(tiny_server):
+    """``add_generation_prompt: false`` leaves the last turn closed; a last message that is the assistant's is
+    continued (llama-server's prefill, or ``continue_final_message``), and the chat answer goes on from its text."""
+    from app.prompts import chat_prompt
+
+    url, rt, _ = tiny_server
+    opened = chat_prompt(rt.engine.model, PROMPT)
+    closed = httpx.post(f"{url}/apply-template", json={"messages": PROMPT, "add_generation_prompt": False}, timeout=30)
+    assert closed.json()["prompt"] == chat_prompt(rt.engine.model, PROMPT, add_generation_prompt=False)
+    assert opened.startswith(closed.json()["prompt"]) and opened != closed.json()["prompt"]
+    prefilled = PROMPT + [{"role": "assistant", "content": " sat on"}]
+    r = httpx.post(f"{url}/apply-template", json={"messages": prefilled}, timeout=30)
+    assert r.json() == {"prompt": opened + " sat on"}
+    both = httpx.post(f"{url}/v1/chat/completions", json={"messages": prefilled, "continue_final_message": True},
+                      timeout=30)
+    assert both.status_code == 400
+    assert both.json()["error"]["message"] == "Cannot set both add_generation_prompt and continue_final_message to true."
+    greedy = {"max_tokens": 6, "temperature": 0}
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": prefilled, **greedy}, timeout=60).json()
+    plain = httpx.post(f"{url}/v1/completions", json={"prompt": opened + " sat on", **greedy}, timeout=60).json()
+    assert chat["choices"][0]["message"]["content"] == plain["choices"][0]["text"]  # the same prompt, the same answer
+    assert chat["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+
+
 @pytest.mark.parametrize("prefix", ["", "/v1"])
 def test_slots_answers_not_supported_as_llama_server_does_without_slots(tiny_server, prefix):
     url, _, _ = tiny_server
