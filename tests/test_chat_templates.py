@@ -116,6 +116,14 @@ def test_templates_get_todays_date_as_llama_server_gives_it():
     assert render_chat(DATED, MSGS, date_string="1 Jan 2000").startswith("Today Date: 1 Jan 2000|")  # kwargs win
 
 
+def test_text_plus_an_undefined_value_is_the_text_as_llama_servers_jinja_has_it():
+    # FireFunction v2's template writes its system prompt as suffix + "\n" + functions, which nobody defines
+    template = "{% set s = 'Today is ' + datetime + '.' + functions %}{{ s }}{{ undefined_thing ~ '!' }}"
+    assert render_chat(template, MSGS) == f"Today is {date.today():%b %d %Y}.!"
+    with pytest.raises(EngineError, match="could not be rendered"):
+        render_chat("{{ 1 + functions }}", MSGS)  # (numbers: an error, as in Hugging Face's)
+
+
 def test_the_turn_is_left_closed_or_the_assistants_last_message_continued():
     pair = MSGS[1:3]  # user, then the assistant's "ok"
     opened = render_chat(None, pair[:1])

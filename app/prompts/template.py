@@ -26,7 +26,7 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
 def _compile(template: str):
     """The template in the environment Hugging Face renders chat templates in: a sandbox with trimmed blocks, loop
     controls ({% break %}, {% continue %}), {% generation %} blocks (rendered as their body), HF's tojson,
-    raise_exception and strftime_now."""
+    raise_exception and strftime_now; and, as llama-server's renderer, text plus an undefined value is the text."""
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension
@@ -40,10 +40,17 @@ def _compile(template: str):
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.Scope(body, lineno=lineno)
 
+    class Undefined(jinja2.Undefined):  # an undefined value added to text is no text, as in llama.cpp's jinja
+        def __add__(self, other):  # (FireFunction v2's template adds its undefined ``functions``)
+            return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+        def __radd__(self, other):
+            return other if isinstance(other, str) else self._fail_with_undefined_error()
+
     def raise_exception(message):
         raise EngineError(f"The model's chat template refused the conversation: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=Undefined,
                                        extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
@@ -52,8 +59,9 @@ def _compile(template: str):
 
 def today() -> dict:
     """The dates llama-server gives every template (``common_chat_extra_context``): Llama 3's ``date_string`` ("25 Nov
-    2026") and FireFunction's ``datetime`` ("Nov 25 2026"); llama.cpp's copies of those templates read them instead
-    of calling ``strftime_now``, and would otherwise write a fixed date from their release."""
+    2026") and FireFunction's ``datetime`` ("Nov 25 2026"). Llama 3.1's and 3.3's templates read ``date_string``
+    and would otherwise write their release's date (as Hugging Face's ``apply_chat_template`` leaves them: "26 Jul
+    2024"); 3.2's call ``strftime_now`` for the same date."""
     now = datetime.now()
     return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
 
