@@ -4,6 +4,7 @@ without it, and the unprefixed /models, /completions, /chat/completions guarded 
 from __future__ import annotations
 
 import json
+from datetime import date
 
 import httpx
 import pytest
@@ -424,3 +425,36 @@ def test_n_choices_are_answered_one_after_the_other(tiny_server):
     before = api.generations
     assert httpx.post(f"{url}/v1/chat/completions", json={"messages": PROMPT, "n": 0}, timeout=30).status_code == 400
     assert api.generations == before
+
+
+# ChatML with Llama 3's date and FireFunction's undefined ``functions`` (text plus it is the text in llama.cpp's jinja)
+DATED_CHATML = ("{{ '<|im_start|>system\\nToday Date: ' + date_string + '\\n' + functions }}<|im_end|>\n"
+                "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_apply_template_answers_as_the_real_llama_server_does(tiny_server, models, tmp_path):
+    """The same bodies to llama-server (built from the same llama.cpp, on the same model and template) and to
+    SpecChat: the same prompts (the date, the turn left closed, the assistant's text continued) or both a 400."""
+    from support.llama_server import llama_server
+
+    url, rt, _ = tiny_server
+    template = tmp_path / "dated.jinja"
+    template.write_text(DATED_CHATML, encoding="utf-8")
+    rt.engine.model.template_override = DATED_CHATML
+    prefilled = PROMPT + [{"role": "assistant", "content": " sat on"}]
+    bodies = [{"messages": PROMPT}, {"messages": PROMPT, "add_generation_prompt": False}, {"messages": prefilled},
+              {"messages": prefilled, "add_generation_prompt": False, "continue_final_message": True},
+              {"messages": prefilled, "continue_final_message": True}]
+    answers = []
+    with llama_server(models["target"], None, "--jinja", "--chat-template-file", str(template)) as real:
+        for body in bodies:
+            theirs = httpx.post(f"{real}/apply-template", json=body, timeout=30)
+            ours = httpx.post(f"{url}/apply-template", json=body, timeout=30)
+            assert ours.status_code == theirs.status_code, body
+            if theirs.status_code == 200:
+                assert ours.json() == theirs.json(), body
+            answers.append(ours.json())
+    assert f"Today Date: {date.today():%d %b %Y}\n<|im_end|>" in answers[0]["prompt"]  # (unless run at midnight)
+    assert answers[2]["prompt"].endswith("<|im_start|>assistant\n sat on") and answers[3] == answers[2]
+    assert "add_generation_prompt" in answers[4]["error"]["message"]
