@@ -164,8 +164,8 @@ def test_the_api_reads_the_turn_options_as_llama_server_does():
     for body, error in bad:
         with pytest.raises(ApiError, match=error):
             options(prefilled, **body)
-    with pytest.raises(ApiError, match="last message to be the assistant's"):
-        options(MSGS, add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(ApiError, match="'continue_final_message' must be true or false"):
+        options(prefilled, add_generation_prompt=False, continue_final_message=1)
     called = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
     with pytest.raises(ApiError, match="Cannot continue an assistant message that contains tool calls"):
         options(MSGS[:2] + [called])

@@ -127,6 +127,9 @@ def test_the_turn_left_closed_or_the_assistants_text_continued_as_llama_server_d
                       timeout=30)
     assert both.status_code == 400
     assert both.json()["error"]["message"] == "Cannot set both add_generation_prompt and continue_final_message to true."
+    user_last = httpx.post(f"{url}/apply-template", timeout=30,
+                           json={"messages": PROMPT, "add_generation_prompt": False, "continue_final_message": True})
+    assert user_last.status_code == 400 and "last message to be the assistant's" in user_last.json()["error"]["message"]
     greedy = {"max_tokens": 6, "temperature": 0}
     chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": prefilled, **greedy}, timeout=60).json()
     plain = httpx.post(f"{url}/v1/completions", json={"prompt": opened + " sat on", **greedy}, timeout=60).json()

@@ -545,13 +545,14 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
 def _turn_options(body: dict, messages: list[dict]) -> dict:
     """How the answer's turn begins, as llama-server reads it: a new assistant turn opened (``add_generation_prompt``,
     true unless given), or the last message continued (``continue_final_message``; a last message that is the
-    assistant's is continued unless told otherwise, llama-server's assistant prefill). Both at once are refused."""
+    assistant's is continued unless told otherwise, llama-server's assistant prefill). Both at once are refused; the
+    renderer refuses to continue a message that is not the assistant's."""
     add = body.get("add_generation_prompt", True)
     if not isinstance(add, bool):
         raise ApiError(400, f"'add_generation_prompt' must be true or false, got {_shown(add)}.",
                        param="add_generation_prompt")
     given = body.get("continue_final_message")
-    if given not in (None, True, False, "content"):  # ("content": llama-server's name for continuing the text)
+    if not (given is None or isinstance(given, bool) or given == "content"):  # (llama-server's name for the text)
         raise ApiError(400, "'continue_final_message' must be true or false (SpecChat keeps thinking in the "
                             f"content, so there is no 'reasoning_content' to continue), got {_shown(given)}.",
                        param="continue_final_message")
@@ -561,9 +562,6 @@ def _turn_options(body: dict, messages: list[dict]) -> dict:
     if carry_on and add:
         raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.",
                        param="continue_final_message")
-    if carry_on and messages[-1]["role"] != "assistant":
-        raise ApiError(400, "continue_final_message needs the last message to be the assistant's (its text is what "
-                            "the answer continues).", param="continue_final_message")
     if carry_on and messages[-1].get("tool_calls"):
         raise ApiError(400, "Cannot continue an assistant message that contains tool calls.", param="messages")
     return {"add_generation_prompt": add, "continue_final_message": carry_on}
