@@ -469,7 +469,7 @@ def test_llama_server_flags_set_names_request_defaults_the_template_and_metrics(
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--chat-template", "chatml"], "not a Jinja template"),
+    (["--chat-template", "no-such-format"], "neither a Jinja template nor one of llama.cpp's formats"),
     (["--chat-template", "{{ x }}", "--chat-template-file", "t.jinja"], "not both"),
     (["--chat-template-file", "/nonexistent/t.jinja"], "Cannot read"),
     (["--reasoning-format", "deepseek"], "not supported"),

@@ -93,7 +93,7 @@ FAMILIES = {
     "qwen2.5": (r"Qwen2\.5-(Coder-)?\d", "Qwen-Qwen2.5-7B-Instruct", "<|endoftext|>", "<|im_end|>", False,
                 lambda today: CHATML_TURNS),
     "llama-3.1": (r"Llama-3\.1-", "meta-llama-Llama-3.1-8B-Instruct", "<|begin_of_text|>", "<|eot_id|>", True,
-                  lambda today: llama3("26 Jul 2024")),  # 3.1's template has a fixed default date
+                  llama3),  # 3.1's template has a fixed default date: llama-server's date_string replaces it
     "llama-3.2": (r"Llama-3\.2-", "meta-llama-Llama-3.2-3B-Instruct", "<|begin_of_text|>", "<|eot_id|>", True,
                   llama3),  # 3.2's asks strftime_now for today's
     "deepseek-r1-distill-qwen": (

@@ -4,6 +4,7 @@ without it, and the unprefixed /models, /completions, /chat/completions guarded 
 from __future__ import annotations
 
 import json
+from datetime import date
 
 import httpx
 import pytest
@@ -107,6 +108,33 @@ def test_apply_template_gives_the_prompt_the_chat_route_uses(tiny_server):
     assert r.status_code == 200 and r.json() == {"prompt": chat_prompt(rt.engine.model, PROMPT)}
     assert "the cat" in r.json()["prompt"]
     assert httpx.post(f"{url}/apply-template", json={"messages": "no"}, timeout=30).status_code == 400
+
+
+def test_the_turn_left_closed_or_the_assistants_text_continued_as_llama_server_does(tiny_server):
+    """``add_generation_prompt: false`` leaves the last turn closed; a last message that is the assistant's is
+    continued (llama-server's prefill, or ``continue_final_message``), and the chat answer goes on from its text."""
+    from app.prompts import chat_prompt
+
+    url, rt, _ = tiny_server
+    opened = chat_prompt(rt.engine.model, PROMPT)
+    closed = httpx.post(f"{url}/apply-template", json={"messages": PROMPT, "add_generation_prompt": False}, timeout=30)
+    assert closed.json()["prompt"] == chat_prompt(rt.engine.model, PROMPT, add_generation_prompt=False)
+    assert opened.startswith(closed.json()["prompt"]) and opened != closed.json()["prompt"]
+    prefilled = PROMPT + [{"role": "assistant", "content": " sat on"}]
+    r = httpx.post(f"{url}/apply-template", json={"messages": prefilled}, timeout=30)
+    assert r.json() == {"prompt": opened + " sat on"}
+    both = httpx.post(f"{url}/v1/chat/completions", json={"messages": prefilled, "continue_final_message": True},
+                      timeout=30)
+    assert both.status_code == 400
+    assert both.json()["error"]["message"] == "Cannot set both add_generation_prompt and continue_final_message to true."
+    user_last = httpx.post(f"{url}/apply-template", timeout=30,
+                           json={"messages": PROMPT, "add_generation_prompt": False, "continue_final_message": True})
+    assert user_last.status_code == 400 and "last message to be the assistant's" in user_last.json()["error"]["message"]
+    greedy = {"max_tokens": 6, "temperature": 0}
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": prefilled, **greedy}, timeout=60).json()
+    plain = httpx.post(f"{url}/v1/completions", json={"prompt": opened + " sat on", **greedy}, timeout=60).json()
+    assert chat["choices"][0]["message"]["content"] == plain["choices"][0]["text"]  # the same prompt, the same answer
+    assert chat["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
 
 
 @pytest.mark.parametrize("prefix", ["", "/v1"])
@@ -400,3 +428,36 @@ def test_n_choices_are_answered_one_after_the_other(tiny_server):
     before = api.generations
     assert httpx.post(f"{url}/v1/chat/completions", json={"messages": PROMPT, "n": 0}, timeout=30).status_code == 400
     assert api.generations == before
+
+
+# ChatML with Llama 3's date and FireFunction's undefined ``functions`` (text plus it is the text in llama.cpp's jinja)
+DATED_CHATML = ("{{ '<|im_start|>system\\nToday Date: ' + date_string + '\\n' + functions }}<|im_end|>\n"
+                "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_apply_template_answers_as_the_real_llama_server_does(tiny_server, models, tmp_path):
+    """The same bodies to llama-server (built from the same llama.cpp, on the same model and template) and to
+    SpecChat: the same prompts (the date, the turn left closed, the assistant's text continued) or both a 400."""
+    from support.llama_server import llama_server
+
+    url, rt, _ = tiny_server
+    template = tmp_path / "dated.jinja"
+    template.write_text(DATED_CHATML, encoding="utf-8")
+    rt.engine.model.template_override = DATED_CHATML
+    prefilled = PROMPT + [{"role": "assistant", "content": " sat on"}]
+    bodies = [{"messages": PROMPT}, {"messages": PROMPT, "add_generation_prompt": False}, {"messages": prefilled},
+              {"messages": prefilled, "add_generation_prompt": False, "continue_final_message": True},
+              {"messages": prefilled, "continue_final_message": True}]
+    answers = []
+    with llama_server(models["target"], None, "--jinja", "--chat-template-file", str(template)) as real:
+        for body in bodies:
+            theirs = httpx.post(f"{real}/apply-template", json=body, timeout=30)
+            ours = httpx.post(f"{url}/apply-template", json=body, timeout=30)
+            assert ours.status_code == theirs.status_code, body
+            if theirs.status_code == 200:
+                assert ours.json() == theirs.json(), body
+            answers.append(ours.json())
+    assert f"Today Date: {date.today():%d %b %Y}\n<|im_end|>" in answers[0]["prompt"]  # (unless run at midnight)
+    assert answers[2]["prompt"].endswith("<|im_start|>assistant\n sat on") and answers[3] == answers[2]
+    assert "add_generation_prompt" in answers[4]["error"]["message"]

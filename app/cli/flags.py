@@ -160,10 +160,11 @@ def llama_server_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float)
     g.add_argument("--min-p", type=float)
     g.add_argument("--chat-template", metavar="JINJA_TEMPLATE", help="a Jinja chat template used instead of the "
-                                                                     "target's own")
+                   "target's own, or the name of one of llama.cpp's formats (llama3, chatml, command-r...)")
     g.add_argument("--chat-template-file", type=Path, metavar="FILE", help="the same, read from a file")
     g.add_argument("--jinja", action=argparse.BooleanOptionalAction, default=None,
-                   help="taken for llama-server's sake: SpecChat always renders templates with Jinja")
+                   help="taken for llama-server's sake: SpecChat renders templates with Jinja (a format's name: "
+                        "with llama.cpp)")
     g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"),
                    help="thinking on or off (the template's enable_thinking); auto: the template's default")
     g.add_argument("--reasoning-format", choices=("auto", "none", "deepseek", "deepseek-legacy"),

@@ -154,8 +154,10 @@ def aliases_flag(values: list[str]) -> tuple[str, ...]:
 
 
 def chat_template_flag(text: str | None, path: Path | None) -> str | None:
-    """--chat-template TEXT or --chat-template-file FILE: a Jinja template (llama.cpp's built-in names are not
-    templates SpecChat can render: their Jinja text is)."""
+    """--chat-template TEXT or --chat-template-file FILE: a Jinja template, or (TEXT) the name of one of llama.cpp's
+    own formats (``llama3``, ``chatml``...), rendered by llama.cpp as llama-server renders it."""
+    from ..engine.llama import builtin_template_names
+
     if text is not None and path is not None:
         raise EngineError("Give --chat-template or --chat-template-file, not both.")
     if path is not None:
@@ -163,9 +165,10 @@ def chat_template_flag(text: str | None, path: Path | None) -> str | None:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise EngineError(f"Cannot read --chat-template-file {path}: {exc}") from None
-    if text is not None and "{%" not in text and "{{" not in text:
-        raise EngineError(f"--chat-template {text[:40]!r} is not a Jinja template: give the template's text (or "
-                          "--chat-template-file); llama.cpp's built-in template names are not supported.")
+    if text is not None and "{%" not in text and "{{" not in text and text not in builtin_template_names():
+        raise EngineError(f"--chat-template {text[:40]!r} is neither a Jinja template nor one of llama.cpp's "
+                          f"formats ({', '.join(sorted(builtin_template_names()))}): give the template's text (or "
+                          "--chat-template-file) or one of those names.")
     return text
 
 

@@ -193,7 +193,9 @@ class Job:
     stream: bool
     include_usage: bool
     timings_per_token: bool
-    template_variables: dict  # chat_template_kwargs (e.g. {"enable_thinking": false}), as llama-server and vLLM take
+    # chat_template_kwargs (e.g. {"enable_thinking": false}), as llama-server and vLLM take, and (chat) how the
+    # answer's turn begins: add_generation_prompt, continue_final_message (render_chat's)
+    template_variables: dict
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
 
@@ -520,8 +522,8 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
     variables = body.get("chat_template_kwargs") or {}
     # (what the template and the functions that render it name themselves)
-    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token", "builtin", "model", "tools",
-                "template", "choice"}
+    reserved = {"messages", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token", "builtin",
+                "model", "tools", "template", "choice"}
     if not isinstance(variables, dict) or reserved & set(variables):
         raise ApiError(400, "'chat_template_kwargs' must be an object of template variables other than "
                             f"{', '.join(sorted(reserved))}.", param="chat_template_kwargs")
@@ -531,8 +533,35 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     tools, choice = _tools(body, chat)
     if tools and choice.mode != "none" and params.grammar is not None:
         raise ApiError(400, "Give tools or a response format / grammar, not both.", param="tools")
-    return Job(model=model or None, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
+    messages = _messages(body) if chat else None
+    return Job(model=model or None, messages=messages, prompt=None if chat else _prompt(body),
                params=params, drafter=drafter, stream=_flag(body, "stream"),
                include_usage=_flag(options, "include_usage"), timings_per_token=_flag(body, "timings_per_token"),
-               template_variables={"enable_thinking": defaults.enable_thinking, **variables},
+               template_variables={"enable_thinking": defaults.enable_thinking, **variables,
+                                   **(_turn_options(body, messages) if chat else {})},
                tools=tools, tool_choice=choice)
+
+
+def _turn_options(body: dict, messages: list[dict]) -> dict:
+    """How the answer's turn begins, as llama-server reads it: a new assistant turn opened (``add_generation_prompt``,
+    true unless given), or the last message continued (``continue_final_message``; a last message that is the
+    assistant's is continued unless told otherwise, llama-server's assistant prefill). Both at once are refused; the
+    renderer refuses to continue a message that is not the assistant's."""
+    add = body.get("add_generation_prompt", True)
+    if not isinstance(add, bool):
+        raise ApiError(400, f"'add_generation_prompt' must be true or false, got {_shown(add)}.",
+                       param="add_generation_prompt")
+    given = body.get("continue_final_message")
+    if not (given is None or isinstance(given, bool) or given == "content"):  # (llama-server's name for the text)
+        raise ApiError(400, "'continue_final_message' must be true or false (SpecChat keeps thinking in the "
+                            f"content, so there is no 'reasoning_content' to continue), got {_shown(given)}.",
+                       param="continue_final_message")
+    carry_on = bool(given)
+    if given is None and messages[-1]["role"] == "assistant":  # prefilled: the answer goes on from its text
+        carry_on, add = True, False
+    if carry_on and add:
+        raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.",
+                       param="continue_final_message")
+    if carry_on and messages[-1].get("tool_calls"):
+        raise ApiError(400, "Cannot continue an assistant message that contains tool calls.", param="messages")
+    return {"add_generation_prompt": add, "continue_final_message": carry_on}

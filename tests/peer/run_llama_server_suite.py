@@ -7,6 +7,8 @@ F32 target), and compare the two. Not part of the default test run: it takes ten
     python tests/peer/run_llama_server_suite.py run --server llama-server --json /tmp/peer-llama.json
     python tests/peer/run_llama_server_suite.py run --server specchat --json /tmp/peer-specchat.json
     python tests/peer/run_llama_server_suite.py compare /tmp/peer-llama.json /tmp/peer-specchat.json
+    python tests/peer/run_llama_server_suite.py run --server specchat --json /tmp/peer-specchat.json --merge \
+        --files test_template.py test_chat_completion.py::test_apply_chat_template   # (more for pytest after --)
 
 The suite starts its server from ``LLAMA_SERVER_BIN_PATH`` with llama-server's flags. That path is a small script
 which runs this file again (``as-server``) to map the flags: for SpecChat, to ``specchat serve``'s (the model flags
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -133,9 +136,17 @@ def prepare(work: Path, kind: str) -> dict:
     return env
 
 
-def run(kind: str, files: list[str], out: Path, work: Path, extra: list[str], merge: bool = False) -> dict:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(kind: str, files: list[str], out: Path, work: Path, extra: list[str], merge: bool = False,
+        port: int = 0) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     env = prepare(work, kind)
+    env["PORT"] = str(port or free_port())  # (the suite's default, 8080, is shared by every run on the machine)
     report = work / f"junit-{kind}.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider", "-q", f"--junitxml={report}",
            *[f"unit/{f}" for f in files], *extra]
@@ -178,7 +189,9 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the suite against one server")
     r.add_argument("--server", choices=("specchat", "llama-server"), required=True)
-    r.add_argument("--files", nargs="+", default=list(FILES))
+    r.add_argument("--files", nargs="+", default=list(FILES),
+                   help="files of the suite, or single tests (test_template.py::test_date_inside_prompt)")
+    r.add_argument("--port", type=int, default=0, help="the port the suite's servers listen on (default: a free one)")
     r.add_argument("--json", type=Path, required=True, help="where to write the results")
     r.add_argument("--work", type=Path, default=Path("/tmp/specchat-peer"), help="the suite's folder")
     r.add_argument("--merge", action="store_true", help="update the results in --json instead of replacing them")
@@ -188,7 +201,7 @@ def main(argv: list[str]) -> int:
     c.add_argument("specchat", type=Path)
     args = p.parse_args(argv)
     if args.command == "run":
-        run(args.server, args.files, args.json, args.work, args.pytest_args, args.merge)
+        run(args.server, args.files, args.json, args.work, args.pytest_args, args.merge, args.port)
     else:
         compare(args.llama_server, args.specchat)
     return 0

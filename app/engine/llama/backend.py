@@ -218,16 +218,16 @@ def quantize(src: Path, dst: Path, ftype: str = "F32", threads: int = 0) -> None
         raise failure(f"llama.cpp could not convert {src.name} to {ftype}", "Check free disk space.")
 
 
-def builtin_chat(template: str, messages: list[dict]) -> str | None:
+def builtin_chat(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str | None:
     """llama.cpp's own renderer for the template families it knows (matched from the template's text), the
-    generation prompt opened; None where it does not recognise the template."""
+    generation prompt opened (unless told not to); None where it does not recognise the template."""
     keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
     chat = (ll.llama_chat_message * len(keep))(*[ll.llama_chat_message(r, c) for r, c in keep])
     tmpl = template.encode("utf-8")
     size = 2 * sum(len(r) + len(c) for r, c in keep) + 256
     for _ in range(2):
         buf = ctypes.create_string_buffer(size)
-        n = ll.llama_chat_apply_template(tmpl, chat, len(keep), True, buf, size)
+        n = ll.llama_chat_apply_template(tmpl, chat, len(keep), add_generation_prompt, buf, size)
         if n < 0:
             return None
         if n <= size:
@@ -235,3 +235,12 @@ def builtin_chat(template: str, messages: list[dict]) -> str | None:
         size = n
     return None
 
+
+@functools.cache
+def builtin_template_names() -> frozenset[str]:
+    """The names of llama.cpp's own chat formats (``llama3``, ``chatml``, ``command-r``...), which ``builtin_chat``
+    takes in place of a template's text, as llama-server's ``--chat-template NAME`` does."""
+    n = ll.llama_chat_builtin_templates((ctypes.c_char_p * 0)(), 0)
+    names = (ctypes.c_char_p * n)()
+    ll.llama_chat_builtin_templates(names, n)
+    return frozenset(name.decode() for name in names)
