@@ -169,11 +169,12 @@ class DraftLength:
             self._off_rounds += 1
             if was_probe and self._measured.calls_model and self._settled():
                 self._failed_probes += 1  # (a draft model's: each probe first catches up on the rounds off)
-            # Off because a draft model cannot pay (_hopeless): no probes in this answer. Off while the costs rest on a
-            # few timings (a new shape's first call, a busy moment): probe soon, to settle them. Off because a draft
-            # model's catching up costs more per token than drafting can save even when every token is accepted, by
-            # settled costs: probe rarely. Off for any other reason (poor acceptance, a measured loss that noise can fake): probe often, so a
-            # passing slowdown does not end speculation for the whole answer.
+            # Off because a draft model cannot pay (_hopeless): no probes in this answer. Off while the costs rest
+            # on a few timings (a new shape's first call, a busy moment): probe soon, to settle them. Off because a
+            # draft model's catching up costs more per token than drafting can save even when every token is
+            # accepted, by settled costs: probe rarely. Off for any other reason (poor acceptance, a measured loss
+            # that noise can fake): probe often, so a passing slowdown does not end speculation for the answer.
+            # Probes are priced in every case (_priced_wait).
             if self._hopeless():
                 every = float("inf")
             elif not self._settled():
