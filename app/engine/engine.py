@@ -209,6 +209,12 @@ class Engine:
         """The pair's methods other than its draft model, by name."""
         return tuple(m for m in self.drafters if m not in (ModelDrafter.name, registry.OFF))
 
+    def forget_costs(self) -> None:
+        """Drop what earlier answers measured of a round's costs (``draft_control.Measured``): the next adaptive
+        answer measures afresh, as after loading."""
+        with self._lock:
+            self._measured.clear()
+
     def reset(self) -> None:
         """Forget the cached conversation (both KV caches)."""
         with self._lock:
