@@ -28,18 +28,19 @@ class TokenLogprob:
 
 
 def from_logits(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
-    """The log-softmax of one row of logits (in float64: the sum over the vocabulary loses nothing), read at
-    ``token`` and at its ``n_top`` largest entries."""
-    x = np.asarray(logits, dtype=np.float64)
+    """The log-softmax of one row of logits, read at ``token`` and at its ``n_top`` largest entries. The
+    exponentials stay in the logits' float32 (float64's are ~9x slower: 0.85 ms a 49k row against 0.09), their sum
+    and the log-probabilities are float64."""
+    x = np.asarray(logits)
     top_x = float(x.max())
-    log_z = top_x + float(np.log(np.exp(x - top_x).sum()))
+    log_z = top_x + float(np.log(np.exp(x - top_x).sum(dtype=np.float64)))
     if n_top:
-        ids = np.argpartition(-x, n_top - 1)[:n_top] if n_top < len(x) else np.arange(len(x))
+        ids = np.argpartition(x, len(x) - n_top)[len(x) - n_top:] if n_top < len(x) else np.arange(len(x))
         ids = ids[np.lexsort((ids, -x[ids]))]
-        top = tuple((int(t), float(x[t] - log_z)) for t in ids)
+        top = tuple((int(t), float(x[t]) - log_z) for t in ids)
     else:
         top = ()
-    return TokenLogprob(token, float(x[token] - log_z), top)
+    return TokenLogprob(token, float(x[token]) - log_z, top)
 
 
 def from_dist(dist: Dist, token: int, n_top: int) -> TokenLogprob:
