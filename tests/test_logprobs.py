@@ -89,3 +89,26 @@ def test_post_sampling_probabilities_under_sampling_and_greedy(tiny_engine):
 def test_out_of_range_logprobs_are_refused(tiny_engine, n):
     with pytest.raises(EngineError, match="logprobs"):
         list(tiny_engine.generate(PROMPTS[0], GenerationParams(logprobs=n), "none"))
+
+
+def test_under_a_grammar_forced_drafts_give_the_same_logprobs_and_they_are_the_models_own(starter_engine):
+    """The grammar's forced tokens join the draft; what is reported is still the target's softmax before the mask
+    (llama-server's default), so the model's own favourite may be a token the grammar forbade."""
+    from app.engine.grammar import Grammar
+    from app.prompts import chat_tokens
+
+    ask = [{"role": "user", "content": "Describe a fictional person as JSON with a name and an age."}]
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+              "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}}}
+    ids = chat_tokens(starter_engine.model, ask)
+    kw = dict(max_tokens=40, grammar=Grammar.json_schema(schema), logprobs=2)
+    plain, _ = run(starter_engine, ids, "none", **kw)
+    spec, _ = run(starter_engine, ids, "model", draft_max=8, draft_p_min=0.0, **kw)
+    assert spec.stats.n_forced_accepted > 0 and spec.token_ids == plain.token_ids
+    assert [p.logprob for p in spec.logprobs] == pytest.approx([p.logprob for p in plain.logprobs], abs=TOLERANCE)
+    assert any(p.top[0][0] != p.token for p in plain.logprobs)  # the mask chose otherwise than the model would
+    post, _ = run(starter_engine, ids, "model", post_sampling_probs=True, sampling=SamplingParams(temperature=0.7,
+                  seed=1), **kw)
+    assert all(p.logprob > -30 for p in post.logprobs)  # (the token drawn was one the chain kept)
+    # after the chain (the grammar's mask, min-p...), a token that alone survives is certain, the rest not listed
+    assert any(p.logprob == 0.0 and p.top == ((p.token, 0.0),) for p in post.logprobs)
