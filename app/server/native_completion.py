@@ -13,8 +13,8 @@ import json
 from fastapi import Request
 
 from ..engine import Done, EngineError, Round, TextDelta
-from .llama_server_api import loading
 from . import token_probs
+from .llama_server_api import loading
 from .openai_api import _json_body, sse, stop_word, timings
 from .request_body import ApiError, prompts
 
