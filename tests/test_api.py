@@ -81,6 +81,25 @@ def test_completion_streamed_and_not(client):
     assert streamed == r.choices[0].text and _timings(r)["predicted_n"] == r.usage.completion_tokens
 
 
+def test_chat_logprobs_through_the_openai_client_are_the_same_with_speculation_off(client):
+    kw = dict(model="starter", messages=PROMPT, max_tokens=24, temperature=0, logprobs=True, top_logprobs=3)
+    on = client.chat.completions.create(**kw)
+    off = client.chat.completions.create(**kw, extra_body={"speculative.n_max": 0})
+    content = on.choices[0].logprobs.content
+    assert _timings(on)["draft_n_accepted"] > 0 and _timings(off)["draft_n"] == 0
+    assert "".join(t.token for t in content) == on.choices[0].message.content and len(content) > 5
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes).decode() == t.token and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob  # greedy: the top-1
+    off_content = off.choices[0].logprobs.content
+    assert [t.token for t in off_content] == [t.token for t in content]
+    assert [t.logprob for t in off_content] == pytest.approx([t.logprob for t in content], abs=1e-3)
+    streamed = [t for c in client.chat.completions.create(**kw, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-3)
+
+
 def test_stop_strings_end_the_answer_before_them(client):
     full = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40).choices[0].message.content
     word = full.split()[3].strip(".,:;!")

@@ -351,7 +351,7 @@ def test_a_prompt_over_the_context_is_llama_servers_exceed_context_size_error(ti
         assert "exceeds the available context size" in err["message"]
 
 
-def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
+def test_fingerprint_cached_tokens_and_bad_fields_refused(tiny_server):
     url, _, api = tiny_server
     body = {"messages": PROMPT, "max_tokens": 4, "temperature": 0}
     first = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
@@ -366,7 +366,7 @@ def test_fingerprint_cached_tokens_and_logprobs_refused(tiny_server):
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert all(c["system_fingerprint"] == first["system_fingerprint"] for c in chunks)
     before = api.generations
-    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"n_probs": 3}, {"logit_bias": {"5": "low"}},
+    for extra in ({"logprobs": "yes"}, {"top_logprobs": 2}, {"n_probs": 21}, {"logit_bias": {"5": "low"}},
                   {"logit_bias": [[5]]}, {"logit_bias": {"99999999": -1}}, {"ignore_eos": "yes"},
                   {"messages": PROMPT + [{"role": "assistant", "content": "a"}] * 2}):
         r = httpx.post(f"{url}/v1/chat/completions", json=body | extra, timeout=30)
@@ -461,3 +461,106 @@ def test_apply_template_answers_as_the_real_llama_server_does(tiny_server, model
     assert f"Today Date: {date.today():%d %b %Y}\n<|im_end|>" in answers[0]["prompt"]  # (unless run at midnight)
     assert answers[2]["prompt"].endswith("<|im_start|>assistant\n sat on") and answers[3] == answers[2]
     assert "add_generation_prompt" in answers[4]["error"]["message"]
+
+
+def _sse(url: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", url, json=body | {"stream": True}, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def _check_entries(entries: list[dict], n_top: int) -> None:
+    """llama-server's probs_vector_to_json: each token's id, text, bytes, logprob and its top alternatives, sorted;
+    the tokens' texts, and their bytes decoded, are the answer's text."""
+    text = "".join(e["token"] for e in entries)
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", "replace") == text
+    for e in entries:
+        assert e["logprob"] <= 0
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        assert len(tops) == n_top and tops == sorted(tops, reverse=True) and all(lp <= 0 for lp in tops)
+        assert e["top_logprobs"][0]["id"] == e["id"] and tops[0] == e["logprob"]  # greedy: the top-1 was chosen
+
+
+def test_chat_logprobs_streamed_and_not_are_the_same_with_speculation_on_and_off(tiny_server):
+    url, _, _ = tiny_server
+    body = {"messages": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    on = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    off = httpx.post(f"{url}/v1/chat/completions", json=body | {"speculative.n_max": 0}, timeout=60).json()
+    assert on["timings"]["draft_n"] > 0 and off["timings"]["draft_n"] == 0
+    content = on["choices"][0]["logprobs"]["content"]
+    assert len(content) == on["usage"]["completion_tokens"] and _check_entries(content, 3) is None
+    assert "".join(e["token"] for e in content) == on["choices"][0]["message"]["content"]
+    assert [e["id"] for e in content] == [e["id"] for e in off["choices"][0]["logprobs"]["content"]]
+    assert [e["logprob"] for e in content] == pytest.approx(
+        [e["logprob"] for e in off["choices"][0]["logprobs"]["content"]], abs=1e-3)
+    chunks = [c["choices"][0] for c in _sse(f"{url}/v1/chat/completions", body) if c["choices"]]
+    streamed = [e for c in chunks for e in (c.get("logprobs") or {}).get("content", [])]
+    assert [e["id"] for e in streamed] == [e["id"] for e in content]
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in content], abs=1e-3)
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == "".join(e["token"] for e in streamed)
+    plain = httpx.post(f"{url}/v1/chat/completions", json={"messages": PROMPT, "max_tokens": 4}, timeout=60).json()
+    assert "logprobs" not in plain["choices"][0]  # not asked: not computed
+    only = httpx.post(f"{url}/v1/chat/completions", json=body | {"top_logprobs": None}, timeout=60).json()
+    assert all(e["top_logprobs"] == [] for e in only["choices"][0]["logprobs"]["content"])  # OpenAI's default: 0
+
+
+def test_completions_logprobs_in_openai_legacy_and_llama_server_native_shapes(tiny_server):
+    url, _, _ = tiny_server
+    body = {"prompt": "the cat sat on", "max_tokens": 12, "temperature": 0}
+    legacy = httpx.post(f"{url}/v1/completions", json=body | {"logprobs": 2}, timeout=60).json()["choices"][0]
+    lp = legacy["logprobs"]
+    assert "".join(lp["tokens"]) == legacy["text"] and len(lp["token_logprobs"]) == len(lp["tokens"])
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    assert all(1 <= len(top) <= 2 and max(top.values()) == p  # (two tokens may share a text: one key)
+               for top, p in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    streamed = [c["choices"][0]["logprobs"] for c in _sse(f"{url}/v1/completions", body | {"logprobs": 2})
+                if c["choices"][0]["logprobs"]]
+    assert [t for s in streamed for t in s["tokens"]] == lp["tokens"]
+    assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
+
+    native = httpx.post(f"{url}/completion", json=body | {"n_probs": 4, "return_tokens": True}, timeout=60).json()
+    probs = native["completion_probabilities"]
+    assert [e["id"] for e in probs] == native["tokens"] and _check_entries(probs, 4) is None
+    events = _sse(f"{url}/completion", body | {"n_probs": 4})
+    partial = [e for e in events if not e["stop"]]
+    assert all(len(e["completion_probabilities"]) == 1 for e in partial)  # one token per event, as llama-server
+    assert [e["completion_probabilities"][0]["id"] for e in partial] == native["tokens"]
+    assert [e["completion_probabilities"][0]["logprob"] for e in partial] == pytest.approx(
+        [e["logprob"] for e in probs], abs=1e-3)
+    assert "completion_probabilities" not in events[-1]
+    assert "completion_probabilities" not in httpx.post(f"{url}/completion", json=body | {"n_probs": 0},
+                                                        timeout=60).json()  # llama-server: 0 is off
+
+
+def test_post_sampling_probs_are_the_sampling_chains(tiny_server):
+    url, _, _ = tiny_server
+    body = {"prompt": "the cat sat on", "n_predict": 8, "temperature": 1.0, "top_k": 5, "seed": 11, "n_probs": 10,
+            "post_sampling_probs": True}
+    r = httpx.post(f"{url}/completion", json=body, timeout=60).json()
+    for e in r["completion_probabilities"]:
+        assert 0 < e["prob"] <= 1 and "logprob" not in e
+        top = [t["prob"] for t in e["top_probs"]]
+        assert 0 < len(top) <= 5 and all(0 < p <= 1 for p in top) and sum(top) == pytest.approx(1.0)
+        assert e["id"] in [t["id"] for t in e["top_probs"]]
+    again = httpx.post(f"{url}/completion", json={k: v for k, v in body.items() if k not in ("n_probs",
+                       "post_sampling_probs")}, timeout=60).json()
+    assert again["content"] == r["content"]  # the same seed draws the same tokens, probabilities asked or not
+
+
+@pytest.mark.parametrize("path,extra,param", [
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": "3"}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"logprobs": True}, "logprobs"),
+    ("/completion", {"n_probs": -2}, "n_probs"),
+    ("/completion", {"n_probs": 2.5}, "n_probs"),
+    ("/completion", {"n_probs": 2, "post_sampling_probs": "yes"}, "post_sampling_probs"),
+])
+def test_bad_logprobs_fields_are_400s_naming_the_field(tiny_server, path, extra, param):
+    url, _, api = tiny_server
+    body = {"messages": PROMPT} if "chat" in path else {"prompt": "the cat"}
+    r = httpx.post(url + path, json=body | extra, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert api.generations == 0

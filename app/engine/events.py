@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .drafters.registry import OFF, label
+from .logprobs import TokenLogprob
 
 
 @dataclass
@@ -85,6 +86,7 @@ class TextDelta:
     text: str
     token_ids: list[int]
     from_draft: bool
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the generation asked for them
 
 
 @dataclass
@@ -108,6 +110,7 @@ class Done:
     token_ids: list[int]
     stats: Stats
     draft_flags: list[bool] = field(default_factory=list)  # per token: came from an accepted draft token
+    logprobs: list[TokenLogprob] | None = None  # per token id, when the generation asked for them
 
 
 Event = TextDelta | Round | Done

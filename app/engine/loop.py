@@ -20,6 +20,7 @@ from .errors import EngineError
 from .events import Done, Event, Round, Stats, TextDelta
 from .grammar import Grammar
 from .llama import Cancelled, Context, Model
+from .logprobs import MAX_TOP, TokenLogprob, certain, from_dist, from_logits
 from .sampling import SamplingParams, accept_or_resample, distribution, greedy_token, make_rng, sample
 from .text_stream import TextStream
 
@@ -32,10 +33,15 @@ class GenerationParams:
     draft: DraftParams = field(default_factory=DraftParams)
     grammar: Grammar | None = None  # the answer follows it (a JSON schema, GBNF...)
     shown: frozenset[int] = frozenset()  # special tokens written out in the text (a tool-call marker: [TOOL_CALLS])
+    # The target's log-probability of each token and of its top N alternatives (0 to 20); None: not computed.
+    logprobs: int | None = None
+    post_sampling_probs: bool = False  # ...of the sampling chain's distribution rather than the raw logits'
 
     def validate(self) -> None:
         if self.max_tokens < 1:
             raise EngineError(f"Invalid --max-tokens {self.max_tokens}: it must be at least 1.")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP:
+            raise EngineError(f"Invalid logprobs {self.logprobs}: ask for 0 to {MAX_TOP} alternatives per token.")
         self.sampling.validate()
         self.draft.validate()
 
@@ -75,7 +81,7 @@ def speculative_generate(
         t_first = time.perf_counter()
         stats.time_to_first_token_s = t_first - t_start
         while True:
-            yield from out.commit(pending, accepted)
+            yield from out.commit(pending, accepted, choose.reported())
             stats.n_tokens = len(out.ids)
             stats.decode_seconds = time.perf_counter() - t_first
             if len(target.tokens) > len(out.history):  # stopped inside an accepted draft
@@ -108,12 +114,12 @@ def speculative_generate(
         target.set_cancel(None)
 
     tail = out.stream.flush()
-    if tail:
-        yield TextDelta(tail, [], False)
+    if tail:  # (text held back for a stop string that never came: its tokens come with it)
+        yield TextDelta(tail, out.unshown, False, out.logprobs_of(out.unshown))
     stats.n_tokens = len(out.ids)
     if choose.constraint:
         stats.grammar_seconds = choose.constraint.seconds
-    yield Done(finish or "stop", out.stream.text, out.ids, stats, out.flags)
+    yield Done(finish or "stop", out.stream.text, out.ids, stats, out.flags, out.logprobs)
 
 
 def _prefill(target: Context, prompt_ids: list[int], stats: Stats) -> None:
@@ -128,12 +134,15 @@ def _prefill(target: Context, prompt_ids: list[int], stats: Stats) -> None:
 
 class Choice:
     """The target's choice of a token from its logits: greedy or sampled, under the grammar's mask where one
-    constrains the answer (the grammar advanced past each token chosen)."""
+    constrains the answer (the grammar advanced past each token chosen), and, when asked, the target's
+    log-probabilities at each position a token was committed from (``reported``)."""
 
     def __init__(self, model: Model, params: GenerationParams, rng: np.random.Generator):
         self.sp, self.rng = params.sampling, rng
         self.constraint = Constraint(params.grammar, model) if params.grammar else None
         self.bias = logit_bias_for(model, params.sampling)
+        self.n_top, self.post_sampling = params.logprobs, params.post_sampling_probs
+        self._reported: list[TokenLogprob] = []
 
     def _biased(self, logits: np.ndarray) -> np.ndarray:
         if self.bias is None:
@@ -151,13 +160,29 @@ class Choice:
         logits = self._biased(logits)
         return self.constraint.distribution(logits, self.sp) if self.constraint else distribution(logits, self.sp)
 
-    def commit(self, tok: int) -> int:
+    def commit(self, tok: int, logits: np.ndarray) -> int:
+        """``tok``, chosen from ``logits``, is committed: the grammar advances, its probabilities are noted."""
+        if self.n_top is not None:  # (before the grammar advances: its mask is the one the token was chosen under)
+            self._reported.append(self._logprob(tok, logits))
         if self.constraint:
             self.constraint.commit(tok)
         return tok
 
+    def _logprob(self, tok: int, logits: np.ndarray) -> TokenLogprob:
+        if not self.post_sampling:
+            return from_logits(logits, tok, self.n_top)
+        return certain(tok, self.n_top) if self.sp.greedy else from_dist(self.distribution(logits), tok, self.n_top)
+
+    def reported(self) -> list[TokenLogprob] | None:
+        """The probabilities noted since the last call, one per token committed (None: not asked for)."""
+        if self.n_top is None:
+            return None
+        out, self._reported = self._reported, []
+        return out
+
     def pick(self, logits: np.ndarray) -> int:
-        return self.commit(self.greedy(logits) if self.sp.greedy else sample(self.distribution(logits), self.rng))
+        tok = self.greedy(logits) if self.sp.greedy else sample(self.distribution(logits), self.rng)
+        return self.commit(tok, logits)
 
 
 def logit_bias_for(model: Model, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray] | None:
@@ -189,7 +214,7 @@ def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: C
         else:
             q = draft.probs[i] if draft.probs else None
             ok, tok = accept_or_resample(choose.distribution(logits), q, d, rng)
-        pending.append(choose.commit(tok))
+        pending.append(choose.commit(tok, logits))
         if not ok:
             break
     accepted = len(pending) - 1
@@ -225,10 +250,15 @@ class Output:
         self.stream = TextStream(params.stop)
         self.finish: str | None = None
         self.unshown: list[int] = []  # tokens whose text is not whole yet (across rounds): the next TextDelta's
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []  # one per id, if asked
 
-    def commit(self, pending: list[int], accepted: int) -> Iterator[TextDelta]:
-        """Commit a round's tokens (its first ``accepted`` came from the draft), checking the stop conditions token
-        by token; text as it becomes whole."""
+    def logprobs_of(self, tokens: list[int]) -> list[TokenLogprob] | None:
+        """The probabilities of the last ``len(tokens)`` ids (None: not asked for)."""
+        return None if self.logprobs is None else self.logprobs[len(self.logprobs) - len(tokens):]
+
+    def commit(self, pending: list[int], accepted: int, logprobs: list[TokenLogprob] | None) -> Iterator[TextDelta]:
+        """Commit a round's tokens (its first ``accepted`` came from the draft; ``logprobs``: theirs, if asked),
+        checking the stop conditions token by token; text as it becomes whole."""
         for i, tok in enumerate(pending):
             from_draft = i < accepted
             if self.model.is_eog(tok):
@@ -238,10 +268,12 @@ class Output:
             self.ids.append(tok)
             self.flags.append(from_draft)
             self.unshown.append(tok)
+            if self.logprobs is not None:
+                self.logprobs.append(logprobs[i])
             shown = self.model.piece_text(tok) if tok in self.params.shown else self.model.piece(tok)
             text = self.stream.feed(shown)
             if text:
-                yield TextDelta(text, self.unshown, from_draft)
+                yield TextDelta(text, self.unshown, from_draft, self.logprobs_of(self.unshown))
                 self.unshown = []
             if self.stream.stopped:
                 self.finish = "stop"

@@ -2,9 +2,10 @@
 ids with strings mixed in, ``{"prompt_string"}``, or a list of those answered one after the other), ``n_predict`` and
 the OpenAI fields, answered as ``{"content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted",
 "tokens_evaluated", "generation_settings", "prompt", "has_new_line", "truncated", "timings", …}``; ``return_tokens``
-adds the generated ids, ``response_fields`` keeps only the fields named (``a/b`` a nested one, as llama-server).
-Streamed: one ``data: {"content", "tokens", "stop": false, …}`` event per batch, the whole answer's fields on the
-last, no ``[DONE]`` (as llama-server)."""
+adds the generated ids, ``response_fields`` keeps only the fields named (``a/b`` a nested one, as llama-server),
+``n_probs`` adds ``completion_probabilities`` (``token_probs.entries``). Streamed: one ``data: {"content", "tokens",
+"stop": false, …}`` event per batch (per token with ``n_probs``), the whole answer's fields on the last, no
+``[DONE]`` (as llama-server)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import json
 from fastapi import Request
 
 from ..engine import Done, EngineError, Round, TextDelta
+from . import token_probs
 from .llama_server_api import loading
 from .openai_api import _json_body, sse, stop_word, timings
 from .request_body import ApiError, prompts
@@ -39,6 +41,7 @@ class NativeCompletion:
         job, ids, batches = started.job, started.ids, started.batches
         engine = server.runtime.engine
         return_tokens = body.get("return_tokens") is True
+        post = job.params.post_sampling_probs
         fields = body.get("response_fields") or []
         if not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             await started.close()
@@ -55,7 +58,29 @@ class NativeCompletion:
                    "has_new_line": "\n" in done.text, "truncated": False, "tokens_cached": done.stats.prompt_cached,
                    "stop_type": "limit" if done.finish_reason == "length" else "word" if word else "eos",
                    "stopping_word": word or "", "timings": timings(done.stats)}
+            if done.logprobs is not None and not job.stream:
+                texts = token_probs.Texts(engine.model)
+                out["completion_probabilities"] = token_probs.entries(engine.model, done.logprobs, texts, post)
             return _only(out, fields) if fields else out
+
+        def chunks(deltas: list[TextDelta], n: int):
+            """The events for a batch's text: one for all of it, or, with probabilities, one per token as
+            llama-server sends them (a token whose text is not whole yet comes with empty content)."""
+            base = {"stop": False, "id_slot": 0, "tokens_predicted": n, "tokens_evaluated": len(ids)}
+            if job.params.logprobs is None:
+                if deltas:
+                    yield {"index": 0, "content": "".join(ev.text for ev in deltas),
+                           "tokens": [t for ev in deltas for t in ev.token_ids], **base}
+                return
+            for ev in deltas:
+                if not ev.token_ids:  # (text held back for a stop string, let go at the end)
+                    yield {"index": 0, "content": ev.text, "tokens": [], **base}
+                for i, (tok, prob) in enumerate(zip(ev.token_ids, ev.logprobs)):
+                    last = i == len(ev.token_ids) - 1
+                    yield {"index": 0, "content": ev.text if last else "", "tokens": [tok], **base,
+                           "completion_probabilities": token_probs.entries(engine.model, [prob], streamed, post)}
+
+        streamed = token_probs.Texts(engine.model)  # (what each token streamed adds to the text)
 
         async def events():
             batch, done = started.first, None
@@ -64,10 +89,7 @@ class NativeCompletion:
                     done = batch[-1] if isinstance(batch[-1], Done) else None
                     deltas = [ev for ev in batch if isinstance(ev, TextDelta)]
                     n = next((ev.stats.n_tokens for ev in reversed(batch) if isinstance(ev, (Round, Done))), 0)
-                    if deltas:
-                        chunk = {"index": 0, "content": "".join(ev.text for ev in deltas),
-                                 "tokens": [t for ev in deltas for t in ev.token_ids], "stop": False, "id_slot": 0,
-                                 "tokens_predicted": n, "tokens_evaluated": len(ids)}
+                    for chunk in chunks(deltas, n):
                         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
                     if done is None:
                         batch = await anext(batches)

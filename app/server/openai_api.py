@@ -31,7 +31,7 @@ from ..chat.settings import Settings
 from ..chat.streaming import batches_async
 from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, text_of, tool_prompt
-from . import llama_server_api
+from . import llama_server_api, token_probs
 from .metrics import Metrics
 from .request_body import ApiError, BodyLimit, Job, _number, body_limit, decode, parse
 
@@ -225,7 +225,8 @@ class OpenAIServer:
             started = await self._begin(request, {**body, "n": 1} if n > 1 else body, chat)
             job, ids = started.job, started.ids
             meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
-                        model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools)
+                        model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools,
+                        vocab=self.runtime.engine.model, post=job.params.post_sampling_probs)
             if job.stream:  # (the stream closes the generation when it ends)
                 return sse(self._stream(job, started.first, started.batches, meta, started.watch))
             done = await started.finish()
@@ -327,6 +328,7 @@ class OpenAIServer:
 
     def _final(self, meta: dict, done: Done, index: int = 0) -> dict:
         finish = "length" if done.finish_reason == "length" else "stop"
+        texts = token_probs.Texts(meta["vocab"]) if done.logprobs is not None else None
         if meta["chat"]:
             content, calls = meta["tools"].parse(done.text, meta["offered"]) if meta["tools"] else (done.text, [])
             message = {"role": "assistant", "content": content if content.strip() or not calls else None}
@@ -334,8 +336,11 @@ class OpenAIServer:
                 message["tool_calls"] = [_call(c) for c in calls]
                 finish = "tool_calls" if finish == "stop" else finish
             choice = {"index": index, "message": message, "finish_reason": finish}
+            if done.logprobs is not None:
+                choice["logprobs"] = {"content": token_probs.entries(meta["vocab"], done.logprobs, texts, meta["post"])}
         else:
-            choice = {"index": index, "text": done.text, "logprobs": None, "finish_reason": finish}
+            probs = None if done.logprobs is None else token_probs.legacy(meta["vocab"], done.logprobs, texts)
+            choice = {"index": index, "text": done.text, "logprobs": probs, "finish_reason": finish}
         return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
                 "created": meta["created"], "model": meta["model"],
                 "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice],
@@ -347,9 +352,12 @@ class OpenAIServer:
         chat = meta["chat"]
         stats = Stats()
         held = _Held(meta["tools"]) if meta["tools"] else None  # text that may begin a call waits
+        offset = 0  # characters of the answer sent (the legacy logprobs' text_offset)
+        texts = token_probs.Texts(meta["vocab"]) if job.params.logprobs is not None else None
 
         def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
-                  calls: list | None = None) -> str:
+                  calls: list | None = None, probs: list | None = None) -> str:
+            nonlocal offset
             if chat:
                 # (the first, as llama-server: the role, no content yet)
                 delta = ({"role": "assistant", "content": None} if role else {"content": text} if text is not None
@@ -357,8 +365,12 @@ class OpenAIServer:
                 if calls:
                     delta = {"tool_calls": calls}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                if probs:
+                    choice["logprobs"] = {"content": token_probs.entries(meta["vocab"], probs, texts, meta["post"])}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                legacy = token_probs.legacy(meta["vocab"], probs, texts, offset) if probs else None
+                choice = {"index": 0, "text": text or "", "logprobs": legacy, "finish_reason": finish}
+                offset += len(text or "")
             out = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
                    "created": meta["created"], "model": meta["model"],
                    "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice]}
@@ -377,10 +389,11 @@ class OpenAIServer:
                         stats = ev.stats
                 done = batch[-1] if isinstance(batch[-1], Done) else None
                 text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
+                probs = token_probs.of_batch(batch)
                 if held is not None:
                     text = held.feed(text)
-                if text:  # what arrived together goes out as one chunk
-                    yield chunk(text)
+                if text or probs:  # what arrived together goes out as one chunk
+                    yield chunk(text, probs=probs)
                 if done is not None:
                     break
                 batch = await anext(batches)

@@ -19,6 +19,7 @@ from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
 from ..engine.drafters import NgramParams, registry
 from ..engine.grammar import Grammar
 from ..engine.grammar_limits import check_schema
+from ..engine.logprobs import MAX_TOP
 from ..prompts.tools import Tool, ToolChoice
 
 
@@ -407,14 +408,33 @@ def _prompt(body: dict) -> str | list:
     return prompt
 
 
-def _no_logprobs(body: dict) -> None:
-    """Token probabilities are not reported yet (the engine's events carry no logits): asking is an error, not a
-    silent null."""
-    for name in ("logprobs", "top_logprobs", "n_probs"):
-        value = body.get(name)
-        if value not in (None, False, 0, {}, []):
-            raise ApiError(400, f"'{name}' is not supported: SpecChat does not report token probabilities yet.",
-                           param=name, code="not_supported")
+def logprobs_asked(body: dict, chat: bool, tools: bool) -> tuple[int | None, bool]:
+    """What a request asks of token probabilities (see ``token_probs``): (alternatives per token, or None when
+    none are asked for; post_sampling_probs)."""
+    post = _flag(body, "post_sampling_probs")
+    if chat:
+        on = _flag(body, "logprobs")
+        n = _top(body, "top_logprobs")
+        if n is not None and not on:
+            raise ApiError(400, "'top_logprobs' requires 'logprobs' to be set to true.", param="top_logprobs")
+        if on and tools and body.get("stream"):
+            raise ApiError(400, "'logprobs' is not supported with tools and 'stream' (as llama-server).",
+                           param="logprobs")
+        if on:
+            return n or 0, post
+    if body.get("n_probs") is not None:  # (llama-server's own name, on any endpoint; 0 reports nothing)
+        return _top(body, "n_probs") or None, post
+    legacy = None if chat else body.get("logprobs")
+    if legacy is None or legacy is False:
+        return None, post
+    return _top(body, "logprobs"), post
+
+
+def _top(body: dict, name: str) -> int | None:
+    n = _number(body, name, int)
+    if n is not None and not 0 <= n <= MAX_TOP:
+        raise ApiError(400, f"'{name}' must be a whole number from 0 to {MAX_TOP}, got {n}.", param=name)
+    return n
 
 
 def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
@@ -483,7 +503,6 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
         raise ApiError(400, "The request body must be a JSON object.")
     if _number(body, "n", int, 1) != 1:  # (the chat and completions endpoints answer n > 1 one at a time)
         raise ApiError(400, "Only n = 1 is supported here.", param="n")
-    _no_logprobs(body)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
@@ -533,6 +552,8 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     tools, choice = _tools(body, chat)
     if tools and choice.mode != "none" and params.grammar is not None:
         raise ApiError(400, "Give tools or a response format / grammar, not both.", param="tools")
+    n_top, post = logprobs_asked(body, chat, bool(tools) and choice.mode != "none")
+    params = replace(params, logprobs=n_top, post_sampling_probs=post)
     messages = _messages(body) if chat else None
     return Job(model=model or None, messages=messages, prompt=None if chat else _prompt(body),
                params=params, drafter=drafter, stream=_flag(body, "stream"),
