@@ -107,7 +107,7 @@ def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts
                                f"acceptance {row['acceptance']:.1%}, identical {row['identical']}\n")
                 progress.flush()
         costs.append(engine.measure_costs(dp.draft_max, names[0]))
-    others = tuple(f"{registry.label(m)} with --drafter {m}" for m in engine.drafters if m not in (DRAFT_MODEL, OFF))
+    others = tuple(f"{registry.label(m)} with --drafter {m}" for m in engine.alternatives())
     reports = [_report(name, dp, rows[name], Costs.mean(costs), max_tokens, repeats, state, others) for name in names]
     return reports[0] if isinstance(drafter, str) else reports
 
