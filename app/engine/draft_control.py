@@ -44,6 +44,7 @@ from .drafters.ngram import NgramParams
 from .errors import EngineError
 from .speedup import best_draft_length
 
+DECAY = 0.9  # weight of the past in the running estimates of times (about the last 10 rounds)
 MAX_DRAFT = 64  # the target's batch holds draft_max + 1 outputs; keeps the logits buffer small
 
 
@@ -73,10 +74,10 @@ class Measured:
 
     MEMORY_S = 300.0  # how long timings of the draft are trusted without a new one (the host's speed drifts)
 
-    def __init__(self, decay: float = 0.9):
-        self.t_draft = _Estimate(decay)  # seconds to draft one more token
-        self.t_catch_up = _Estimate(decay)  # seconds per token a draft model's first call spends catching up
-        self.probe_loss = _Estimate(decay)  # seconds a measuring round lost against plain steps
+    def __init__(self):
+        self.t_draft = _Estimate(DECAY)  # seconds to draft one more token
+        self.t_catch_up = _Estimate(DECAY)  # seconds per token a draft model's first call spends catching up
+        self.probe_loss = _Estimate(DECAY)  # seconds a measuring round lost against plain steps
         self.verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
         self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
         self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
@@ -92,12 +93,10 @@ class Measured:
 class DraftLength:
     MEASURE_DRAFT = 2  # tokens a measuring round drafts: two draft calls to time, at little risk
     PROBE_EVERY = 24  # rounds with speculation off between two probe drafts
-    # ...when the measured costs say a draft model cannot pay even if every token were accepted: a probe would only
-    # learn that again, and the draft model must first catch up on every token made since (costly). Model-free
-    # drafters probe for free.
+    # ...when a draft model's catching up on every token made since it last drafted costs more per token than
+    # drafting can save (settled costs). Model-free drafters probe for free.
     PROBE_EVERY_WHEN_COSTLY = 192
-    DECAY = 0.9  # weight of the past in the running estimates (about the last 10 rounds)
-    TOKEN_DECAY = 0.98  # ...of the past in the acceptance, per draft token judged (about the last 50)
+    TOKEN_DECAY = 0.98  # weight of the past in the acceptance, per draft token judged (about the last 50)
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
@@ -119,7 +118,7 @@ class DraftLength:
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
                  measured: Measured | None = None):
         self.p = params
-        m = measured or Measured(self.DECAY)
+        m = measured or Measured()
         self._known = m.fresh()  # costs from earlier answers: no measuring rounds at the start of this one
         self._measured = m
         self._short = min(max(self.MEASURE_DRAFT, params.draft_min), params.draft_max)  # a measuring round's draft
@@ -202,11 +201,11 @@ class DraftLength:
         return trust * max(self._probe_loss.value, 0.0) / (self.PROBE_BUDGET * self._verify_time(1))
 
     def _long_look_due(self) -> bool:
-        """Time one long verification batch? When acceptance is plainly high and a draft token costs less than a
-        target step, but only short batches were timed: the line through them overstates what each extra position
-        costs a long batch (from one token to a few, llama.cpp switches to batched kernels: on the starter pair 6.5
-        ms a position from 1 to 3 tokens, 3.3 from 3 to 13), and judged by it drafting could not pay, so it went off
-        for whole answers whose every draft token was accepted."""
+        """Time one long verification batch? When acceptance is plainly high and a guess says a long batch could
+        make drafting pay (_could_pay), but no long batch was timed twice: the line through short batches
+        overstates what each extra position costs a long batch (from one token to a few, llama.cpp switches to
+        batched kernels: on the starter pair 6.5 ms a position from 1 to 3 tokens, 3.3 from 3 to 13), and judged by
+        it drafting could not pay, so it went off for whole answers whose every draft token was accepted."""
         return (self._long_looks < self.LONG_LOOKS and self._examined >= 2
                 and self.acceptance() >= self.LONG_LOOK_ACCEPTANCE
                 and not self._long_batch_timed() and self._short + 1 < self.p.draft_max
@@ -358,7 +357,7 @@ class DraftLength:
                signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0,
                forced: list[bool] | None = None) -> None:
         """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's)."""
-        d = self.DECAY
+        d = DECAY
         self._bars = self._fit = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
@@ -376,7 +375,7 @@ class DraftLength:
         own_accepted = n_accepted - sum(forced[:n_accepted])
         examined -= sum(forced[:examined])
         if own:  # (forgotten per token judged: a short round is not worth a long one)
-            w = self.TOKEN_DECAY ** examined if self.TOKEN_DECAY else d
+            w = self.TOKEN_DECAY ** examined
             self._succ = w * self._succ + own_accepted
             self._seen = w * self._seen + examined
             self._examined += examined

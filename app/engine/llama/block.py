@@ -47,24 +47,10 @@ class BlockContext(OwnCache):
             raise EngineError(f"{model.path.name} names no mask token (tokenizer.ggml.mask_token_id), which a block "
                               "draft fills its block with: the file is incomplete.")
         self.n_batch = max(target.n_batch, n_block_max)
-        params = ll.llama_context_default_params()
-        params.n_ctx = target.n_ctx  # it holds the target's conversation, position by position
-        params.n_batch = params.n_ubatch = self.n_batch
-        params.n_seq_max = 1
-        params.n_outputs_max = n_block_max  # every row of a block is an output
-        params.n_threads = params.n_threads_batch = target.n_threads
-        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        params.no_perf = True
-        params.ctx_other = target.ptr
-        ptr = ll.llama_init_from_model(model.ptr, params)
-        if not ptr:
-            raise failure(f"llama.cpp could not create a {label} context for {model.path.name}",
-                          "Try a smaller context (--ctx).")
-        self.ptr = ptr
-        self.mem = ll.llama_get_memory(ptr)
-        ll.llama_set_causal_attn(ptr, causal)  # a block attends both ways unless the draft was trained causal
+        self._open(target, model, self.n_batch, n_block_max, label)  # every row of a block is an output
+        ll.llama_set_causal_attn(self.ptr, causal)  # a block attends both ways unless the draft was trained causal
         # the rows' extra outputs: DSpark's confidences (output rows), DFlash2's lattice (every row of the block)
-        nextn_call("llama_set_embeddings_nextn")(ptr, True, not lattice)
+        nextn_call("llama_set_embeddings_nextn")(self.ptr, True, not lattice)
         self.n_embd = model.n_embd
         n_feat = len(layers) * target.model.n_embd
         self._features = ll.llama_batch_init(self.n_batch, n_feat, 1)  # feature rows, no tokens

@@ -107,6 +107,27 @@ class OwnCache:
     ptr: object
     mem: object
 
+    def _open(self, target: Context, model: Model, n_batch: int, n_outputs: int, label: str,
+              ctx_type: int = ll.LLAMA_CONTEXT_TYPE_DEFAULT) -> None:
+        """Create the context on the target's (``ctx_other``), holding its conversation position by position, with
+        its threads and attention kernel (a shared cache's layout), one sequence and ``n_outputs`` output rows."""
+        params = ll.llama_context_default_params()
+        params.ctx_type = ctx_type
+        params.n_ctx = target.n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_outputs_max = n_outputs
+        params.n_threads = params.n_threads_batch = target.n_threads
+        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # (as the target's: a shared cache's layout)
+        params.no_perf = True
+        params.ctx_other = target.ptr
+        ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise failure(f"llama.cpp could not create a {label} context for {model.path.name}",
+                          "Try a smaller context (--ctx).")
+        self.ptr = ptr
+        self.mem = ll.llama_get_memory(ptr)
+
     def set_threads(self, n: int) -> None:
         ll.llama_set_n_threads(self.ptr, n, n)
 
@@ -128,23 +149,9 @@ class HeadContext(OwnCache):
 
     def __init__(self, target: Context, model: Model, n_embd: int, n_batch: int, mtp_type: bool, label: str):
         self.target, self.model, self.n_embd, self.n_batch, self.label = target, model, n_embd, n_batch, label
-        params = ll.llama_context_default_params()
-        params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP if mtp_type else ll.LLAMA_CONTEXT_TYPE_DEFAULT
-        params.n_ctx = target.n_ctx
-        params.n_batch = params.n_ubatch = n_batch
-        params.n_seq_max = 1
-        params.n_outputs_max = 1  # one draft row per step
-        params.n_threads = params.n_threads_batch = target.n_threads
-        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # (as the target's: a shared cache's layout)
-        params.no_perf = True
-        params.ctx_other = target.ptr
-        ptr = ll.llama_init_from_model(model.ptr, params)
-        if not ptr:
-            raise failure(f"llama.cpp could not create a {label} context for {model.path.name}",
-                          "Try a smaller context (--ctx).")
-        self.ptr = ptr
-        self.mem = ll.llama_get_memory(ptr)
-        nextn_call("llama_set_embeddings_nextn")(ptr, True, True)  # the head's own hidden state, for the next step
+        self._open(target, model, n_batch, 1, label,  # one draft row per step
+                   ll.LLAMA_CONTEXT_TYPE_MTP if mtp_type else ll.LLAMA_CONTEXT_TYPE_DEFAULT)
+        nextn_call("llama_set_embeddings_nextn")(self.ptr, True, True)  # the head's own hidden state, for the next step
         self._batch = ll.llama_batch_init(n_batch, n_embd, 1)  # rows carry a hidden state...
         self._tokens = (ll.llama_token * n_batch)()  # ...and a token (llama.cpp reads both)
         self._batch.token = ctypes.cast(self._tokens, ctypes.POINTER(ll.llama_token))
