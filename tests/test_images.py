@@ -372,25 +372,6 @@ def test_another_image_in_the_same_place_is_evaluated_afresh(request, kind):
     assert list(engine.generate(ids, GREEDY, "none"))[-1].token_ids == cached.token_ids
 
 
-def test_a_head_refuses_an_image_prompt_in_words_and_prompt_lookup_drafts_instead(tmp_path):
-    from support.heads import HEADS
-
-    target = HEADS["mtp"].write(tmp_path)[0]  # a tiny Qwen3.5 with an MTP layer
-    n_embd = Engine(ModelSettings(target, n_ctx=256))
-    size = n_embd.model.n_embd
-    n_embd.close()
-    e = Engine(ModelSettings(target, n_ctx=256), None, write_projector(tmp_path / "mmproj.gguf", n_embd_text=size))
-    try:
-        ids = chat_tokens(e.model, ask(png_bytes(1)), e.projector)
-        assert "mtp" in e.drafters
-        with pytest.raises(EngineError, match="does not draft on prompts with images"):
-            e.generate(ids, GREEDY, "mtp")
-        plain = list(e.generate(ids, GREEDY, "none"))[-1]
-        assert list(e.generate(ids, GREEDY, "ngram"))[-1].token_ids == plain.token_ids
-    finally:
-        e.close()
-
-
 def test_chat_in_the_terminal_takes_an_image_with_the_first_message(vision):
     import sys
 

@@ -9,11 +9,10 @@ from typing import Iterator
 from .costs import Costs, measure
 from .draft_control import Measured
 from .drafters import Drafter, ModelDrafter, registry
-from .drafters.chain import ChainDrafter
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .fair_lock import FairLock
-from .images import TextOnly, has_images
+from .images import for_images, has_images
 from .llama import Model, ModelSettings, Projector, default_threads
 from .loop import GenerationParams, logit_bias_for, speculative_generate
 from .pair import Loaded, LoadedPair
@@ -129,16 +128,11 @@ class Engine:
         return self._run(d, prompt_ids, params, cancel)
 
     def _with_images(self, d: Drafter) -> Drafter:
-        """A drafter for a prompt with images: one that reads text drafts from the text around them."""
+        """A drafter for a prompt with images (``images.for_images``)."""
         if self.projector is None:
             raise EngineError(f"{self.model.path.name} takes no images: load its projector (--mmproj)."
                               + (f" ({self._pair.projector_problem})" if self._pair.projector_problem else ""))
-        heads = self._pair.heads()  # they read the target's hidden states position by position
-        for member in (m.drafter for m in d.members) if isinstance(d, ChainDrafter) else (d,):
-            if member in heads:
-                raise EngineError(f"{member.label} does not draft on prompts with images yet: use a draft model or "
-                                  "n-gram lookup.")
-        return TextOnly(d) if d.speculates and not isinstance(d, TextOnly) else d
+        return for_images(d)
 
     def _check_loaded(self) -> None:
         if self._pair is None:

@@ -3,8 +3,10 @@ reads only text sees a prompt with images.
 
 A prompt's token ids hold each image as its placeholder positions (negative ids, see ``llama.vision``). The target
 evaluates them through the projector; a draft model or prompt lookup cannot, so ``TextOnly`` shows it the history
-with every image replaced by ``placeholder`` tokens (none by default: the text around the image). Its proposals are
-text tokens the target verifies as always, so output stays exact whatever the draft sees.
+with every image replaced by ``placeholder`` tokens (none by default: the text around the image). A head (MTP,
+EAGLE-3, Gemma 4's assistant, a block draft) reads the target's own state by position, which saw the image, and
+takes the history as it is. Either way the proposals are text tokens the target verifies as always, so output stays
+exact whatever the draft sees.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import warnings
 import numpy as np
 
 from .drafters import Draft, Drafter
+from .drafters.chain import ChainDrafter
 from .errors import EngineError
 from .sampling import SamplingParams
 
@@ -74,6 +77,16 @@ def text_view(ids: list[int], placeholder: tuple[int, ...] = ()) -> list[int]:
             out.extend(placeholder)
         prev = tok
     return out
+
+
+def for_images(d: Drafter) -> Drafter:
+    """``d`` on a prompt with images: a drafter that reads text sees the text around them, a head the target's
+    state, which saw them; a chain, each member as it reads."""
+    if isinstance(d, ChainDrafter):
+        for m in d.members:
+            m.drafter = for_images(m.drafter)
+        return d
+    return TextOnly(d) if d.speculates and d.READS_TEXT and not isinstance(d, TextOnly) else d
 
 
 class TextOnly(Drafter):

@@ -61,6 +61,9 @@ class Drafter:
     AFTER_FORCED = True  # under a grammar, may draft after tokens the grammar forced in the round
     speculates = True  # proposes anything at all (False: speculation off)
     p_min = 0.0  # --draft-p-min, where the method drafts from a distribution
+    # Drafts from tokens: on a prompt with images it sees the text around them (``images.TextOnly``). A head reads
+    # the target's state by position instead, which saw the images, and takes the image positions as they are.
+    READS_TEXT = True
 
     def begin(self, prompt_ids: list[int]) -> None:
         """A generation starts from this prompt (the drafter may prefill or index it)."""

@@ -104,6 +104,7 @@ class DFlashDrafter(Drafter):
     DESCRIBED = "a DFlash block draft"
     READS = "the inputs of the target layers it names (dflash.target_layers), a block per pass"
     SIGNAL_EDGES = ModelDrafter.SIGNAL_EDGES  # the greedy pick's top-1 minus top-2 logit, per row
+    READS_TEXT = False  # its cache mirrors the target's, image positions and all (their features, as the target's)
     SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
     AFTER_FORCED = False  # drafts from the target's features: never after tokens it has not evaluated
 

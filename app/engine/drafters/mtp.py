@@ -15,6 +15,7 @@ output stays identical to plain decoding and sampled output keeps the target's d
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ class MtpDrafter(Drafter):
     SHIFT = 0  # the row for the token at p sits at position p + SHIFT of this context's cache
     SEED_ALONE = False  # decode the pending token's row on its own (for a graph that computes every row's logits)
     AFTER_FORCED = False  # drafts from the target's own state for history[-1]: never after tokens it has not seen
+    READS_TEXT = False  # the target's states after an image saw it (its positions make no rows here: ``_at``)
 
     def __init__(self, target: Context, p_min: float = 0.0):
         model = target.model
@@ -64,6 +66,7 @@ class MtpDrafter(Drafter):
         hidden state."""
         self.target, self.model, self.p_min = target, model, p_min
         self._held: list[int] = []  # the history whose positions this cache covers (position 0 has no row)
+        self._images: list[int] = []  # the prompt's image positions (an answer has none)
         self.ctx = HeadContext(target, model, n_embd, self.N_BATCH, mtp_type, self.label)
 
     def set_threads(self, n: int) -> None:
@@ -72,6 +75,14 @@ class MtpDrafter(Drafter):
     def clear(self) -> None:
         self.ctx.clear()
         self._held = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self._images = [p for p, tok in enumerate(prompt_ids) if tok < 0]
+
+    def _at(self, p: int) -> int:
+        """Where the row for history[p] sits in this cache: image positions have no token to make a row of, so they
+        take no place (the first row after an image carries the state of its last position, which saw it all)."""
+        return p - bisect_left(self._images, p) + self.SHIFT
 
     def _states(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The states the rows carry, from the target's inputs (for MTP layers, the same)."""
@@ -82,12 +93,12 @@ class MtpDrafter(Drafter):
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending
         store = self.capture.rows
         keep = common_prefix(self._held, history[:n_past])
-        self.ctx.drop_from(keep + self.SHIFT)
+        self.ctx.drop_from(self._at(keep))
         # Rows (token at p, what the target left at p - 1) for the committed positions, then the pending token's row,
         # whose output is the first draft token. Only the rows known back from the pending one are made: positions the
         # target evaluated without keeping anything (a cached prompt prefix after a reset, a turn with speculation
         # off) are left out, and the drafter attends to what it has; the target still decides.
-        ps = list(range(max(keep, 1), n_past + 1))
+        ps = [p for p in range(max(keep, 1), n_past + 1) if history[p] >= 0]
         inputs = [store.get(p - 1) for p in ps]
         i = len(ps)
         while i and inputs[i - 1] is not None:
@@ -99,7 +110,7 @@ class MtpDrafter(Drafter):
         if i:  # a gap after the rows the cache holds: it starts over from the known ones (positions must follow)
             self.ctx.drop_from(0)
         t0 = time.perf_counter()
-        rows = list(zip([p + self.SHIFT for p in ps[i:]], [history[p] for p in ps[i:]], self._states(inputs[i:])))
+        rows = list(zip([self._at(p) for p in ps[i:]], [history[p] for p in ps[i:]], self._states(inputs[i:])))
         n = len(rows) - self.SEED_ALONE
         chunks = [rows[j : min(j + self.N_BATCH, n)] for j in range(0, n, self.N_BATCH)] + [rows[n:]] * self.SEED_ALONE
         for k, chunk in enumerate(chunks):
@@ -109,9 +120,9 @@ class MtpDrafter(Drafter):
         draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
                       n_first=len(rows))
         try:
-            self._chain(draft, n_max, sp, rng, gate, stop, lambda k: n_past + 1 + k + self.SHIFT)
+            self._chain(draft, n_max, sp, rng, gate, stop, lambda k: self._at(n_past) + 1 + k)
         finally:
-            self.ctx.drop_from(n_past + self.SHIFT)  # drafted rows: the target's replace them
+            self.ctx.drop_from(self._at(n_past))  # drafted rows: the target's replace them
             for p in [p for p in store if p != n_past - 1]:  # the next round needs the pending row's input only
                 del store[p]
         return draft

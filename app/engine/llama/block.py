@@ -34,6 +34,10 @@ class _Features(LayerInputs):
     def keep(self, start: int, n: int) -> None:
         self.feed(start, self.read(n))
 
+    def skip(self, start: int, n: int) -> None:
+        if n:  # (an image's first batches) zero features hold their places: the draft reads the rest
+            self.feed(start, np.zeros((n, len(self.layers) * self.target.model.n_embd), dtype=np.float32))
+
 
 class BlockContext(OwnCache):
     """A block draft's context, following its target's decodes from its making on."""

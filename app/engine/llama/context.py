@@ -325,6 +325,11 @@ class Context:
                     pos = self.position(start + i)
                     self.media.evaluate(self.ptr, tokens[i], pos, self.n_batch, last and n_logits > 0)
                     self._n_out, self._last_chunk = 1, 0  # (logits(-1): the last output, row -1)
+                    # libmtmd decoded the image n_batch positions at a time: only the last batch's rows can be read
+                    n_last = (j - i - 1) % self.n_batch + 1
+                    for capture in self.captures:
+                        capture.skip(start + i, j - i - n_last)
+                        capture.keep(start + j - n_last, n_last)
                     behind = start + j - (pos + self.media.n_pos(tokens[i]))
                     if behind and (not self._gaps or self._gaps[-1][0] < start + j):  # (a replay notes it once)
                         self._gaps.append((start + j, behind))

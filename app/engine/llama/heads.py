@@ -47,6 +47,10 @@ class Capture:
         while len(self.rows) > cap:
             del self.rows[next(iter(self.rows))]
 
+    def skip(self, start: int, n: int) -> None:
+        """Positions ``start``... were decoded with no rows left to read (an image's first batches, which libmtmd
+        decodes on its own): a head drafts without them."""
+
     def read(self, n: int) -> np.ndarray:
         """The last decode's rows, copied out of llama.cpp's buffer."""
         raise NotImplementedError
