@@ -426,3 +426,112 @@ def test_the_runtime_answers_a_message_with_image_parts_as_the_ui_will_send_it(v
         assert live.done.token_ids == plain.token_ids and live.stats.n_drafted > 0
     finally:
         rt.close()
+
+
+def test_compare_encodes_the_prompts_image_once_and_both_runs_start_from_it(vision, monkeypatch):
+    """Compare's runs start from the same cache, holding the prompt's images and nothing else: the image a chat turn
+    encoded is not encoded again, and a fresh Compare encodes it once, before either run."""
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.engine.llama.vision import Projector
+    from app.models.loader import LoadSpec
+
+    encoded = []
+    evaluate = Projector.evaluate
+    monkeypatch.setattr(Projector, "evaluate", lambda self, *a, **k: (encoded.append(a[1]), evaluate(self, *a, **k)))
+    rt = Runtime()
+    rt.load(LoadSpec(target=str(vision["target"]), draft=str(vision["draft"]), ctx=512))
+    try:
+        settings = Settings(max_tokens=24, temperature=0.0, adaptive=False)
+        *_, live = rt.answer(ask(png_bytes(1)), settings)
+        assert len(encoded) == 1
+        *_, cmp = rt.compare(ask(png_bytes(1)), settings)
+        assert len(encoded) == 1  # the chat's image served both runs
+        ids = chat_tokens(rt.engine.model, ask(png_bytes(1)), rt.engine.projector)
+        n_image = max(i for i, tok in enumerate(ids) if tok < 0) + 1
+        for side in (cmp.off, cmp.on):
+            assert side.done.token_ids == live.done.token_ids and side.stats.prompt_cached == n_image
+        assert cmp.on.stats.n_drafted > 0 and cmp.off.stats.n_drafted == 0
+        *_, cmp = rt.compare(ask(png_bytes(2)), settings)  # another image: encoded once for both
+        assert len(encoded) == 2 and cmp.off.done.token_ids == cmp.on.done.token_ids
+    finally:
+        rt.close()
+
+
+def test_keeping_an_image_prefix_on_a_recurrent_target_restores_it_without_encoding_again(tmp_path, monkeypatch):
+    """Engine.reset(keep) on a hybrid target (Qwen3.5's gated DeltaNet): the prefix through the image is held with a
+    checkpoint, so each run after it goes back there instead of reading the image again."""
+    from support.heads import HEADS
+
+    from app.engine.images import through_images
+    from app.engine.llama.vision import Projector
+
+    target = HEADS["mtp"].write(tmp_path)[0]
+    e = Engine(ModelSettings(target, n_ctx=512), None, write_projector(tmp_path / "mmproj.gguf", n_embd_text=64))
+    encoded = []
+    evaluate = Projector.evaluate
+    monkeypatch.setattr(Projector, "evaluate", lambda self, *a, **k: (encoded.append(a[1]), evaluate(self, *a, **k)))
+    try:
+        assert e.model.recurrent
+        ids = chat_tokens(e.model, ask(png_bytes(1)), e.projector)
+        keep = ids[: through_images(ids)]
+        runs = []
+        for drafter in ("none", "mtp", "none"):
+            e.reset(keep)
+            runs.append(list(e.generate(ids, GREEDY, drafter))[-1])
+            assert runs[-1].stats.prompt_cached == len(keep)
+        assert len(encoded) == 1 and runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+        assert runs[1].stats.n_drafted > 0
+    finally:
+        e.close()
+
+
+def test_the_apps_runtime_sends_images_to_a_server_that_reads_them(served, vision):
+    """The app's core with a server as its backend (here `specchat serve` with the tiny vision set): /props says it
+    reads images, the chat sends them inline, and the answer is the local engine's; Compare gets them too."""
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.models.loader import LoadSpec
+
+    rt = Runtime()
+    try:
+        rt.load(LoadSpec(server=served))
+        assert rt.takes_images
+        settings = Settings(max_tokens=24, temperature=0.0)
+        answers = [list(rt.answer(ask(png_bytes(seed)), settings))[-1] for seed in (1, 2)]
+        assert all(a.done.finish_reason in ("stop", "length") and a.stats.n_drafted > 0 for a in answers)
+        assert answers[0].text != answers[1].text  # the server read each image
+        local = Runtime()
+        try:
+            local.load(LoadSpec(target=str(vision["target"]), draft=str(vision["draft"]), ctx=512))
+            assert list(local.answer(ask(png_bytes(1)), settings))[-1].text == answers[0].text
+        finally:
+            local.close()
+        cmp = list(rt.compare(ask(png_bytes(2)), settings))[-1]
+        assert cmp.off.text == cmp.on.text == answers[1].text
+    finally:
+        rt.close()
+
+
+def test_a_server_whose_model_takes_no_images_says_so_before_anything_is_sent(specchat_home):
+    from support.servers import specchat_serve
+
+    from app.chat.runtime import Runtime
+    from app.models.loader import LoadSpec
+
+    with specchat_serve(specchat_home, None) as url:  # the starter pair: no projector
+        rt = Runtime()
+        try:
+            rt.load(LoadSpec(server=url))
+            assert not rt.takes_images
+        finally:
+            rt.close()
+
+
+def test_generate_with_a_server_sends_the_image_inline(served, vision):
+    r = cli("generate", "--server", served, "--image", vision["a"], "--prompt", "the cat sat on", "-n", "24",
+            "--temperature", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    remote = json.loads(r.stdout)
+    local = generate_json(vision, "--draft", vision["draft"], "--image", vision["a"])  # (a chat turn, as served)
+    assert remote["text"] == local["text"] and remote["n_drafted"] > 0

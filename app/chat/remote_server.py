@@ -76,6 +76,8 @@ class RemoteServer:
         self._model = spec.model
         self._engine: str | None = None
         self._method: str | None = None
+        self._vision: bool | None = None
+        self._vision_known = False
 
     def close(self) -> None:
         self._http.close()
@@ -102,15 +104,26 @@ class RemoteServer:
         self.identify()
         return self.spec.method or self._method or "method not reported"
 
-    def _identify(self) -> tuple[str, str | None]:
-        def probe(path: str) -> dict:
-            try:
-                resp = self._http.get(self.base + path, timeout=5.0)
-                data = resp.json() if resp.status_code == 200 else {}
-                return data if isinstance(data, dict) else {}
-            except (httpx.HTTPError, ValueError):
-                return {}
+    def takes_images(self) -> bool | None:
+        """Whether the server reads images: llama-server and SpecChat say so in /props (``modalities.vision``);
+        None where the server does not tell (vLLM, SGLang: one that cannot read an image answers it with an error)."""
+        if not self._vision_known:
+            modalities = self._probe("/props").get("modalities")
+            self._vision = bool(modalities.get("vision")) if isinstance(modalities, dict) else None
+            self._vision_known = True
+        return self._vision
 
+    def _probe(self, path: str) -> dict:
+        """A JSON object the server may serve at ``path`` ({} where it does not)."""
+        try:
+            resp = self._http.get(self.base + path, timeout=5.0)
+            data = resp.json() if resp.status_code == 200 else {}
+            return data if isinstance(data, dict) else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    def _identify(self) -> tuple[str, str | None]:
+        probe = self._probe
         listed = [m for m in probe("/v1/models").get("data", []) if isinstance(m, dict)]
         owners = {m.get("owned_by") for m in listed}
         said = next((m["speculation"] for m in listed if isinstance(m.get("speculation"), str)), None)  # specchat serve
@@ -184,7 +197,7 @@ class RemoteServer:
         streams apart (``reasoning_content``) comes back inside ``<think>…</think>``, as a local model writes it."""
         sp = params.sampling
         body = {
-            "model": self.model, "messages": messages, "stream": True, "max_tokens": params.max_tokens,
+            "model": self.model, "messages": _wire(messages), "stream": True, "max_tokens": params.max_tokens,
             "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k, "min_p": sp.min_p,
             "stream_options": {"include_usage": True}, "timings_per_token": True,
         }
@@ -359,3 +372,15 @@ def _report(stats: Stats, drafted, accepted, rounds, source: str) -> str:
         stats.n_rounds = int(rounds)
     stats.unreported = tuple(f for f in stats.unreported if f not in reported)
     return source
+
+
+def _wire(messages: list[dict]) -> list[dict]:
+    """Messages as OpenAI's API takes them: an image part (its bytes, as the app holds it) goes as an ``image_url``
+    part with a data URL, inline: nothing is fetched from elsewhere."""
+    from .conversations import data_url
+
+    def part(p: dict) -> dict:
+        return {"type": "image_url", "image_url": {"url": data_url(p["image"])}} if p.get("type") == "image" else p
+
+    return [{**m, "content": [part(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+            for m in messages]

@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 
 from ..engine import DRAFT_MODEL, DRAFTERS, OFF, DraftParams, Engine, EngineError, method_name, supports_gpu_offload
 from ..engine.drafters import registry
+from ..engine.images import through_images
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
 from .comparison import Comparison
@@ -140,7 +141,10 @@ class Runtime:
 
     @property
     def takes_images(self) -> bool:
-        """Whether the loaded pair reads images (its target has a vision projector)."""
+        """Whether the loaded pair reads images (its target has a vision projector), or the server may (it says so,
+        or does not tell: then it answers an image it cannot read with an error)."""
+        if self.remote is not None:
+            return self.remote.takes_images() is not False
         return self.engine is not None and self.engine.projector is not None
 
     def _drafter(self, kind: str) -> str:
@@ -189,8 +193,9 @@ class Runtime:
 
     def compare(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
                 interval: float = INTERVAL) -> Iterator[Comparison]:
-        """Speculation off, then on, one after the other so each run has the whole machine; both start from an
-        empty cache, so neither reuses the other's prompt evaluation. With a server: its speculation-off twin, or the
+        """Speculation off, then on, one after the other so each run has the whole machine; both start from the same
+        cache, empty but for the prompt's images (encoded once, before either run), so neither reuses the other's
+        prompt evaluation. With a server: its speculation-off twin, or the
         same server asked for speculation off (``speculative.n_max: 0``), then on; the outputs compared as text."""
         params = settings.generation()
         if settings.drafter == OFF:
@@ -204,10 +209,11 @@ class Runtime:
         ids = chat_tokens(engine.model, messages, engine.projector, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
         cmp = Comparison(text_of(messages[-1]["content"]), drafter, params.sampling.temperature == 0)
+        keep = ids[: through_images(ids)]  # both runs start from the prompt's images, encoded once (before either)
         for phase, kind in (("off", OFF), ("on", drafter)):
             cmp.phase = phase
             live = getattr(cmp, phase)
-            engine.reset()
+            engine.reset(keep)
             for _ in _stream(lambda c: engine.generate(ids, params, kind, c), cancel, interval, live):
                 yield cmp
             if cancel.is_set():
@@ -223,7 +229,7 @@ class Runtime:
 
     def _compare_remote(self, messages, params, kwargs, cancel, interval) -> Iterator[Comparison]:
         on, off = self.remote, self.remote_off
-        cmp = Comparison(messages[-1]["content"], f"server: {on.method()}", params.sampling.temperature == 0,
+        cmp = Comparison(text_of(messages[-1]["content"]), f"server: {on.method()}", params.sampling.temperature == 0,
                          by_text=True)
         for phase, server, speculate in (("off", off or on, off is not None), ("on", on, True)):
             cmp.phase = phase

@@ -245,13 +245,11 @@ def cmd_generate(args) -> int:
     if args.server:
         from .remote import generate_remote
 
-        if args.image:
-            raise EngineError("--image goes to the local engine; with --server, send images in the request.")
         if _grammar(args):
             raise EngineError("--json-schema and --grammar constrain the local engine; with --server, ask the server "
                               "for structured output in the request.")
 
-        return generate_remote(args, prompt)
+        return generate_remote(args, with_images(prompt, read_images(args.image)))  # (images go inline)
     if args.system and not args.chat:
         raise EngineError("--system only applies with --chat.")
     _grammar(args)  # a bad schema or grammar is refused before the models load

@@ -20,7 +20,8 @@ def _server(args, url: str | None = None) -> RemoteServer:
     return RemoteServer(ServerSpec(url or args.server, args.server_api_key or None, args.model, args.method))
 
 
-def _messages(args, prompt: str) -> list[dict]:
+def _messages(args, prompt: str | list[dict]) -> list[dict]:
+    """One user turn (text, or text and image parts), after --system where given."""
     system = getattr(args, "system", None)
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
@@ -45,7 +46,7 @@ def _answer(server: RemoteServer, messages, params, speculate: bool, stream_to=N
     return done
 
 
-def generate_remote(args, prompt: str) -> int:
+def generate_remote(args, prompt: str | list[dict]) -> int:
     """One prompt as one user turn (the server applies its chat template); --drafter none asks for no drafting."""
     server = _server(args)
     try:

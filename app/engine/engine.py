@@ -209,10 +209,11 @@ class Engine:
         with self._lock:
             self._measured.clear()
 
-    def reset(self) -> None:
-        """Forget the cached conversation (both KV caches)."""
+    def reset(self, keep: list[int] = ()) -> None:
+        """Forget the cached conversation (every cache), but a prefix ``keep`` of the next prompt, which the target
+        holds afterwards (Compare: both runs start from the prompt's images, encoded once)."""
         with self._lock:
-            self._pair.clear()
+            self._pair.clear(keep)
 
     def state_costs(self) -> dict[str, dict]:
         """Per recurrent model ("target", "draft"): what keeping its state exact has cost so far (``StateCosts``)."""

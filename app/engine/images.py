@@ -65,6 +65,11 @@ def has_images(ids: list[int]) -> bool:
     return bool(ids) and min(ids) < 0
 
 
+def through_images(ids: list[int]) -> int:
+    """How many of ``ids`` run through the last image (0: none)."""
+    return max((i + 1 for i, tok in enumerate(ids) if tok < 0), default=0)
+
+
 def text_view(ids: list[int], placeholder: tuple[int, ...] = ()) -> list[int]:
     """``ids`` with each image (a run of one negative id; two equal images in a row read as one) replaced by
     ``placeholder``."""

@@ -119,11 +119,19 @@ class LoadedPair:
         """The drafters that read the target's context, made so far."""
         return [h for h in (self._mtp, self.head) if h]
 
-    def clear(self) -> None:
-        """Forget the cached conversation in every cache."""
-        for loaded in (self.target, self.draft):
-            if loaded:
-                loaded.ctx.truncate(0)
+    def clear(self, keep: list[int] = ()) -> None:
+        """Forget the cached conversation in every cache, but the prefix ``keep`` in the target's: held afterwards
+        (evaluated now where it was not), with a checkpoint there for recurrent memory."""
+        if self.draft:
+            self.draft.ctx.truncate(0)
+        ctx = self.target.ctx
+        ctx.reuse_prefix(keep)  # (none: all goes)
+        held = ctx.n_held  # (recurrent memory may hold less, back at a checkpoint: the rest is evaluated now)
+        if held < len(keep):
+            ctx.truncate(held)
+            ctx.decode(keep[held:], n_logits=0)
+        if keep:
+            ctx.checkpoint()
         if self._mtp:
             self._mtp.clear()
 

@@ -224,7 +224,7 @@ class SpecChatUI:
         if paths and not self.runtime.takes_images:
             raise EngineError("This model takes no images: load it with its vision projector (mmproj) to send them, "
                               "or remove them and send the text." if self.runtime.remote is None else
-                              "The chat runs on a server, which SpecChat sends text only: remove the images.")
+                              "The server's model takes no images (it says so): remove them and send the text.")
         return attachments.read_images(paths)
 
     def _image_note(self) -> str:

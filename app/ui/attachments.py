@@ -66,7 +66,7 @@ def note(takes_images: bool, remote: bool = False) -> str:
     if takes_images:
         return ('<div class="spec-images" data-images="yes">Images: attach them (the paperclip), paste them or drop '
                 'them on the box, several per message.</div>')
-    why = "The chat runs on a server: SpecChat sends it text only." if remote else \
-        "This model takes no images: load it with its vision projector (an mmproj GGUF beside the target, or " \
-        "--mmproj) to attach them."
+    why = "The server's model takes no images (it says so): serve it with its vision projector to attach them." \
+        if remote else "This model takes no images: load it with its vision projector (an mmproj GGUF beside the " \
+        "target, or --mmproj) to attach them."
     return f'<div class="spec-images" data-images="no">{why}</div>'
