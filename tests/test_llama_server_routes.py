@@ -287,6 +287,7 @@ def test_metrics_are_501_unless_asked_for_then_count_every_endpoint_as_llama_ser
     r = httpx.get(f"{url}/metrics", timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert int(r.headers["Process-Start-Time-Unix"]) > 0
+    assert b"Process-Start-Time-Unix" in dict(r.headers.raw)  # sent in llama-server's case (the suite's lookup)
     m = _prometheus(r.text)
     total = {k: sum(t[k] for t in timings) for k in ("prompt_n", "cache_n", "predicted_n", "draft_n",
                                                        "draft_n_accepted")}
@@ -564,3 +565,35 @@ def test_bad_logprobs_fields_are_400s_naming_the_field(tiny_server, path, extra,
     r = httpx.post(url + path, json=body | extra, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert api.generations == 0
+
+
+def test_verbose_answers_carry_llama_servers_debug_object(tiny_server):
+    """`"verbose": true` (or `serve --verbose`, unless a request says false) adds llama-server's `__verbose`: the
+    native completion's fields, the prompt as the model read it among them; on a stream, on the last chunk."""
+    url, rt, api = tiny_server
+    body = {"messages": PROMPT, "max_tokens": 4, "temperature": 0}
+    plain = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert "__verbose" not in plain
+    asked = httpx.post(f"{url}/v1/chat/completions", json={**body, "verbose": True}, timeout=60).json()
+    v = asked["__verbose"]
+    assert v["content"] == asked["choices"][0]["message"]["content"] and v["tokens_predicted"] == 4
+    assert "cat" in v["prompt"] and "<|im_start|>" in v["prompt"]  # (the tiny vocabulary writes spaces as ▁)
+    assert v["tokens_evaluated"] == asked["usage"]["prompt_tokens"]
+    assert v["generation_settings"]["n_predict"] == 4 and v["stop_type"] == "limit"
+    completion = httpx.post(f"{url}/v1/completions", json={"prompt": "the cat sat", "max_tokens": 3,
+                                                           "verbose": True}, timeout=60).json()
+    assert completion["__verbose"]["prompt"].endswith("sat")
+    api.verbose = True  # (what --verbose sets)
+    try:
+        assert "__verbose" in httpx.post(f"{url}/chat/completions", json=body, timeout=60).json()
+        assert "__verbose" not in httpx.post(f"{url}/chat/completions", json={**body, "verbose": False},
+                                             timeout=60).json()
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert [("__verbose" in c) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        assert chunks[-1]["__verbose"]["tokens_predicted"] == 4 and chunks[-1]["__verbose"]["content"] == ""
+    finally:
+        api.verbose = False
+    r = httpx.post(f"{url}/v1/chat/completions", json={**body, "verbose": "yes"}, timeout=60)
+    assert r.status_code == 400 and "'verbose' must be true or false" in r.json()["error"]["message"]

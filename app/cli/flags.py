@@ -152,6 +152,9 @@ def llama_server_flags(p: argparse.ArgumentParser) -> None:
                    help="the names /v1/models lists the loaded pair by, comma-separated (any name is answered)")
     g.add_argument("--tags", action="append", default=[], metavar="TAGS",
                    help="comma-separated tags /v1/models shows for the pair (informational)")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="answers carry llama-server's __verbose debug object (the prompt as the model read it, the "
+                        "settings, why it stopped), unless a request sets \"verbose\": false")
     g.add_argument("--temp", "--temperature", dest="temperature", type=float, help="temperature (0: greedy)")
     g.add_argument("-s", "--seed", type=int, help="sampling seed (-1: random)")
     g.add_argument("-n", "--predict", "--n-predict", dest="max_tokens", type=int,

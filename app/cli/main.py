@@ -445,7 +445,8 @@ def cmd_app(args) -> int:
                  api_key=args.api_key or None, cors=args.cors, with_ui=args.command == "app",
                  server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth,
                  max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None, metrics=args.metrics,
-                 aliases=aliases_flag(args.alias), chat_template=template, tags=aliases_flag(args.tags))
+                 aliases=aliases_flag(args.alias), chat_template=template, tags=aliases_flag(args.tags),
+                 verbose=args.verbose)
 
 
 def main(argv: list[str] | None = None) -> int:

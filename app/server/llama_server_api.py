@@ -113,8 +113,11 @@ class _Routes:
         if not server.metrics_enabled:
             return llama_error(501, "This server does not support metrics endpoint. Start it with `--metrics`",
                                "not_supported_error")
-        return PlainTextResponse(server.metrics.text(server.waiting), media_type="text/plain; version=0.0.4",
-                                 headers={"Process-Start-Time-Unix": str(server.metrics.started)})
+        resp = PlainTextResponse(server.metrics.text(server.waiting), media_type="text/plain; version=0.0.4")
+        # In llama-server's case (Starlette would write the name in lower case, which HTTP allows, but clients written
+        # against llama-server, its own tests among them, look the name up as it sends it)
+        resp.raw_headers.append((b"Process-Start-Time-Unix", str(server.metrics.started).encode()))
+        return resp
 
     async def props(self):
         engine = self._engine()

@@ -49,15 +49,7 @@ class NativeCompletion:
 
         def final(done: Done) -> dict:
             server._log({"model": started.loaded}, done, False)  # for the app's API section
-            word = stop_word(done, job.params.stop, engine.detokenize)
-            out = {"index": 0, "content": "" if job.stream else done.text,
-                   "tokens": list(done.token_ids) if return_tokens and not job.stream else [], "id_slot": 0,
-                   "stop": True, "model": started.loaded, "tokens_predicted": done.stats.n_tokens,
-                   "tokens_evaluated": len(ids), "generation_settings": _settings(job.params, engine.n_ctx),
-                   "prompt": b"".join(engine.model.piece_text(t) for t in ids).decode("utf-8", "replace"),
-                   "has_new_line": "\n" in done.text, "truncated": False, "tokens_cached": done.stats.prompt_cached,
-                   "stop_type": "limit" if done.finish_reason == "length" else "word" if word else "eos",
-                   "stopping_word": word or "", "timings": timings(done.stats)}
+            out = native_result(engine, ids, done, job.params, started.loaded, job.stream, return_tokens)
             if done.logprobs is not None and not job.stream:
                 texts = token_probs.Texts(engine.model)
                 out["completion_probabilities"] = token_probs.entries(engine.model, done.logprobs, texts, post)
@@ -102,6 +94,21 @@ class NativeCompletion:
         if job.stream:
             return sse(events())
         return final(await started.finish())
+
+
+def native_result(engine, ids: list[int], done: Done, params, model: str, streamed: bool = False,
+                  return_tokens: bool = False) -> dict:
+    """A finished answer in llama-server's native fields (``/completion``'s, and the ``__verbose`` object its OpenAI
+    routes add when asked): the prompt as the model read it, the answer, why it stopped, the settings, timings."""
+    word = stop_word(done, params.stop, engine.detokenize)
+    return {"index": 0, "content": "" if streamed else done.text,
+            "tokens": list(done.token_ids) if return_tokens and not streamed else [], "id_slot": 0,
+            "stop": True, "model": model, "tokens_predicted": done.stats.n_tokens,
+            "tokens_evaluated": len(ids), "generation_settings": _settings(params, engine.n_ctx),
+            "prompt": b"".join(engine.model.piece_text(t) for t in ids).decode("utf-8", "replace"),
+            "has_new_line": "\n" in done.text, "truncated": False, "tokens_cached": done.stats.prompt_cached,
+            "stop_type": "limit" if done.finish_reason == "length" else "word" if word else "eos",
+            "stopping_word": word or "", "timings": timings(done.stats)}
 
 
 def _settings(params, n_ctx: int) -> dict:

@@ -104,7 +104,7 @@ class Started:
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
                  max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = (),
-                 tags: tuple[str, ...] = ()):
+                 tags: tuple[str, ...] = (), verbose: bool = False):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
@@ -118,6 +118,7 @@ class OpenAIServer:
         self.metrics_enabled = metrics
         self.aliases = tuple(aliases)  # --alias: the names the loaded pair is listed and answers by
         self.tags = tuple(tags)  # --tags: shown beside them
+        self.verbose = verbose  # --verbose: answers carry llama-server's __verbose object unless a request says not
 
     # --- the app --------------------------------------------------------------------------------------------
     def app(self, cors: list[str] | None = None) -> FastAPI:
@@ -226,7 +227,9 @@ class OpenAIServer:
             job, ids = started.job, started.ids
             meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                         model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools,
-                        vocab=self.runtime.engine.model, post=job.params.post_sampling_probs)
+                        vocab=self.runtime.engine.model, post=job.params.post_sampling_probs,
+                        engine=self.runtime.engine, stream=job.stream,
+                        verbose=(self.verbose if job.verbose is None else job.verbose) and (ids, job.params))
             if job.stream:  # (the stream closes the generation when it ends)
                 return sse(self._stream(job, started.first, started.batches, meta, started.watch))
             done = await started.finish()
@@ -341,10 +344,11 @@ class OpenAIServer:
         else:
             probs = None if done.logprobs is None else token_probs.legacy(meta["vocab"], done.logprobs, texts)
             choice = {"index": index, "text": done.text, "logprobs": probs, "finish_reason": finish}
-        return {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
-                "created": meta["created"], "model": meta["model"],
-                "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice],
-                "usage": _usage(meta, done.stats), "timings": timings(done.stats)}
+        out = {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
+               "created": meta["created"], "model": meta["model"],
+               "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice],
+               "usage": _usage(meta, done.stats), "timings": timings(done.stats)}
+        return _with_verbose(out, meta, done)
 
     async def _stream(self, job: Job, first: list, batches: AsyncIterator, meta: dict, watch: asyncio.Future):
         """Server-Sent Events: OpenAI's chunks, llama-server's timings on the last (and on each with
@@ -356,7 +360,7 @@ class OpenAIServer:
         texts = token_probs.Texts(meta["vocab"]) if job.params.logprobs is not None else None
 
         def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
-                  calls: list | None = None, probs: list | None = None) -> str:
+                  calls: list | None = None, probs: list | None = None, done: Done | None = None) -> str:
             nonlocal offset
             if chat:
                 # (the first, as llama-server: the role, no content yet)
@@ -376,6 +380,8 @@ class OpenAIServer:
                    "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice]}
             if with_timings or (job.timings_per_token and not role):  # (the role's chunk comes before any token)
                 out["timings"] = timings(stats)
+            if done is not None:  # (the last: llama-server's debug object, when asked for)
+                _with_verbose(out, meta, done)
             return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
 
         done = None
@@ -408,7 +414,7 @@ class OpenAIServer:
                                               "function": {"name": call.name, "arguments": ""}}])
                     yield chunk(None, calls=[{"index": i, "function": {"arguments": call.arguments}}])
                 finish = "tool_calls" if calls and finish == "stop" else finish
-            yield chunk(None, finish, with_timings=True)
+            yield chunk(None, finish, with_timings=True, done=done)
             if job.include_usage:
                 tail = {"id": meta["id"], "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": meta["created"], "model": meta["model"], "choices": [],
@@ -490,6 +496,17 @@ def _choices(body) -> int:
 
 def _call(call) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _with_verbose(out: dict, meta: dict, done: Done) -> dict:
+    """``out`` with llama-server's ``__verbose`` debug object (its native completion fields: the prompt as rendered
+    and read, the settings, why it stopped) where the request or ``--verbose`` asks for it."""
+    if meta["verbose"]:
+        from .native_completion import native_result  # (it builds on this module)
+
+        ids, params = meta["verbose"]
+        out["__verbose"] = native_result(meta["engine"], ids, done, params, meta["model"], meta["stream"])
+    return out
 
 
 def _usage(meta: dict, stats: Stats) -> dict:

@@ -199,6 +199,7 @@ class Job:
     template_variables: dict
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    verbose: bool | None = None  # llama-server's debug object (``__verbose``) asked for; None: the server's default
 
 
 def _number(body: dict, name: str, kind: type, default=None):
@@ -560,7 +561,7 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
                include_usage=_flag(options, "include_usage"), timings_per_token=_flag(body, "timings_per_token"),
                template_variables={"enable_thinking": defaults.enable_thinking, **variables,
                                    **(_turn_options(body, messages) if chat else {})},
-               tools=tools, tool_choice=choice)
+               tools=tools, tool_choice=choice, verbose=_flag(body, "verbose") if "verbose" in body else None)
 
 
 def _turn_options(body: dict, messages: list[dict]) -> dict:

@@ -43,7 +43,8 @@ SPECCHAT_FLAGS = {"--port": None, "--temp": None, "--seed": None, "--alias": Non
                   "--ctx-size": "--ctx", "--n-predict": "-n", "--api-key": None, "--reasoning-format": None,
                   "--reasoning": None, "--chat-template": None, "--chat-template-file": None, "--spec-type": None,
                   "--spec-draft-n-max": "--draft-max", "--spec-draft-n-min": "--draft-min", "--threads": "-t"}
-SPECCHAT_SWITCHES = {"--metrics": "--metrics", "--jinja": "--jinja", "--no-jinja": "--no-jinja"}
+SPECCHAT_SWITCHES = {"--metrics": "--metrics", "--jinja": "--jinja", "--no-jinja": "--no-jinja",
+                     "--verbose": "--verbose"}
 MODEL_FLAGS = {"--model", "-m", "--hf-repo", "-hf", "--hf-file", "-hff", "--model-url", "-mu", "--model-draft", "-md"}
 # llama-server's switches that take no value (everything else starting with '-' takes one).
 SWITCHES = {"--offline", "--cont-batching", "--embedding", "--reranking", "--metrics", "--kv-unified", "--swa-full",
