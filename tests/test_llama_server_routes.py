@@ -123,6 +123,9 @@ def test_the_turn_left_closed_or_the_assistants_text_continued_as_llama_server_d
     prefilled = PROMPT + [{"role": "assistant", "content": " sat on"}]
     r = httpx.post(f"{url}/apply-template", json={"messages": prefilled}, timeout=30)
     assert r.json() == {"prompt": opened + " sat on"}
+    parts = PROMPT + [{"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]
+    r = httpx.post(f"{url}/apply-template", json={"messages": parts}, timeout=30)
+    assert r.json() == {"prompt": opened + "Wh\n\nill"}  # (text parts of a continued message: llama.cpp's join)
     both = httpx.post(f"{url}/v1/chat/completions", json={"messages": prefilled, "continue_final_message": True},
                       timeout=30)
     assert both.status_code == 400

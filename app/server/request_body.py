@@ -257,9 +257,10 @@ def _ngram(body: dict, defaults: dict) -> dict:
     return {**defaults, **{f: v for f, v in given.items() if v is not None}}
 
 
-def _content(content, where: str) -> str | list[dict]:
-    """A message's content: a string, or OpenAI's list of parts: text, and images as ``image_url`` parts holding
-    a data URL (``data:image/png;base64,...``), read into ``{"type": "image", "image": bytes}`` parts."""
+def _content(content, where: str, joint: str = "") -> str | list[dict]:
+    """A message's content: a string, or OpenAI's list of parts: text (joined by ``joint``), and images as
+    ``image_url`` parts holding a data URL (``data:image/png;base64,...``), read into ``{"type": "image", "image":
+    bytes}`` parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -273,7 +274,7 @@ def _content(content, where: str) -> str | list[dict]:
             else:
                 raise ApiError(400, f"{where}: only text and image_url content parts are supported (got a "
                                     f"{kind if kind else type(part).__name__!r} part).", param="messages")
-        return parts if any(p["type"] == "image" for p in parts) else "".join(p["text"] for p in parts)
+        return parts if any(p["type"] == "image" for p in parts) else joint.join(p["text"] for p in parts)
     if content is None:
         return ""
     raise ApiError(400, f"{where}: 'content' must be a string or a list of text and image_url parts.",
@@ -309,7 +310,9 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
             raise ApiError(400, f"messages[{i}]: 'role' must be system, user, assistant or tool.", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]  # OpenAI's newer name for the system role
-        msg = {"role": role, "content": _content(m.get("content"), f"messages[{i}]")}
+        # (a last message that is the assistant's is continued: llama.cpp joins its text parts with a blank line)
+        joint = "\n\n" if role == "assistant" and i == len(messages) - 1 else ""
+        msg = {"role": role, "content": _content(m.get("content"), f"messages[{i}]", joint)}
         if role == "tool":  # a tool's result (templates that know tools render the id or the name)
             msg["tool_call_id"] = str(m.get("tool_call_id") or "")
             if isinstance(m.get("name"), str):
