@@ -82,6 +82,9 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
     src.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int, default=0,
                      help="draft layers on the GPU")
+    src.add_argument("-b", "--batch-size", dest="batch", type=int, default=0,
+                     help="tokens a prompt is evaluated in at a time (default: 512); a round verifies at most one "
+                          "batch, so drafts stay under it")
     src.add_argument("-ctxcp", "--ctx-checkpoints", dest="ctx_checkpoints", type=int, default=8,
                      help="recurrent/hybrid models: saved states kept between chat turns, so Regenerate or an edited "
                           "message restarts near the change (default: 8)")

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
-LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld", "ctx_checkpoints")  # argparse dests named as LoadSpec's fields
+LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld", "ctx_checkpoints", "batch")  # argparse dests named as LoadSpec's fields
 
 
 def load_spec(args) -> LoadSpec:

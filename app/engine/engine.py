@@ -188,7 +188,7 @@ class Engine:
         with self._lock:
             try:
                 draft = self.draft.ctx if self.draft and drafter == ModelDrafter.name else None
-                return measure(self.target.ctx, draft, draft_max)
+                return measure(self.target.ctx, draft, min(draft_max, self.target.ctx.n_batch - 1))
             finally:
                 self._pair.clear()
 

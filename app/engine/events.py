@@ -113,4 +113,16 @@ class Done:
     logprobs: list[TokenLogprob] | None = None  # per token id, when the generation asked for them
 
 
-Event = TextDelta | Round | Done
+@dataclass
+class PromptProgress:
+    """Prompt evaluation under way, after each batch (only when the generation asks: ``prompt_progress``): of the
+    prompt's ``total`` tokens, ``cache`` came from the cache and ``processed`` are evaluated now (cached included),
+    ``seconds`` since the generation began (llama-server's ``prompt_progress``)."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+
+Event = TextDelta | Round | Done | PromptProgress

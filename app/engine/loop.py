@@ -17,7 +17,7 @@ from .constraint import Constrained, Constraint
 from .draft_control import MAX_DRAFT, DraftLength, DraftParams, Measured
 from .drafters import Draft, Drafter
 from .errors import EngineError
-from .events import Done, Event, Round, Stats, TextDelta
+from .events import Done, Event, PromptProgress, Round, Stats, TextDelta
 from .grammar import Grammar
 from .llama import Cancelled, Context, Model
 from .logprobs import MAX_TOP, TokenLogprob, certain, from_dist, from_logits
@@ -36,6 +36,7 @@ class GenerationParams:
     # The target's log-probability of each token and of its top N alternatives (0 to 20); None: not computed.
     logprobs: int | None = None
     post_sampling_probs: bool = False  # ...of the sampling chain's distribution rather than the raw logits'
+    prompt_progress: bool = False  # PromptProgress events while the prompt is evaluated, batch by batch
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -75,7 +76,7 @@ def speculative_generate(
     t_start = time.perf_counter()
     target.set_cancel(cancel)
     try:
-        _prefill(target, prompt_ids, stats)
+        yield from _prefill(target, prompt_ids, stats, params.prompt_progress, t_start)
         drafter.begin(prompt_ids)
         pending, accepted = [choose.pick(target.logits(-1))], 0
         t_first = time.perf_counter()
@@ -94,7 +95,7 @@ def speculative_generate(
             # After recurrent state went back to a saved one, this round replays the accepted tokens and drafts
             # nothing (as llama-server does): the state saved before the next draft then holds all of them.
             replaying = target.n_pending > 0
-            limit = 0 if replaying else min(MAX_DRAFT, room)
+            limit = 0 if replaying else min(MAX_DRAFT, target.n_batch - 1, room)  # (one batch verifies a draft)
             t0 = time.perf_counter()
             draft = drafter.draft_round(out.history, 0 if replaying else min(control.next(), room), limit, sp, rng,
                                         gate)
@@ -122,14 +123,23 @@ def speculative_generate(
     yield Done(finish or "stop", out.stream.text, out.ids, stats, out.flags, out.logprobs)
 
 
-def _prefill(target: Context, prompt_ids: list[int], stats: Stats) -> None:
-    """Reuse the cached prefix and evaluate the rest, the last token with logits."""
+def _prefill(target: Context, prompt_ids: list[int], stats: Stats, progress: bool,
+             t_start: float) -> Iterator[PromptProgress]:
+    """Reuse the cached prefix and evaluate the rest, the last token with logits; with ``progress``, say how far
+    it got before the first batch and after each."""
     n_cached = target.reuse_prefix(prompt_ids)
     if n_cached == len(prompt_ids):
         target.truncate(n_cached - 1)
     stats.prompt_cached = target.n_held  # (recurrent state may have gone back to a checkpoint before it)
     stats.prompt_tokens = len(prompt_ids) - stats.prompt_cached
-    target.prefill(prompt_ids[len(target.tokens) :])
+    rest = prompt_ids[len(target.tokens) :]
+    if not progress:
+        target.prefill(rest)
+        return
+    n = len(prompt_ids)
+    yield PromptProgress(n, stats.prompt_cached, stats.prompt_cached, 0.0)
+    for done in target.prefill_steps(rest):
+        yield PromptProgress(n, stats.prompt_cached, n - len(rest) + done, time.perf_counter() - t_start)
 
 
 class Choice:

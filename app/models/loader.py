@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ..engine import DraftParams, Engine, EngineError, ModelSettings
 
+MIN_BATCH = 8  # a round verifies its draft in one batch: smaller ones leave little to draft
+
 
 @dataclass(frozen=True)
 class LoadSpec:
@@ -19,6 +21,7 @@ class LoadSpec:
     ngl: int = 0  # target layers on the GPU (-1: all)
     ngld: int = 0  # draft layers on the GPU
     ctx_checkpoints: int = 8  # recurrent/hybrid models: saved states kept between chat turns
+    batch: int = 0  # tokens a prompt is evaluated in at a time (llama.cpp's -b; 0: 512)
     mmproj: str | None = None  # the target's vision projector (None: the one found beside the target, if any)
     no_mmproj: bool = False  # load no projector at all
     # Or an OpenAI-compatible server that speculates itself (its API key lives in app/chat/server_keys.py, not here).
@@ -106,14 +109,17 @@ def find_assistant(target: Path) -> Path | None:
 
 
 def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True) -> Engine:
+    if spec.batch and not MIN_BATCH <= spec.batch:
+        raise EngineError(f"Invalid --batch-size {spec.batch}: use {MIN_BATCH} or more (0: {ModelSettings.n_batch}).")
     r = resolved or resolve(spec)
+    n_batch = spec.batch or ModelSettings.n_batch
     # Recurrent-state snapshots for the pair's longest draft (at least llama-server's default of 16).
     n_rs_seq = max(ModelSettings.n_rs_seq, r.draft_params.draft_max)
     return Engine(
         ModelSettings(r.target, n_ctx=spec.ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl, n_rs_seq=n_rs_seq,
-                      n_checkpoints=spec.ctx_checkpoints),
+                      n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch),
         ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld,
-                      n_checkpoints=spec.ctx_checkpoints)
+                      n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch)
         if r.draft and with_draft else None,
         r.mmproj, r.mmproj_found,
     )

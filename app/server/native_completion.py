@@ -12,10 +12,10 @@ import json
 
 from fastapi import Request
 
-from ..engine import Done, EngineError, Round, TextDelta
+from ..engine import Done, EngineError, PromptProgress, Round, TextDelta
 from . import token_probs
 from .llama_server_api import loading
-from .openai_api import _json_body, sse, stop_word, timings
+from .openai_api import _json_body, prompt_progress, sse, stop_word, timings
 from .request_body import ApiError, prompts
 
 
@@ -78,6 +78,12 @@ class NativeCompletion:
             batch, done = started.first, None
             try:
                 while done is None:
+                    for ev in batch:  # (asked for with return_progress, before any token)
+                        if isinstance(ev, PromptProgress):
+                            chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+                                     "tokens_predicted": 0, "tokens_evaluated": len(ids),
+                                     "prompt_progress": prompt_progress(ev)}
+                            yield f"data: {json.dumps(chunk)}\n\n"
                     done = batch[-1] if isinstance(batch[-1], Done) else None
                     deltas = [ev for ev in batch if isinstance(ev, TextDelta)]
                     n = next((ev.stats.n_tokens for ev in reversed(batch) if isinstance(ev, (Round, Done))), 0)

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings
 from ..chat.streaming import batches_async
-from ..engine import Done, EngineError, ModelsUnloaded, Round, Stats, TextDelta
+from ..engine import Done, EngineError, ModelsUnloaded, PromptProgress, Round, Stats, TextDelta
 from ..prompts import chat_tokens, plain_tokens, text_of, tool_prompt
 from . import llama_server_api, token_probs
 from .metrics import Metrics
@@ -360,7 +360,8 @@ class OpenAIServer:
         texts = token_probs.Texts(meta["vocab"]) if job.params.logprobs is not None else None
 
         def chunk(text: str | None, finish: str | None = None, role: bool = False, with_timings: bool = False,
-                  calls: list | None = None, probs: list | None = None, done: Done | None = None) -> str:
+                  calls: list | None = None, probs: list | None = None, done: Done | None = None,
+                  progress: PromptProgress | None = None) -> str:
             nonlocal offset
             if chat:
                 # (the first, as llama-server: the role, no content yet)
@@ -382,6 +383,8 @@ class OpenAIServer:
                 out["timings"] = timings(stats)
             if done is not None:  # (the last: llama-server's debug object, when asked for)
                 _with_verbose(out, meta, done)
+            if progress is not None:
+                out["prompt_progress"] = prompt_progress(progress)
             return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
 
         done = None
@@ -393,6 +396,8 @@ class OpenAIServer:
                 for ev in batch:
                     if isinstance(ev, (Round, Done)):
                         stats = ev.stats
+                    elif isinstance(ev, PromptProgress):  # (asked for with return_progress, before any token)
+                        yield chunk(None, role=chat, progress=ev, with_timings=job.timings_per_token)
                 done = batch[-1] if isinstance(batch[-1], Done) else None
                 text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
                 probs = token_probs.of_batch(batch)
@@ -496,6 +501,11 @@ def _choices(body) -> int:
 
 def _call(call) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def prompt_progress(ev: PromptProgress) -> dict:
+    """llama-server's ``prompt_progress``: tokens in all, from the cache, evaluated so far (cached included)."""
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.seconds * 1e3}
 
 
 def _with_verbose(out: dict, meta: dict, done: Done) -> dict:

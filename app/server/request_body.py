@@ -557,7 +557,8 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
     if tools and choice.mode != "none" and params.grammar is not None:
         raise ApiError(400, "Give tools or a response format / grammar, not both.", param="tools")
     n_top, post = logprobs_asked(body, chat, bool(tools) and choice.mode != "none")
-    params = replace(params, logprobs=n_top, post_sampling_probs=post)
+    params = replace(params, logprobs=n_top, post_sampling_probs=post,
+                     prompt_progress=_flag(body, "return_progress") and _flag(body, "stream"))  # (as llama-server)
     messages = _messages(body) if chat else None
     return Job(model=model or None, messages=messages, prompt=None if chat else _prompt(body),
                params=params, drafter=drafter, stream=_flag(body, "stream"),

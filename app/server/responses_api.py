@@ -21,13 +21,13 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..engine import Done, EngineError, Round, Stats, TextDelta
-from .openai_api import _Held, _json_body, sse, timings
+from ..engine import Done, EngineError, PromptProgress, Round, Stats, TextDelta
+from .openai_api import _Held, _json_body, prompt_progress, sse, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside the Responses API's.
 _PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "speculative", "drafter",
-           "chat_template_kwargs", "timings_per_token", "parallel_tool_calls", "n_predict")
+           "chat_template_kwargs", "timings_per_token", "parallel_tool_calls", "n_predict", "return_progress")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -278,6 +278,9 @@ class _Stream:
                 for ev in batch:
                     if isinstance(ev, (Round, Done)):
                         self.stats = ev.stats
+                    elif isinstance(ev, PromptProgress):  # (asked for with return_progress: llama-server's event)
+                        yield self.event("response.in_progress", with_timings=self.timings_per_token,
+                                         response=response(meta, None), prompt_progress=prompt_progress(ev))
                 done = batch[-1] if isinstance(batch[-1], Done) else None
                 text = "".join(ev.text for ev in batch if isinstance(ev, TextDelta))
                 text = held.feed(text) if held is not None else text

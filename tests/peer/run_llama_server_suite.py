@@ -42,7 +42,8 @@ FILES = ("test_basic.py", "test_chat_completion.py", "test_compat_anthropic.py",
 SPECCHAT_FLAGS = {"--port": None, "--temp": None, "--seed": None, "--alias": None, "--tags": None,
                   "--ctx-size": "--ctx", "--n-predict": "-n", "--api-key": None, "--reasoning-format": None,
                   "--reasoning": None, "--chat-template": None, "--chat-template-file": None, "--spec-type": None,
-                  "--spec-draft-n-max": "--draft-max", "--spec-draft-n-min": "--draft-min", "--threads": "-t"}
+                  "--spec-draft-n-max": "--draft-max", "--spec-draft-n-min": "--draft-min", "--threads": "-t",
+                  "--batch-size": None}
 SPECCHAT_SWITCHES = {"--metrics": "--metrics", "--jinja": "--jinja", "--no-jinja": "--no-jinja",
                      "--verbose": "--verbose"}
 MODEL_FLAGS = {"--model", "-m", "--hf-repo", "-hf", "--hf-file", "-hff", "--model-url", "-mu", "--model-draft", "-md"}

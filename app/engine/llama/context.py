@@ -6,6 +6,7 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import llama_cpp.llama_cpp as ll
@@ -293,11 +294,37 @@ class Context:
     def prefill(self, tokens: list[int]) -> None:
         """Evaluate a prompt's uncached tokens, logits for the last. Recurrent memory keeps a checkpoint before that
         last token: where Regenerate restarts, and the nearest way back when the next turn changes the answer."""
-        if self.recurrent and len(tokens) > 1 and tokens[-1] >= 0:
-            self.decode(tokens[:-1], n_logits=0)
+        for _ in self.prefill_steps(tokens):
+            pass
+
+    def prefill_steps(self, tokens: list[int]) -> Iterator[int]:
+        """``prefill``, yielding how many of ``tokens`` are evaluated after each batch: the batches one decode of
+        them makes (each text run split from its end in n_batch pieces, each image whole), so the cache holds the
+        same values either way."""
+        last = tokens[-1:] if self.recurrent and len(tokens) > 1 and tokens[-1] >= 0 else []
+        body = tokens[: len(tokens) - len(last)]
+        n_pending = len(self.tokens) - self._n_mem  # (replayed in front of the first batch)
+        done = 0
+        for end in self._batch_ends(self.tokens[self._n_mem:] + body):
+            if end > n_pending:
+                piece = body[done : end - n_pending]
+                self.decode(piece, n_logits=0 if last or end - n_pending < len(body) else 1)
+                done += len(piece)
+                yield done
+        if last:
             self.checkpoint()
-            tokens = tokens[-1:]
-        self.decode(tokens, n_logits=1)
+            self.decode(last, n_logits=1)
+            yield len(tokens)
+
+    def _batch_ends(self, tokens: list[int]) -> list[int]:
+        """Where a decode of ``tokens`` ends its batches (see ``_evaluate``)."""
+        runs = _runs(tokens, self.media.n_tokens) if self.media and min(tokens, default=0) < 0 else \
+            [(0, len(tokens), False)]
+        ends = []
+        for i, j, image in runs:
+            first = (j - i - 1) % self.n_batch + 1
+            ends += [j] if image else list(range(i + first, j + 1, self.n_batch))
+        return ends
 
     def _prepare(self, n_batch: int, n_speculative: int) -> None:
         """Before a recurrent decode: make sure a later truncate into its speculative tokens has a way back."""
