@@ -134,9 +134,14 @@ def test_the_api_streams_prompt_progress_as_llama_server_does(server):
 
 
 def test_completion_routes_and_responses_report_progress_too(server):
-    native = reported(stream(server, "/completion", {"prompt": LONG, "n_predict": 4, "return_progress": True,
-                                                    "cache_prompt": False}))
+    chunks = stream(server, "/completion", {"prompt": LONG, "n_predict": 4, "return_progress": True,
+                                             "timings_per_token": True})
+    native = reported(chunks)
     assert len(native) > 3 and native[-1]["processed"] == native[-1]["total"]
+    timed = [c["timings"] for c in chunks if "prompt_progress" in c]  # the prompt's figures so far
+    assert timed[0]["prompt_n"] == 0 and timed[0]["prompt_ms"] == 0 and timed[0]["predicted_n"] == 0
+    assert [t["prompt_n"] for t in timed] == [p["processed"] - p["cache"] for p in native]
+    assert all(a["prompt_ms"] <= b["prompt_ms"] for a, b in zip(timed, timed[1:])) and timed[-1]["prompt_ms"] > 0
     legacy = reported(stream(server, "/v1/completions", {"prompt": LONG + " again", "max_tokens": 4,
                                                          "return_progress": True}))
     assert len(legacy) > 1 and legacy[-1]["processed"] == legacy[-1]["total"]

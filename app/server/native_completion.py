@@ -15,7 +15,7 @@ from fastapi import Request
 from ..engine import Done, EngineError, PromptProgress, Round, TextDelta
 from . import token_probs
 from .llama_server_api import loading
-from .openai_api import _json_body, prompt_progress, sse, stop_word, timings
+from .openai_api import _json_body, progress_stats, prompt_progress, sse, stop_word, timings
 from .request_body import ApiError, prompts
 
 
@@ -83,6 +83,8 @@ class NativeCompletion:
                             chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0,
                                      "tokens_predicted": 0, "tokens_evaluated": len(ids),
                                      "prompt_progress": prompt_progress(ev)}
+                            if job.timings_per_token:
+                                chunk["timings"] = timings(progress_stats(ev))
                             yield f"data: {json.dumps(chunk)}\n\n"
                     done = batch[-1] if isinstance(batch[-1], Done) else None
                     deltas = [ev for ev in batch if isinstance(ev, TextDelta)]

@@ -380,7 +380,7 @@ class OpenAIServer:
                    "created": meta["created"], "model": meta["model"],
                    "system_fingerprint": llama_server_api.fingerprint(), "choices": [choice]}
             if with_timings or (job.timings_per_token and not role):  # (the role's chunk comes before any token)
-                out["timings"] = timings(stats)
+                out["timings"] = timings(stats if progress is None else progress_stats(progress))
             if done is not None:  # (the last: llama-server's debug object, when asked for)
                 _with_verbose(out, meta, done)
             if progress is not None:
@@ -506,6 +506,11 @@ def _call(call) -> dict:
 def prompt_progress(ev: PromptProgress) -> dict:
     """llama-server's ``prompt_progress``: tokens in all, from the cache, evaluated so far (cached included)."""
     return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.seconds * 1e3}
+
+
+def progress_stats(ev: PromptProgress) -> Stats:
+    """The figures so far while a prompt is evaluated (for its ``timings``): the prompt's part, nothing generated."""
+    return Stats(prompt_cached=ev.cache, prompt_tokens=ev.processed - ev.cache, time_to_first_token_s=ev.seconds)
 
 
 def _with_verbose(out: dict, meta: dict, done: Done) -> dict:

@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ..engine import Done, EngineError, PromptProgress, Round, Stats, TextDelta
-from .openai_api import _Held, _json_body, prompt_progress, sse, timings
+from .openai_api import _Held, _json_body, progress_stats, prompt_progress, sse, timings
 from .request_body import ApiError
 
 # Fields taken as they are on the chat endpoint (llama-server's and SpecChat's own), beside the Responses API's.
@@ -279,6 +279,7 @@ class _Stream:
                     if isinstance(ev, (Round, Done)):
                         self.stats = ev.stats
                     elif isinstance(ev, PromptProgress):  # (asked for with return_progress: llama-server's event)
+                        self.stats = progress_stats(ev)
                         yield self.event("response.in_progress", with_timings=self.timings_per_token,
                                          response=response(meta, None), prompt_progress=prompt_progress(ev))
                 done = batch[-1] if isinstance(batch[-1], Done) else None
