@@ -4,6 +4,8 @@ without it, and the unprefixed /models, /completions, /chat/completions guarded 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import date
 
 import httpx
@@ -141,11 +143,37 @@ def test_the_turn_left_closed_or_the_assistants_text_continued_as_llama_server_d
 
 
 @pytest.mark.parametrize("prefix", ["", "/v1"])
-def test_slots_answers_not_supported_as_llama_server_does_without_slots(tiny_server, prefix):
-    url, _, _ = tiny_server
-    r = httpx.get(f"{url}{prefix}/slots", timeout=30)
+def test_slots_lists_the_one_slot_busy_or_idle_and_501_with_no_slots(tiny_server, prefix):
+    """llama-server's /slots (on unless --no-slots): SpecChat's one slot, busy while a request generates (or waits
+    for its turn), idle with llama-server's idle budget after."""
+    url, rt, api = tiny_server
+    idle = httpx.get(f"{url}{prefix}/slots", timeout=30).json()
+    assert idle == [{"id": 0, "n_ctx": rt.engine.n_ctx, "speculative": True, "is_processing": False,
+                     "next_token": [{"has_next_token": False, "has_new_line": False, "n_remain": -1,
+                                     "n_decoded": 0}]}]
+    assert rt.engine._lock.acquire()  # the engine busy with another answer (the app's chat, say)
+    answered = []
+    try:
+        asking = threading.Thread(target=lambda: answered.append(httpx.post(
+            f"{url}/completion", json={"prompt": "the cat", "n_predict": 4}, timeout=120)))
+        asking.start()
+        deadline = time.monotonic() + 60
+        while not (busy := httpx.get(f"{url}/slots", timeout=30).json()[0])["is_processing"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "next_token" not in busy  # the request holds the one slot, waiting for its turn
+    finally:
+        rt.engine._lock.release()
+    asking.join()
+    assert answered[0].status_code == 200
+    assert httpx.get(f"{url}/slots", timeout=30).json() == idle  # answered: the slot is free again
+    api.slots_enabled = False  # (what --no-slots sets)
+    try:
+        r = httpx.get(f"{url}{prefix}/slots", timeout=30)
+    finally:
+        api.slots_enabled = True
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
-    assert r.json()["error"]["code"] == 501 and "slots" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == 501 and "--no-slots" in r.json()["error"]["message"]
 
 
 def test_a_foreign_origin_is_refused_on_the_unprefixed_routes(tiny_server):
@@ -400,6 +428,20 @@ def test_logit_bias_and_ignore_eos_steer_the_answer_and_speculation_stays_exact(
     assert kept["stop_type"] == "limit" and kept["tokens_predicted"] == 16
     assert kept["generation_settings"]["ignore_eos"] is True
     assert complete(logit_bias=ends, ignore_eos=True, **{"speculative.n_max": 0})["tokens"] == kept["tokens"]
+    # llama-server's generation_settings.logit_bias: {bias, token}, a ban's bias null, ignore_eos's bans included
+    shown = kept["generation_settings"]["logit_bias"]
+    eog = rt.engine.model.eog_tokens
+    assert {"bias": 100.0, "token": next(iter(eog))} in shown and {"bias": None, "token": next(iter(eog))} in shown
+    assert complete(ignore_eos=True)["generation_settings"]["logit_bias"] == [{"bias": None, "token": t} for t in eog]
+    # a text in a token's place stands for each of its tokens (no special tokens), in either form
+    model = rt.engine.model
+    word = model.piece(plain["tokens"][0]).decode("utf-8", "replace").strip() or "the"
+    ids = model.tokenize(word, add_special=False, parse_special=False)  # (as llama.cpp's common_tokenize)
+    by_id = complete(logit_bias=[[t, -100] for t in ids])
+    for bias in ({word: -100}, [[word, -100]]):
+        by_text = complete(logit_bias=bias)
+        assert [e["token"] for e in by_text["generation_settings"]["logit_bias"]] == ids
+        assert by_text["tokens"] == by_id["tokens"]
 
 
 def test_input_tokens_count_the_prompt_each_api_renders_and_generate_nothing(tiny_server):

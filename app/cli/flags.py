@@ -142,6 +142,9 @@ def serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, metavar="MB",
                    help="the largest request body /v1 takes, in MB; larger ones get 413 (default: 64 bytes per token "
                         "of the loaded context, at least 16 MB)")
+    p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve llama-server's /slots monitor: SpecChat's one slot, whether it is busy (default: on; "
+                        "--no-slots: 501, as llama-server)")
     p.add_argument("--metrics", action="store_true",
                    help="serve llama-server's Prometheus metrics at /metrics, speculative counters included (default: "
                         "off, as llama-server: 501)")

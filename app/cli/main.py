@@ -446,7 +446,7 @@ def cmd_app(args) -> int:
                  server_key=getattr(args, "server_api_key", None), allow_hosts=args.allow_host, no_auth=args.no_auth,
                  max_body=int(args.max_body_mb * 2**20) if args.max_body_mb else None, metrics=args.metrics,
                  aliases=aliases_flag(args.alias), chat_template=template, tags=aliases_flag(args.tags),
-                 verbose=args.verbose)
+                 verbose=args.verbose, slots=args.slots)
 
 
 def main(argv: list[str] | None = None) -> int:

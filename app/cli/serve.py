@@ -73,13 +73,15 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
           api_key: str | None = None, cors: list[str] | None = None, with_ui: bool = True,
           server_key: str | None = None, allow_hosts: list[str] | None = None, no_auth: bool = False,
           max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = (),
-          chat_template: str | None = None, tags: tuple[str, ...] = (), verbose: bool = False) -> int:
+          chat_template: str | None = None, tags: tuple[str, ...] = (), verbose: bool = False,
+          slots: bool = True) -> int:
     """``api_key`` guards this app's own /v1 (and, with ``listen``, everything: one is made up when none is given,
     unless ``no_auth``); ``server_key`` is the key for a requested server (saved once it is accepted); ``max_body``:
     the largest /v1 request body in bytes (None: sized to the loaded context); ``metrics``: serve llama-server's
     Prometheus ``/metrics``; ``aliases``: the names the loaded pair is listed by (--alias); ``chat_template``: a
     Jinja template the target's prompts are rendered with instead of its own (--chat-template); ``tags``: shown in
-    /v1/models (--tags); ``verbose``: answers carry llama-server's ``__verbose`` object (--verbose)."""
+    /v1/models (--tags); ``verbose``: answers carry llama-server's ``__verbose`` object (--verbose); ``slots``: serve
+    llama-server's /slots (--no-slots: 501)."""
     from ..server.guard import Access, Guard
     from ..server.llama_server_api import LlamaAliases
 
@@ -93,7 +95,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     api_key, made_up_key = _session_key(listen, api_key, no_auth)
     access = Access.serving(port, listen, api_key, allow_hosts or (), cors or ())
     root, api, ui = _web_app(runtime, settings, notes, with_ui, host, port, api_key, cors, max_body,
-                             dict(metrics=metrics, aliases=aliases, tags=tags, verbose=verbose))
+                             dict(metrics=metrics, aliases=aliases, tags=tags, verbose=verbose, slots=slots))
     server, thread = _start_http(LlamaAliases(Guard(root, access)), host, port)
     _shut_down_on_signals()
     try:  # from the moment it says it is running, Ctrl-C is a clean shutdown

@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..engine import EngineError, ModelsUnloaded
+from ..engine import OFF, EngineError, ModelsUnloaded
 from ..engine.drafters import registry
 from ..prompts import chat_prompt, image_messages, tool_prompt
 from .request_body import ApiError, parse
@@ -104,8 +104,20 @@ class _Routes:
         return {"status": "ok"} if self._engine() is not None else loading()
 
     async def slots(self):
-        return llama_error(501, "This server does not support slots endpoint. SpecChat serves one request at a "
-                                "time on its engine; there are no slots to list.", "not_supported_error")
+        """llama-server's slot monitor: SpecChat's one slot (it answers one request at a time on its engine), or 501
+        when started with --no-slots."""
+        if not self.server.slots_enabled:
+            return llama_error(501, "This server does not support slots endpoint. Start it without --no-slots.",
+                               "not_supported_error")
+        engine = self._engine()
+        if engine is None:
+            return loading()
+        busy = self.server.waiting > 0  # (counted in until its generation is over, however it ends)
+        slot = {"id": 0, "n_ctx": engine.n_ctx, "speculative": any(d != OFF for d in engine.drafters),
+                "is_processing": busy}
+        if not busy:  # (what llama-server shows of an idle slot's budget)
+            slot["next_token"] = [{"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}]
+        return [slot]
 
     async def metrics(self):
         """llama-server's Prometheus text (app/server/metrics.py), or its 501 when not started with --metrics."""

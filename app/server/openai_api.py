@@ -104,7 +104,7 @@ class Started:
 class OpenAIServer:
     def __init__(self, runtime: Runtime, defaults: Callable[[], Settings] = Settings, max_waiting: int = MAX_WAITING,
                  max_body: int | None = None, metrics: bool = False, aliases: tuple[str, ...] = (),
-                 tags: tuple[str, ...] = (), verbose: bool = False):
+                 tags: tuple[str, ...] = (), verbose: bool = False, slots: bool = True):
         self.runtime = runtime
         self.defaults = defaults  # the app's current settings: what a request leaves out
         self.max_waiting = max_waiting
@@ -116,6 +116,7 @@ class OpenAIServer:
         self.served: deque[Served] = deque(maxlen=50)
         self.metrics = Metrics()  # counted always, served at /metrics only when asked for (--metrics)
         self.metrics_enabled = metrics
+        self.slots_enabled = slots  # /slots (llama-server's default; --no-slots: 501)
         self.aliases = tuple(aliases)  # --alias: the names the loaded pair is listed and answers by
         self.tags = tuple(tags)  # --tags: shown beside them
         self.verbose = verbose  # --verbose: answers carry llama-server's __verbose object unless a request says not
@@ -247,7 +248,7 @@ class OpenAIServer:
         """On a worker thread: the request read (``Job``), its prompt's tokens, the generation's parameters and the
         tool format its answer is read with (None: no call). Any mistake is an ApiError; the context length is
         checked before the prompt is tokenized where its size alone says it cannot fit."""
-        job = parse(body, chat, self.defaults(), engine.drafters)
+        job = parse(body, chat, self.defaults(), engine.drafters, bias_tokens(engine.model))
         try:
             engine.check_drafter(job.drafter)
         except EngineError as exc:
@@ -501,6 +502,11 @@ def _choices(body) -> int:
 
 def _call(call) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def bias_tokens(model) -> Callable[[str], list[int]]:
+    """How a text in ``logit_bias`` becomes tokens: the model's tokenizer, no special tokens (llama-server's)."""
+    return lambda text: model.tokenize(text, add_special=False, parse_special=False)
 
 
 def prompt_progress(ev: PromptProgress) -> dict:

@@ -13,6 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
+from typing import Callable
 
 from ..chat.settings import Settings
 from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
@@ -441,8 +442,10 @@ def _top(body: dict, name: str) -> int | None:
     return n
 
 
-def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
-    """``logit_bias`` as OpenAI sends it ({"15043": -100}) or llama-server ([[15043, -1.0]], false to ban a token)."""
+def _logit_bias(body: dict, tokenize: Callable[[str], list[int]] | None) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as OpenAI sends it ({"15043": -100}) or llama-server ([[15043, -1.0]], false to ban a token); a
+    text in a token's place stands for each of its tokens (``tokenize``: the model's, no special tokens), as in
+    llama-server."""
     value = body.get("logit_bias")
     if value in (None, {}, []):
         return ()
@@ -453,11 +456,12 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         if isinstance(token, str) and token.strip().lstrip("-").isdigit():
             token = int(token)
         bias = -math.inf if bias is False else bias
-        if isinstance(token, bool) or not isinstance(token, int) or isinstance(bias, bool) \
+        texts = isinstance(token, str) and token != "" and tokenize is not None
+        if not texts and (isinstance(token, bool) or not isinstance(token, int)) or isinstance(bias, bool) \
                 or not isinstance(bias, (int, float)):
-            raise ApiError(400, "'logit_bias' must map token ids to numbers ({\"15043\": -100}, or [[15043, -1.0]]; "
-                                "false bans a token).", param="logit_bias")
-        out.append((token, float(bias)))
+            raise ApiError(400, "'logit_bias' must map token ids or texts to numbers ({\"15043\": -100}, or "
+                                "[[15043, -1.0]], or [[\" hello\", -100]]; false bans a token).", param="logit_bias")
+        out += [(t, float(bias)) for t in (tokenize(token) if texts else [token])]
     return tuple(out)
 
 
@@ -501,8 +505,10 @@ def _n_predict(body: dict) -> int | None:
     return None if n is None else n if n >= 0 else NO_LIMIT
 
 
-def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Job:
-    """Read and validate a request body; any mistake is an ApiError (400) naming the field."""
+def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...],
+          tokenize: Callable[[str], list[int]] | None = None) -> Job:
+    """Read and validate a request body; any mistake is an ApiError (400) naming the field. ``tokenize``: the
+    model's, for texts in ``logit_bias``."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
     if _number(body, "n", int, 1) != 1:  # (the chat and completions endpoints answer n > 1 one at a time)
@@ -535,7 +541,7 @@ def parse(body, chat: bool, defaults: Settings, drafters: tuple[str, ...]) -> Jo
         drafter, s = OFF, replace(s, draft_min=0)
     try:
         params = replace(s.generation(), stop=tuple(stop or ()), grammar=_grammar(body))
-        params = replace(params, sampling=replace(params.sampling, logit_bias=_logit_bias(body),
+        params = replace(params, sampling=replace(params.sampling, logit_bias=_logit_bias(body, tokenize),
                                                   ignore_eos=_flag(body, "ignore_eos")))
         params.sampling.validate()
     except EngineError as exc:

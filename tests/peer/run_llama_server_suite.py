@@ -45,7 +45,7 @@ SPECCHAT_FLAGS = {"--port": None, "--temp": None, "--seed": None, "--alias": Non
                   "--spec-draft-n-max": "--draft-max", "--spec-draft-n-min": "--draft-min", "--threads": "-t",
                   "--batch-size": None}
 SPECCHAT_SWITCHES = {"--metrics": "--metrics", "--jinja": "--jinja", "--no-jinja": "--no-jinja",
-                     "--verbose": "--verbose"}
+                     "--verbose": "--verbose", "--slots": "--slots", "--no-slots": "--no-slots"}
 MODEL_FLAGS = {"--model", "-m", "--hf-repo", "-hf", "--hf-file", "-hff", "--model-url", "-mu", "--model-draft", "-md"}
 # llama-server's switches that take no value (everything else starting with '-' takes one).
 SWITCHES = {"--offline", "--cont-batching", "--embedding", "--reranking", "--metrics", "--kv-unified", "--swa-full",
