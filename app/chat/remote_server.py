@@ -65,6 +65,9 @@ class ServerSpec:
     method: str | None = None  # the person's own name for how it speculates (e.g. "EAGLE-3, 4 tokens")
 
 
+_NOT_ASKED = object()  # (RemoteServer.takes_images before the server was asked)
+
+
 class RemoteServer:
     """One OpenAI-compatible server. Requests are made one at a time, like the local engine's."""
 
@@ -76,8 +79,7 @@ class RemoteServer:
         self._model = spec.model
         self._engine: str | None = None
         self._method: str | None = None
-        self._vision: bool | None = None
-        self._vision_known = False
+        self._vision: bool | None | object = _NOT_ASKED
 
     def close(self) -> None:
         self._http.close()
@@ -107,10 +109,9 @@ class RemoteServer:
     def takes_images(self) -> bool | None:
         """Whether the server reads images: llama-server and SpecChat say so in /props (``modalities.vision``);
         None where the server does not tell (vLLM, SGLang: one that cannot read an image answers it with an error)."""
-        if not self._vision_known:
+        if self._vision is _NOT_ASKED:
             modalities = self._probe("/props").get("modalities")
             self._vision = bool(modalities.get("vision")) if isinstance(modalities, dict) else None
-            self._vision_known = True
         return self._vision
 
     def _probe(self, path: str) -> dict:

@@ -195,8 +195,8 @@ class Runtime:
                 interval: float = INTERVAL) -> Iterator[Comparison]:
         """Speculation off, then on, one after the other so each run has the whole machine; both start from the same
         cache, empty but for the prompt's images (encoded once, before either run), so neither reuses the other's
-        prompt evaluation. With a server: its speculation-off twin, or the
-        same server asked for speculation off (``speculative.n_max: 0``), then on; the outputs compared as text."""
+        prompt evaluation. With a server: its speculation-off twin, or the same server asked for speculation off
+        (``speculative.n_max: 0``), then on; the outputs compared as text."""
         params = settings.generation()
         if settings.drafter == OFF:
             raise EngineError("Comparing needs a drafter: choose one in Settings (speculation is off).")

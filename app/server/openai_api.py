@@ -229,8 +229,8 @@ class OpenAIServer:
             meta = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                         model=started.loaded, chat=chat, prompt_n=len(ids), tools=started.reader, offered=job.tools,
                         vocab=self.runtime.engine.model, post=job.params.post_sampling_probs,
-                        engine=self.runtime.engine, stream=job.stream,
-                        verbose=(self.verbose if job.verbose is None else job.verbose) and (ids, job.params))
+                        engine=self.runtime.engine, stream=job.stream, ids=ids, params=job.params,
+                        verbose=self.verbose if job.verbose is None else job.verbose)
             if job.stream:  # (the stream closes the generation when it ends)
                 return sse(self._stream(job, started.first, started.batches, meta, started.watch))
             done = await started.finish()
@@ -525,8 +525,8 @@ def _with_verbose(out: dict, meta: dict, done: Done) -> dict:
     if meta["verbose"]:
         from .native_completion import native_result  # (it builds on this module)
 
-        ids, params = meta["verbose"]
-        out["__verbose"] = native_result(meta["engine"], ids, done, params, meta["model"], meta["stream"])
+        out["__verbose"] = native_result(meta["engine"], meta["ids"], done, meta["params"], meta["model"],
+                                         meta["stream"])
     return out
 
 

@@ -322,9 +322,12 @@ class Context:
             [(0, len(tokens), False)]
         ends = []
         for i, j, image in runs:
-            first = (j - i - 1) % self.n_batch + 1
-            ends += [j] if image else list(range(i + first, j + 1, self.n_batch))
+            ends += [j] if image else list(range(i + self._remainder(j - i), j + 1, self.n_batch))
         return ends
+
+    def _remainder(self, n: int) -> int:
+        """The odd-sized batch of ``n`` positions split into n_batch ones (n_batch when they divide evenly)."""
+        return (n - 1) % self.n_batch + 1
 
     def _prepare(self, n_batch: int, n_speculative: int) -> None:
         """Before a recurrent decode: make sure a later truncate into its speculative tokens has a way back."""
@@ -353,7 +356,7 @@ class Context:
                     self.media.evaluate(self.ptr, tokens[i], pos, self.n_batch, last and n_logits > 0)
                     self._n_out, self._last_chunk = 1, 0  # (logits(-1): the last output, row -1)
                     # libmtmd decoded the image n_batch positions at a time: only the last batch's rows can be read
-                    n_last = (j - i - 1) % self.n_batch + 1
+                    n_last = self._remainder(j - i)
                     for capture in self.captures:
                         capture.skip(start + i, j - i - n_last)
                         capture.keep(start + j - n_last, n_last)
@@ -377,7 +380,7 @@ class Context:
         pos0 = self.position(start)  # (the index, but after an M-RoPE image)
         done = 0
         while done < len(tokens):
-            size = (len(tokens) - 1) % self.n_batch + 1 if done == 0 else self.n_batch
+            size = self._remainder(len(tokens)) if done == 0 else self.n_batch
             chunk = tokens[done : done + size]
             n = len(chunk)
             tok, pos, nseq, seq, lg = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
