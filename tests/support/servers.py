@@ -23,7 +23,11 @@ def free_port() -> int:
 def specchat_serve(home: Path, api_key: str | None = None, *args: str,
                    models: tuple[str, ...] = ("--pair", "starter")) -> Iterator[str]:
     """`specchat serve --pair starter` (or other ``models`` flags); yields its base URL (…/v1) and checks it stops
-    cleanly."""
+    cleanly. Drafts are fixed-length (``--no-adaptive``) unless ``args`` say ``--adaptive``: the tests assert that
+    speculation drafted, and adaptive mode may measure, on a busy machine, that drafting does not pay and draft
+    nothing (CI, 2026-11-27)."""
+    if "--adaptive" not in args:
+        args = ("--no-adaptive", *args)
     port = free_port()
     env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1")
     env.pop("SPECCHAT_API_KEY", None)
