@@ -33,6 +33,10 @@ def test_build_is_batch_invariant():
         "llama-cpp-python was built with llamafile kernels; reinstall with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF "
         "(see README) so greedy speculative output is bit-identical to plain decoding"
     )
+    from app.engine import supports_gpu_offload
+
+    # a GPU picks kernels by batch size (measured on an H100: docs/benchmarks.md), so offloaded layers are not
+    assert batch_invariant(-1) is not supports_gpu_offload() and batch_invariant(0)
 
 
 def test_a_k_quant_model_gives_each_token_the_same_logits_alone_or_in_a_batch(tmp_path):

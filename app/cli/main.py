@@ -182,10 +182,13 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     dp = draft_params(args, resolved.draft_params)
     # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
     engine = load_engine(spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names))
-    if drafter != OFF and not batch_invariant():
-        print("specchat: note: batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set), "
-              "so greedy output can differ from plain decoding at rare near-ties; reinstall as the README shows and "
-              "leave GGML_CPU_TILED_MM unset for exact output.", file=sys.stderr)
+    if drafter != OFF and not batch_invariant(spec.ngl):
+        print("specchat: note: " + ("the GPU picks other kernels for a verification batch than for one token"
+                                    if batch_invariant() else "batched kernels are on (a llama.cpp build with "
+                                    "llamafile, or GGML_CPU_TILED_MM set)") +
+              ", so greedy output can differ from plain decoding at rare near-ties. For bit-identical output: "
+              + ("-ngl 0" if batch_invariant() else "reinstall as the README shows and leave GGML_CPU_TILED_MM "
+                 "unset") + ".", file=sys.stderr)
     return engine, drafter, dp
 
 
@@ -281,7 +284,7 @@ def cmd_generate(args) -> int:
             "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
             "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags, "n_forced": s.n_forced,
             "n_forced_accepted": s.n_forced_accepted, "grammar_seconds": s.grammar_seconds,
-            "batch_invariant": batch_invariant(), "n_images": len(images),
+            "batch_invariant": batch_invariant(args.ngl), "n_images": len(images),
             "by_drafter": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in s.by_drafter.items()},
         }))
     else:

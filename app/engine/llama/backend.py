@@ -123,14 +123,18 @@ def system_info() -> str:
     return ll.llama_print_system_info().decode("utf-8", "replace")
 
 
-def batch_invariant() -> bool:
-    """Whether a token's logits come out bit-identical whether it is decoded alone or in a verification batch (on
-    the CPU; GPU backends pick kernels by batch size too, which this cannot see).
+def batch_invariant(gpu_layers: int = 0) -> bool:
+    """Whether a token's logits come out bit-identical whether it is decoded alone or in a verification batch.
 
     Three CPU paths serve a batch with kernels that round differently from the one-token dot products, so a
     near-tie can flip greedy output: llamafile's tinyBLAS (SpecChat's install builds llama.cpp with
     GGML_LLAMAFILE=OFF), weights repacked for batched kernels (``Model`` loads with ``use_extra_bufts`` off) and
-    ggml's tiled K-quant matmul (``TILED_MM``, off unless the user turned it on)."""
+    ggml's tiled K-quant matmul (``TILED_MM``, off unless the user turned it on). A GPU picks its kernels by batch
+    size too: with the target's layers offloaded (``gpu_layers`` != 0) a batch rounds differently (measured on an
+    H100 with the pinned build, 2026-11-27: logits apart by up to 0.04 on F32 weights and 0.6 on Q4_K_M, the top
+    token moved in about one row of 8-32; docs/benchmarks.md), as it does in llama.cpp's own speculation."""
+    if gpu_layers and supports_gpu_offload():
+        return False
     return "LLAMAFILE = 1" not in system_info() and os.environ.get(TILED_MM, "0").strip() in ("0", "")
 
 
