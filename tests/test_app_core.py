@@ -320,6 +320,18 @@ def test_compare_marks_the_first_differing_token(runtime):
     assert render.compare_pane(done, "on").startswith("**Speculation on (draft model) — ")
 
 
+def test_compare_samples_both_runs_with_one_seed_and_gets_the_same_answer(runtime):
+    """Sampled, both runs draw from the same seed's numbers, keyed on each token's position: speculation changes the
+    speed, not the answer, and Compare checks that as it does under greedy decoding."""
+    from app.ui import render
+
+    done = _last(runtime.compare([{"role": "user", "content": "the dog"}],
+                                 Settings(max_tokens=32, draft_max=6, temperature=1.0, top_p=1.0, min_p=0.0)))
+    assert done.same_tokens and done.on.stats.n_drafted > 0
+    assert done.on.done.token_ids == done.off.done.token_ids and done.first_difference() is None
+    assert '<span class="same">outputs identical' in render.compare_summary(done)
+
+
 def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):
     from app.chat.comparison import Comparison
     from app.engine import Done, Stats

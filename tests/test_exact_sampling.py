@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
+from app.engine.drafters.ngram import NgramParams
 
 N = 2500
 SP = SamplingParams(temperature=1.3, top_k=6, top_p=1.0, min_p=0.0)
@@ -144,6 +145,29 @@ def test_sampled_speculation_accepts_some_and_rejects_some(tiny_engine):
                               draft=DraftParams(draft_max=4, draft_p_min=0.0))
     done = list(tiny_engine.generate([1, 300, 301], params, "model"))[-1]
     assert 0.05 < done.stats.acceptance_rate < 0.95
+
+
+@pytest.mark.parametrize("drafter, draft", [
+    ("model", dict(draft_max=4, draft_p_min=0.0)),
+    ("model", dict(draft_max=12, draft_p_min=0.0, adaptive=True)),
+    ("ngram-simple", dict(draft_max=6, ngram=NgramParams(simple_size_n=2, simple_size_m=6))),
+])
+def test_a_seed_gives_the_same_sampled_answer_with_speculation_on_and_off(tiny_engine, close_engine, drafter, draft):
+    """Each token is the target's draw at its position, made from (seed, position, token) alone: drafting changes
+    how fast the answer comes, never which answer, at any temperature and however many drafts were rejected."""
+    drafted = rejected = 0
+    prompt = [1, 300, 301, 302, 303, 300, 301, 302, 303, 300, 301]  # (a pattern for the n-gram lookup to draft)
+    for engine in (tiny_engine, close_engine):
+        for seed in range(12):
+            sp = SamplingParams(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0, seed=seed)
+            off = list(engine.generate(prompt, GenerationParams(
+                max_tokens=40, sampling=sp, draft=DraftParams(draft_max=0)), "none"))[-1]
+            on = list(engine.generate(prompt, GenerationParams(
+                max_tokens=40, sampling=sp, draft=DraftParams(**draft)), drafter))[-1]
+            assert on.token_ids == off.token_ids, (seed, drafter)
+            drafted += on.stats.n_drafted
+            rejected += on.stats.n_drafted - on.stats.n_accepted
+    assert drafted > 0 and rejected > 0  # speculation ran, and the target turned some drafts down
 
 
 def test_same_seed_same_output(tiny_engine):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from app.engine import EngineError, SamplingParams
-from app.engine.sampling import Dist, accept_or_resample, distribution, sample
+from app.engine.sampling import Dist, Noise, accept_or_resample, distribution, sample
 
 
 def dense(logits, sp) -> np.ndarray:
@@ -23,9 +23,15 @@ def test_transform_keeps_top_k_then_top_p_then_min_p():
     assert hot[4] > 0.05 and hot[0] < 0.4  # a higher temperature flattens
 
 
+def _within_5_sigma(counts, p):
+    n = counts.sum()
+    freq = counts / n
+    return np.all(np.abs(freq - p) < 5 * np.sqrt(p * (1 - p) / n) + 1e-4), (freq, p)
+
+
 def test_speculative_step_reproduces_target_distribution_exactly():
-    """P(output = x) = q(x) min(1, p(x)/q(x)) + P(reject) * residual(x) must equal p(x): check the algebra by
-    enumerating every draft token and simulating the accept/reject coin with many draws."""
+    """Every committed token is the target's own draw at its position, whether the draft's token (drawn from q with
+    the same numbers) was accepted or not: the output has p's distribution, even where the supports differ."""
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(6))
     q = rng.dirichlet(np.ones(6))
@@ -33,26 +39,50 @@ def test_speculative_step_reproduces_target_distribution_exactly():
     q /= q.sum()
     p[5] = 0.0  # ... and proposes token 5, which the target never takes: supports differ
     p /= p.sum()
-    counts = np.zeros(6)
-    n = 200_000
-    coin = np.random.default_rng(1)
-    drafts = coin.choice(6, size=n, p=q)
-    for x in drafts[:n]:
-        _, tok = accept_or_resample(Dist.from_dense(p), Dist.from_dense(q), int(x), coin)
+    P, Q = Dist.from_dense(p), Dist.from_dense(q)
+    noise = Noise(7)
+    counts, accepted, n = np.zeros(6), 0, 100_000
+    for i in range(n):
+        noise.at = i
+        ok, tok = accept_or_resample(P, sample(Q, noise), noise)
+        assert tok == sample(P, noise) and ok == (tok == sample(Q, noise))
         counts[tok] += 1
-    freq = counts / n
-    # 5 sigma of a binomial proportion
-    assert np.all(np.abs(freq - p) < 5 * np.sqrt(p * (1 - p) / n) + 1e-4), (freq, p)
+        accepted += ok
+    ok, detail = _within_5_sigma(counts, p)
+    assert ok, detail
+    # drawn from the same numbers, q's token is p's about as often as any coupling allows: the Gumbel coupling's
+    # bound is (1 - TV) / (1 + TV) (the best, 1 - TV)
+    tv = 0.5 * np.abs(p - q).sum()
+    assert accepted / n > (1 - tv) / (1 + tv) - 0.01 and accepted / n < 1 - tv + 0.01
 
 
 def test_deterministic_proposal_is_accepted_with_target_probability():
     p = np.array([0.5, 0.3, 0.2])
-    rng = np.random.default_rng(2)
-    results = [accept_or_resample(Dist.from_dense(p), None, 1, rng) for _ in range(50_000)]
+    noise = Noise(2)
+    results = []
+    for i in range(50_000):
+        noise.at = i
+        results.append(accept_or_resample(Dist.from_dense(p), 1, noise))
     accepted = np.mean([ok for ok, _ in results])
     assert abs(accepted - 0.3) < 0.01
     out = np.bincount([t for _, t in results], minlength=3) / len(results)
     assert np.allclose(out, p, atol=0.01)
+
+
+def test_a_draw_depends_on_the_seed_and_the_position_only():
+    """The same (seed, position) gives the same token whatever else was drawn; another seed or position is an
+    independent draw (the uniforms are spread evenly), and an unseeded Noise picks a seed of its own."""
+    d = Dist.from_dense(np.full(50, 0.02))
+    a, b = Noise(3), Noise(3)
+    a.at = b.at = 40
+    sample(d, a, 5)  # (another position drawn first changes nothing)
+    assert sample(d, a) == sample(d, b) and sample(d, a, 2) == sample(d, b, 2)
+    draws = [sample(d, Noise(3), i) for i in range(2000)]
+    assert len(set(draws)) == 50 and [sample(d, Noise(4), i) for i in range(2000)] != draws
+    u = Noise(5).uniforms(0, np.arange(200_000))
+    assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.005
+    assert np.histogram(u, bins=10, range=(0, 1))[0].min() > 19_000
+    assert Noise().seed != Noise().seed
 
 
 @pytest.mark.parametrize("bad", [
@@ -95,21 +125,16 @@ def test_fast_transform_matches_the_reference(sp):
         assert np.allclose(dense(logits, sp), reference_distribution(logits, sp), atol=1e-9)
 
 
-def dense_sample(probs: np.ndarray, rng) -> int:
-    """The draw before distributions were sparse: inverse CDF over the whole vocabulary."""
-    c = np.cumsum(probs)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(probs) - 1))
-
-
 def test_a_sparse_draw_picks_the_token_a_dense_one_would():
-    """Same seed, same output as before distributions became sparse: the draw runs over the kept tokens in id
-    order, whose partial sums are those of the dense vocabulary-sized array (its zeros add nothing)."""
+    """The draw over the kept tokens is the one over the whole vocabulary-sized array: each token's number is keyed
+    on its id, and a zero probability never wins."""
     rng = np.random.default_rng(7)
     for _ in range(200):
         logits = (rng.standard_normal(3000) * 3).astype(np.float32)
         d = distribution(logits, SamplingParams(0.8, 40, 0.95, 0.05))
-        seed = int(rng.integers(1 << 30))
-        assert sample(d, np.random.default_rng(seed)) == dense_sample(d.dense(3000), np.random.default_rng(seed))
+        noise = Noise(int(rng.integers(1 << 30)))
+        with np.errstate(divide="ignore"):
+            assert sample(d, noise) == sample(Dist(np.arange(3000), d.dense(3000)), noise)
 
 
 def test_top_k_is_exact_when_few_logits_are_near_the_top():

@@ -1,5 +1,5 @@
 """One on/off comparison (``Comparison``): the same prompt answered with speculation off, then on, and where the
-two outputs first differ under greedy decoding."""
+two outputs first differ where they should be the same (greedy, or sampled by SpecChat with one seed)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,11 +14,11 @@ class Comparison:
 
     prompt: str
     drafter: str
-    greedy: bool
+    same_tokens: bool  # both runs should give the same tokens: greedy, or SpecChat's engine sampling with one seed
     off: Live = field(default_factory=Live)
     on: Live = field(default_factory=Live)
     phase: str = "off"  # off | on | done
-    # Under greedy decoding, where the first differing token sits in each output: ((start, end) off, (start, end) on)
+    # Where same_tokens, where the first differing token sits in each output: ((start, end) off, (start, end) on)
     diff_spans: tuple[tuple[int, int], tuple[int, int]] | None = None
     note: str = ""  # e.g. a server that kept drafting with speculation off requested
     by_text: bool = False  # a server gives no token ids: the outputs are compared character by character
@@ -33,8 +33,8 @@ class Comparison:
         return b / a if a > 0 else 0.0
 
     def locate_difference(self, detokenize: Callable[[list[int]], str]) -> None:
-        """Under greedy decoding, find where the first differing token sits in each output's text."""
-        if not (self.greedy and self.off.done and self.on.done) or (i := self.first_difference()) is None:
+        """Where the outputs should be the same, find where the first differing token sits in each output's text."""
+        if not (self.same_tokens and self.off.done and self.on.done) or (i := self.first_difference()) is None:
             return
         if self.by_text:
             self.diff_spans = ((i, i + 1), (i, i + 1))

@@ -6,6 +6,7 @@ The Gradio UI (app/ui) only renders what this module yields, whichever backend i
 """
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -208,7 +209,9 @@ class Runtime:
         drafter = self._drafter(settings.drafter)
         ids = chat_tokens(engine.model, messages, engine.projector, enable_thinking=settings.enable_thinking)
         cancel = cancel or threading.Event()
-        cmp = Comparison(text_of(messages[-1]["content"]), drafter, params.sampling.temperature == 0)
+        if params.sampling.seed < 0:  # one seed for both runs: sampled, they then give the same answer too
+            params = replace(params, sampling=replace(params.sampling, seed=secrets.randbits(31)))
+        cmp = Comparison(text_of(messages[-1]["content"]), drafter, True)
         keep = ids[: through_images(ids)]  # both runs start from the prompt's images, encoded once (before either)
         for phase, kind in (("off", OFF), ("on", drafter)):
             cmp.phase = phase

@@ -19,7 +19,7 @@ from .errors import EngineError
 from .grammar import Grammar
 from .grammar_sandbox import on_big_stack, verdict
 from .llama import Model
-from .sampling import Dist, SamplingParams, distribution, greedy_token
+from .sampling import Dist, Noise, SamplingParams, distribution, greedy_token
 
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Model -> llguidance's view of its vocab
 
@@ -168,12 +168,13 @@ class Constrained(Drafter):
         self.drafter.accept(n_accepted)
 
     def draft_round(self, history: list[int], n_max: int, limit: int, sp: SamplingParams,
-                    rng: np.random.Generator, gate: Gate | None) -> Draft:
+                    rng: Noise, gate: Gate | None) -> Draft:
         drafter, constraint = self.drafter, self.constraint
         out = Draft(probs=None if sp.greedy else [], signals=[] if gate else None)
         consumed = own = calls = 0
         after_forced = drafter.AFTER_FORCED
         allowed: list[bool] = []  # per token of the drafter's current run: did the grammar allow it
+        at = rng.at
 
         def stop(tok: int) -> bool:
             nonlocal consumed
@@ -198,6 +199,7 @@ class Constrained(Drafter):
                 if budget <= 0 or (calls and not forced) or (out.tokens and not after_forced):
                     break
                 allowed.clear()
+                rng.at = at + len(out.tokens)  # (the drafter's tokens follow those drafted or forced so far)
                 d = drafter.propose(history + out.tokens, budget, sp, rng, gate, stop)
                 calls += 1
                 out.source = out.source or d.source
@@ -217,6 +219,7 @@ class Constrained(Drafter):
                     break
         finally:
             constraint.rollback(consumed)
+            rng.at = at
         return out
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import io
 import warnings
 
-import numpy as np
 
 from .drafters import Draft, Drafter
 from .drafters.chain import ChainDrafter
 from .errors import EngineError
-from .sampling import SamplingParams
+from .sampling import Noise, SamplingParams
 
 FORMATS = ("PNG", "JPEG", "GIF", "BMP")  # what libmtmd's decoder (stb_image) reads
 MAX_PIXELS = 100_000_000  # refused above this: decoding alone would take gigabytes
@@ -112,7 +111,7 @@ class TextOnly(Drafter):
         self._n_prompt, self._text = len(prompt_ids), text_view(prompt_ids, self.placeholder)
         self.inner.begin(self._text)
 
-    def propose(self, history, n_max, sp: SamplingParams, rng: np.random.Generator, gate=None, stop=None) -> Draft:
+    def propose(self, history, n_max, sp: SamplingParams, rng: Noise, gate=None, stop=None) -> Draft:
         return self.inner.propose(self._view(history), n_max, sp, rng, gate, stop)
 
     def draft_round(self, history, n_max, limit, sp, rng, gate) -> Draft:

@@ -21,7 +21,7 @@ from .events import Done, Event, PromptProgress, Round, Stats, TextDelta
 from .grammar import Grammar
 from .llama import Cancelled, Context, Model
 from .logprobs import MAX_TOP, TokenLogprob, certain, from_dist, from_logits
-from .sampling import SamplingParams, accept_or_resample, distribution, greedy_token, make_rng, sample
+from .sampling import Noise, SamplingParams, accept_or_resample, distribution, greedy_token, sample
 from .text_stream import TextStream
 
 
@@ -57,7 +57,7 @@ def speculative_generate(
 ) -> Iterator[Event]:
     """``measured``: what rounds cost with this drafter, from earlier answers (updated by this one)."""
     sp = params.sampling
-    rng = make_rng(sp.seed)
+    rng = Noise(sp.seed)
     control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured)
     gate = control if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
@@ -78,6 +78,7 @@ def speculative_generate(
     try:
         yield from _prefill(target, prompt_ids, stats, params.prompt_progress, t_start)
         drafter.begin(prompt_ids)
+        rng.at = len(prompt_ids)
         pending, accepted = [choose.pick(target.logits(-1))], 0
         t_first = time.perf_counter()
         stats.time_to_first_token_s = t_first - t_start
@@ -97,6 +98,7 @@ def speculative_generate(
             replaying = target.n_pending > 0
             limit = 0 if replaying else min(MAX_DRAFT, target.n_batch - 1, room)  # (one batch verifies a draft)
             t0 = time.perf_counter()
+            rng.at = len(out.history)  # the next token's position: where this round's draws are keyed
             draft = drafter.draft_round(out.history, 0 if replaying else min(control.next(), room), limit, sp, rng,
                                         gate)
             k = _usable(draft, limit, params.draft.draft_min, target.model)
@@ -147,7 +149,7 @@ class Choice:
     constrains the answer (the grammar advanced past each token chosen), and, when asked, the target's
     log-probabilities at each position a token was committed from (``reported``)."""
 
-    def __init__(self, model: Model, params: GenerationParams, rng: np.random.Generator):
+    def __init__(self, model: Model, params: GenerationParams, rng: Noise):
         self.sp, self.rng = params.sampling, rng
         self.constraint = Constraint(params.grammar, model) if params.grammar else None
         self.bias = logit_bias_for(model, params.sampling)
@@ -190,8 +192,9 @@ class Choice:
         out, self._reported = self._reported, []
         return out
 
-    def pick(self, logits: np.ndarray) -> int:
-        tok = self.greedy(logits) if self.sp.greedy else sample(self.distribution(logits), self.rng)
+    def pick(self, logits: np.ndarray, offset: int = 0) -> int:
+        """The target's token at position ``rng.at + offset``."""
+        tok = self.greedy(logits) if self.sp.greedy else sample(self.distribution(logits), self.rng, offset)
         return self.commit(tok, logits)
 
 
@@ -207,7 +210,7 @@ def logit_bias_for(model: Model, sp: SamplingParams) -> tuple[np.ndarray, np.nda
 
 
 def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: Choice, sp: SamplingParams,
-            rng: np.random.Generator) -> tuple[list[int], int]:
+            rng: Noise) -> tuple[list[int], int]:
     """Verify [last, d1..dk] in one target batch: the tokens the round commits (the accepted draft tokens, then the
     target's own) and how many draft tokens were accepted. Rejected positions leave the cache at once."""
     target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1, n_speculative=k)
@@ -215,15 +218,14 @@ def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: C
     for i in range(k + 1):
         logits = target.logits(i)
         if i == k:  # every draft token accepted: the target's own next token comes free
-            pending.append(choose.pick(logits))
+            pending.append(choose.pick(logits, i))
             break
         d = draft.tokens[i]
         if sp.greedy:
             tok = choose.greedy(logits)
             ok = tok == d
         else:
-            q = draft.probs[i] if draft.probs else None
-            ok, tok = accept_or_resample(choose.distribution(logits), q, d, rng)
+            ok, tok = accept_or_resample(choose.distribution(logits), d, rng, i)
         pending.append(choose.commit(tok, logits))
         if not ok:
             break

@@ -1,10 +1,21 @@
 """Token selection: greedy argmax, the sampling transform, and exact speculative acceptance.
 
 The transform follows llama.cpp's default chain order — top-k, top-p, min-p on the raw logits, then temperature —
-and is applied identically to target (p) and draft (q) logits, as exact speculative sampling requires.
+and is applied identically to target (p) and draft (q) logits.
+
+Sampling is a Gumbel-max draw whose randomness is keyed on the token's position in the sequence (``Noise``): the
+token at position i is the one with the smallest E/p, where E = -log(u) and u is a uniform number made from (seed,
+i, token id) alone. Plain decoding takes that token. A drafter draws its token for position i from its own q with
+the same numbers, and the target accepts it exactly when it is the token the target draws there; otherwise the
+target's token goes in its place. So every token committed is the target's own draw at its position, whatever was
+drafted: sampled output has the target's exact distribution, and with a seed it is the same with speculation on
+or off, and from one run to the next (llama-server's seeds repeat too). Drawing q and p from the same numbers
+couples them: the draft's token is the target's about as often as the best coupling allows (1 - TV(p, q)) where p
+and q are close, as a draft model's are.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +56,52 @@ class SamplingParams:
                                   "the token.")
 
 
-def make_rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(None if seed is None or seed < 0 else seed)
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finaliser."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    """The same on uint64 arrays (whose products wrap mod 2**64 as the masks above do)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class Noise:
+    """The sampler's randomness: one uniform number per (position, token id), made from the seed alone, so a
+    token's draw does not depend on what was drafted, in what order, or how often (see the module's docstring).
+
+    ``at``: the sequence position that offset 0 stands for, set by the loop before each round (the position of
+    the next token), and moved by a drafter's caller where a draft continues after tokens of its own.
+    """
+
+    def __init__(self, seed: int = -1):
+        self.seed = int(seed) if seed is not None and seed >= 0 else secrets.randbits(63)
+        self.at = 0
+
+    def uniforms(self, position: int, ids: np.ndarray) -> np.ndarray:
+        """u in (0, 1) for each token id at ``position``: the ids-th outputs of a splitmix64 stream whose state
+        comes from (seed, position)."""
+        state = _mix((self.seed * _GOLDEN + position + 1) & _MASK)
+        with np.errstate(over="ignore"):
+            z = _mix_array(np.uint64(state) + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN))
+        return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+    def pick(self, dist: "Dist", offset: int = 0) -> int:
+        """The Gumbel-max draw from ``dist`` at position ``at + offset``: argmin of E / p with E exponential."""
+        e = -np.log(self.uniforms(self.at + offset, dist.idx)) / dist.p
+        return int(dist.idx[int(np.argmin(e))])
+
+
+def make_rng(seed: int) -> Noise:
+    return Noise(seed)
 
 
 def greedy_token(logits: np.ndarray) -> int:
@@ -214,30 +269,15 @@ def distribution(logits: np.ndarray, sp: SamplingParams) -> Dist:
     return Dist(idx[by_id], p[by_id])
 
 
-def sample(dist: Dist, rng: np.random.Generator) -> int:
-    """Draw one token by inverse CDF (one uniform per draw keeps runs reproducible for a seed)."""
-    c = np.cumsum(dist.p)
-    return int(dist.idx[min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1)])
+def sample(dist: Dist, rng: Noise, offset: int = 0) -> int:
+    """Draw the token at position ``rng.at + offset`` from ``dist``."""
+    return rng.pick(dist, offset)
 
 
-def accept_or_resample(p: Dist, q: Dist | None, token: int, rng: np.random.Generator) -> tuple[bool, int]:
-    """Exact speculative sampling step (Leviathan et al. 2023, Chen et al. 2023).
-
-    ``p``: target distribution at this position, ``q``: the distribution the draft sampled ``token`` from
-    (None for a deterministic proposal such as n-gram lookup, i.e. q is one-hot on ``token``).
-    Accept with probability min(1, p/q); otherwise return a token drawn from normalize(max(0, p - q)), which lives
-    on p's support: the residual is computed there.
-    """
-    q_tok = 1.0 if q is None else q.prob(token)
-    p_tok = p.prob(token)
-    if q_tok > 0.0 and rng.random() * q_tok < p_tok:
-        return True, token
-    if q is None:
-        residual = np.where(p.idx == token, 0.0, p.p)
-    else:
-        at = np.searchsorted(q.idx, p.idx).clip(max=len(q.idx) - 1)
-        q_on_p = np.where(q.idx[at] == p.idx, q.p[at], 0.0)
-        residual = np.maximum(p.p - q_on_p, 0.0)
-    if residual.sum() <= 0.0:  # p == q up to rounding: rejection had probability ~0, fall back to p
-        return False, sample(p, rng)
-    return False, sample(Dist(p.idx, residual), rng)
+def accept_or_resample(p: Dist, token: int, rng: Noise, offset: int = 0) -> tuple[bool, int]:
+    """Exact speculative sampling, coupled: the target draws its own token at this position (``sample``) and
+    accepts the draft's ``token`` if it is that one; else its own token takes the place. Each committed token is
+    the target's draw, so the output has p's distribution whatever the draft's q was (a deterministic proposal,
+    such as an n-gram lookup's, is accepted with probability p(token))."""
+    tok = sample(p, rng, offset)
+    return tok == token, tok

@@ -218,8 +218,8 @@ def compare_summary(cmp) -> str:
     if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
         return '<div class="spec-compare">Stopped before both runs finished.</div>'
     unit = "character" if cmp.by_text else "token"
-    if not cmp.greedy:
-        check = '<span class="na">sampled (temperature &gt; 0): outputs follow the same distribution, ' \
+    if not cmp.same_tokens:
+        check = '<span class="na">sampled (temperature &gt; 0) by a server: outputs follow the same distribution, ' \
                 'not the same tokens</span>'
     else:
         diff = cmp.first_difference()
@@ -250,8 +250,8 @@ def _ceiling(cmp) -> str:
 
 
 def compare_pane(cmp, side: str) -> str:
-    """One side of Compare as markdown: its title with tokens/s (live while it runs), then its output; under greedy
-    decoding, the first token where the two outputs part is marked on both sides."""
+    """One side of Compare as markdown: its title with tokens/s (live while it runs), then its output; where the two
+    should be the same (greedy, or sampled with one seed), the first token where they part is marked on both sides."""
     live = getattr(cmp, side)
     title = "Speculation off" if side == "off" else f"Speculation on ({html.escape(method_name(cmp.drafter))})"
     if live.stats.n_tokens:
@@ -272,7 +272,7 @@ COMPARE_COLUMNS = ["run", "backend", "prompt", "drafter", "tokens", "tok/s off",
 def compare_row(cmp, n: int, backend: str) -> dict:
     """One line of Compare's history. ``backend`` (the pair, or model @ server) and the drafter (for a server, its
     method) keep results of different methods apart."""
-    diff = cmp.first_difference() if cmp.greedy else None
+    diff = cmp.first_difference() if cmp.same_tokens else None
     on = cmp.on.stats
     unit = "character" if cmp.by_text else "token"
     return {
@@ -281,7 +281,7 @@ def compare_row(cmp, n: int, backend: str) -> dict:
         "tok/s on": round(on.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
         "ceiling": round(cmp.ceiling.speedup, 3) if cmp.ceiling else "n/a",  # (a draft model only)
         "acceptance": round(on.acceptance_rate, 4) if on.reported("acceptance_rate") else NOT_REPORTED,
-        "identical": ("yes" if diff is None else f"no ({unit} {diff})") if cmp.greedy else "n/a (sampled)",
+        "identical": ("yes" if diff is None else f"no ({unit} {diff})") if cmp.same_tokens else "n/a (sampled)",
     }
 
 

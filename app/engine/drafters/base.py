@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..sampling import SamplingParams
+from ..sampling import Noise, SamplingParams
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Drafter:
     def begin(self, prompt_ids: list[int]) -> None:
         """A generation starts from this prompt (the drafter may prefill or index it)."""
 
-    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: Noise,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         """Up to ``n_max`` tokens that may follow ``history``. If ``gate`` is given, ask it to take each token
         (passing its confidence signal) and, where drafting costs a step, whether to look further; report the
@@ -77,7 +77,7 @@ class Drafter:
         raise NotImplementedError
 
     def draft_round(self, history: list[int], n_max: int, limit: int, sp: SamplingParams,
-                    rng: np.random.Generator, gate: Gate | None) -> Draft:
+                    rng: Noise, gate: Gate | None) -> Draft:
         """One round's draft: up to ``n_max`` tokens of the drafter's own, within ``limit`` (what the batch and the
         answer have room for). A grammar's wrapper adds the tokens it forces here (``constraint.Constrained``)."""
         n = min(n_max, limit)

@@ -14,10 +14,9 @@ the target committed: the next round re-tokenizes it and keeps the longest commo
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ..llama import Context, Model, common_prefix
-from ..sampling import SamplingParams, draft_pick
+from ..sampling import Noise, SamplingParams, draft_pick
 from .base import Draft, Drafter, Gate, Stop, stop_at
 from .draft_model import ModelDrafter, catch_up, prefill_draft
 
@@ -62,7 +61,7 @@ class TextDrafter(Drafter):
         self._sync(prompt_ids)
         prefill_draft(self.ctx, self._draft_ids())
 
-    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: Noise,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         ctx = self.ctx
         self._sync(history)

@@ -33,7 +33,7 @@ from ..llama import Context, Model
 from ..llama.backend import missing_ext
 from ..llama.block import BlockContext
 from ..llama.heads import LAYER_INPUT_FUNCTIONS
-from ..sampling import SamplingParams
+from ..sampling import Noise, SamplingParams
 from .base import Draft, Drafter, Gate, Stop
 from .draft_model import ModelDrafter, next_draft_token
 from .eagle3 import LAYER_INPUT_ARCHS
@@ -149,7 +149,7 @@ class DFlashDrafter(Drafter):
     def clear(self) -> None:
         self.ctx.clear()  # (with the target's cache: its next decode starts the mirror over)
 
-    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: Noise,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         t0 = time.perf_counter()
         n = min(n_max, self.max_block)
@@ -175,7 +175,7 @@ class DFlashDrafter(Drafter):
             self.ctx.drop_from(n_past)  # the block's rows: the target's features replace them
         return draft
 
-    def _read_rows(self, draft: Draft, rows: range, sp: SamplingParams, rng: np.random.Generator, gate: Gate | None,
+    def _read_rows(self, draft: Draft, rows: range, sp: SamplingParams, rng: Noise, gate: Gate | None,
                    stop: Stop | None) -> None:
         """A token from each row's logits, in order: its greedy pick or a sample (with its distribution)."""
         for row in rows:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ..llama import Context
-from ..sampling import SamplingParams, distribution, draft_pick, sample
+from ..sampling import Noise, SamplingParams, distribution, draft_pick, sample
 from .base import Draft, Drafter, Gate
 
 
@@ -46,7 +46,7 @@ class ModelDrafter(Drafter):
         return draft
 
 
-def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: np.random.Generator, p_min: float,
+def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: Noise, p_min: float,
                      gate: Gate | None) -> int | None:
     """A draft model's step: its greedy pick (judged by --draft-p-min and the gate, with the logit gap recorded as
     the signal) or a sample from its distribution (recorded as q); appended to ``draft``. None: stop here."""
@@ -62,7 +62,7 @@ def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: 
         q = distribution(logits, sp)
         if p_min > 0.0 and q.max() < p_min:
             return None
-        tok = sample(q, rng)
+        tok = sample(q, rng, len(draft.tokens))  # (drawn with the numbers the target draws this position with)
         draft.probs.append(q)
     draft.tokens.append(tok)
     return tok

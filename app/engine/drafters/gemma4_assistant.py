@@ -23,7 +23,7 @@ from ..errors import EngineError
 from ..gguf_file import metadata
 from ..llama import Context, Model
 from ..llama.heads import HiddenStates, captured
-from ..sampling import SamplingParams
+from ..sampling import Noise, SamplingParams
 from .base import Draft, Gate, Stop
 from .mtp import MtpDrafter
 
@@ -89,7 +89,7 @@ class AssistantDrafter(MtpDrafter):
     def clear(self) -> None:
         pass  # its memory is the target's: clearing it would clear the target's cache
 
-    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: Noise,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending, at n_past
         hidden = self.capture.rows

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import EngineError
 from ..llama import Context, Model, common_prefix
 from ..llama.heads import HeadContext, HiddenStates, captured
-from ..sampling import SamplingParams
+from ..sampling import Noise, SamplingParams
 from .base import Draft, Drafter, Gate, Stop
 from .draft_model import ModelDrafter, next_draft_token
 
@@ -88,7 +88,7 @@ class MtpDrafter(Drafter):
         """The states the rows carry, from the target's inputs (for MTP layers, the same)."""
         return inputs
 
-    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: np.random.Generator,
+    def propose(self, history: list[int], n_max: int, sp: SamplingParams, rng: Noise,
                 gate: Gate | None = None, stop: Stop | None = None) -> Draft:
         n_past = len(history) - 1  # the target holds history[:n_past]; history[-1] is pending
         store = self.capture.rows
@@ -127,7 +127,7 @@ class MtpDrafter(Drafter):
                 del store[p]
         return draft
 
-    def _chain(self, draft: Draft, n_max: int, sp: SamplingParams, rng: np.random.Generator, gate: Gate | None,
+    def _chain(self, draft: Draft, n_max: int, sp: SamplingParams, rng: Noise, gate: Gate | None,
                stop: Stop | None, position) -> None:
         """Draft from the row just decoded, each further token fed back with the layer's own hidden state, at
         ``position(i)`` for the i-th."""
