@@ -82,6 +82,7 @@ def speculative_generate(
         pending, accepted = [choose.pick(target.logits(-1))], 0
         t_first = time.perf_counter()
         stats.time_to_first_token_s = t_first - t_start
+        t_end = None  # when the last round ended: the time until the next starts is a round's cost too
         while True:
             yield from out.commit(pending, accepted, choose.reported())
             stats.n_tokens = len(out.ids)
@@ -109,7 +110,8 @@ def speculative_generate(
                 drafter.accept(accepted)
             _count(stats, draft, k, accepted, t1 - t0, t2 - t1, choose.constraint)
             if not replaying:  # a replay round's cost is not a plain step's
-                control.record(draft, k, accepted, t1 - t0, t2 - t1)
+                control.record(draft, k, accepted, t1 - t0, t2 - t1, None if t_end is None else t0 - t_end)
+            t_end = None if replaying else t2
             yield Round(k, accepted, t1 - t0, t2 - t1, replace(stats))  # a snapshot: stats keep changing
     except Cancelled:
         finish = "cancelled"
