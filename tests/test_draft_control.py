@@ -268,3 +268,19 @@ def test_acceptance_is_the_drafters_own_not_that_of_the_tokens_a_grammar_forced(
     for _ in range(20):
         plain.update(6, 5, 0.0, verify(7))
     assert abs(plain.acceptance() - 5 / 6) < 1e-9
+
+
+def test_a_rounds_fixed_costs_make_longer_drafts_pay():
+    """What a round pays once (the draft's first call catching up, the loop's work between rounds; a plain step
+    pays the second too) is timed and counted: with the same acceptance and per-token costs, the longer the fixed
+    part of a round, the longer the draft it chooses (left out, they made the starter draft 3 where 12 ran faster)."""
+    def cap(first_extra: float, between: float) -> int:
+        c = DraftLength(DraftParams(draft_max=12, adaptive=True))
+        for _ in range(2):
+            c.update(0, 0, 0.0, verify(1), between_s=between)
+        for i in range(30):  # 12-token drafts, every other one rejected at its last token
+            c.update(12, 11 if i % 2 else 12, 0.003 * 12 + first_extra, verify(13), n_evals=12,
+                     first_s=0.003 + first_extra, n_first=2, between_s=between)
+        return c.next()
+
+    assert 0 < cap(0.0, 0.0) < cap(0.004, 0.0) < cap(0.004, 0.006)
