@@ -35,7 +35,7 @@ class Model:
         self.path = Path(path)
         check_gguf_file(self.path)
         params = ll.llama_model_default_params()
-        params.n_gpu_layers = int(n_gpu_layers) if n_gpu_layers >= 0 else 1_000_000
+        params.n_gpu_layers = int(n_gpu_layers) if n_gpu_layers >= 0 else -1  # (llama.cpp's own "every layer")
         params.vocab_only = bool(vocab_only)
         params.use_extra_bufts = False  # repacked weights: one token and a batch take kernels that round apart
         params.load_mtp = True  # a model's own next-token-prediction layers, where it has them (--drafter mtp)
