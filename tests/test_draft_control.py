@@ -284,3 +284,26 @@ def test_a_rounds_fixed_costs_make_longer_drafts_pay():
         return c.next()
 
     assert 0 < cap(0.0, 0.0) < cap(0.004, 0.0) < cap(0.004, 0.006)
+
+
+def test_the_last_answers_acceptance_starts_the_next_as_a_prior():
+    """A pair that was accepted throughout the last answer keeps drafting through a few rejections at the start of
+    the next (the acceptance carried over counts as PRIOR_WEIGHT tokens); without it, they turn speculation off."""
+    import copy
+
+    m = Measured()
+    feed(DraftLength(ADAPTIVE, measured=m), 30, lambda k: k, t_draft=0.004)
+    forgetful = copy.deepcopy(m)
+    forgetful.accepted = forgetful.judged = 0.0
+
+    def start(measured: Measured) -> list[int]:
+        c = DraftLength(ADAPTIVE, measured=measured)
+        asked = []
+        for i in range(6):  # the first three drafts each end in a rejection
+            k = c.next()
+            asked.append(k)
+            c.update(k, max(k - 1, 0) if i < 3 else k, 0.004 * k, verify(k + 1), n_evals=k, first_s=0.004 if k else 0)
+        return asked
+
+    assert DraftLength(ADAPTIVE, measured=m).acceptance() > 0.95
+    assert all(start(m)) and not any(start(forgetful)[2:])

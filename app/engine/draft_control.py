@@ -74,8 +74,10 @@ class DraftParams:
 
 
 class Measured:
-    """What a round costs with one drafter on this pair (the timings, not the acceptance, which is the text's): kept
-    from one answer to the next, so each does not pay again to learn it."""
+    """What a round costs with one drafter on this pair, and how often its tokens were accepted lately: kept from
+    one answer to the next, so each does not pay again to learn it. The acceptance is only a prior (the text
+    decides it too), worth DraftLength.PRIOR_WEIGHT tokens, so that a few rejections at the start of an answer do
+    not turn a pair that pays off for the whole answer."""
 
     MEMORY_S = 300.0  # how long timings of the draft are trusted without a new one (the host's speed drifts)
 
@@ -88,6 +90,7 @@ class Measured:
         self.verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
         self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
         self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
+        self.accepted = self.judged = 0.0  # draft tokens accepted and judged, decayed, over the last answers
 
     def fresh(self) -> bool:
         """Timed enough, and recently enough, to start an answer from: a draft token and a plain step each timed
@@ -136,8 +139,9 @@ class DraftLength:
         self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
-        self._succ = 0.0  # accepted draft tokens (decayed)
-        self._seen = 0.0  # draft tokens examined by the target (decayed)
+        # accepted draft tokens and those examined by the target (decayed), from the last answers' at first
+        scale = min(1.0, self.PRIOR_WEIGHT / m.judged) if m.judged else 0.0
+        self._succ, self._seen = m.accepted * scale, m.judged * scale
         self._t_draft, self._t_catch_up, self._probe_loss = m.t_draft, m.t_catch_up, m.probe_loss
         self._first_extra, self._between = m.first_extra, m.between
         self._verify = m.verify
@@ -393,6 +397,7 @@ class DraftLength:
             w = self.TOKEN_DECAY ** examined
             self._succ = w * self._succ + own_accepted
             self._seen = w * self._seen + examined
+            self._measured.accepted, self._measured.judged = self._succ, self._seen
             self._examined += examined
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
         # a round's first tell that marginal cost; the first also catches up on the tokens made since the last
