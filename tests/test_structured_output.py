@@ -69,7 +69,7 @@ class Proposes(Drafter):
         self.calls += 1
         tokens = list(self.tokens[:n_max])
         tokens = tokens[: stop_at(tokens, stop)]
-        return Draft(tokens=tokens, probs=None if sp.greedy else [None] * len(tokens))
+        return Draft(tokens=tokens)
 
 
 def test_forbidden_and_end_of_generation_draft_tokens_are_rejected_not_fed_to_the_grammar(starter_engine):
@@ -99,7 +99,7 @@ def test_a_drafters_run_ends_where_the_grammar_starts_forcing_and_the_forced_tok
     tokens join the draft as forced (a draft model would pay a step for each). Called again after them, it proposes
     the same text, which the grammar forbids where the integer goes: greedy, that run is cut."""
     from app.engine.constraint import Constrained, Constraint
-    from app.engine.sampling import make_rng
+    from app.engine.sampling import Noise
 
     model = starter_engine.model
     grammar = Grammar.json_schema(PERSON)
@@ -110,7 +110,7 @@ def test_a_drafters_run_ends_where_the_grammar_starts_forcing_and_the_forced_tok
     pieces = lambda ids: [model.piece(t).decode() for t in ids]  # noqa: E731
     assert pieces(proposes.tokens[:2]) == ["Ann", '",']
     draft = Constrained(proposes, constraint).draft_round([], n_max=8, limit=20, sp=SamplingParams(temperature=0.0),
-                                                         rng=make_rng(0), gate=None)
+                                                         rng=Noise(0), gate=None)
     n = len(draft.tokens)
     assert pieces(draft.tokens[:2]) == ["Ann", '",'] and draft.forced[:2] == [False, False]
     assert "".join(pieces(draft.tokens[2:])) == ' "age": ' and draft.forced[2:] == [True] * (n - 2)
@@ -125,7 +125,7 @@ def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
     from app.engine.constraint import Constrained, Constraint
     from app.engine.drafters import NgramParams
     from app.engine.drafters.ngram import NgramSimple
-    from app.engine.sampling import make_rng
+    from app.engine.sampling import Noise
 
     model = starter_engine.model
     constraint = Constraint(Grammar.json_schema(PERSON), model)
@@ -136,11 +136,11 @@ def test_prompt_lookup_does_not_draft_after_forced_tokens(starter_engine):
     ngram = NgramSimple(NgramParams(simple_size_n=2, simple_size_m=8))  # llama.cpp's ngram-simple, short keys
     ngram.begin(history)
     draft = Constrained(ngram, constraint).draft_round(history, n_max=8, limit=20,
-                                                      sp=SamplingParams(temperature=0.0), rng=make_rng(0), gate=None)
+                                                      sp=SamplingParams(temperature=0.0), rng=Noise(0), gate=None)
     text = lambda ids: "".join(model.piece(t).decode() for t in ids)  # noqa: E731
     assert text(draft.tokens) == ' "age": ' and all(draft.forced)
     # (asked, the lookup would have gone on with the earlier object's age)
-    looked_up = ngram.propose(history + draft.tokens, 8, SamplingParams(temperature=0.0), make_rng(0)).tokens
+    looked_up = ngram.propose(history + draft.tokens, 8, SamplingParams(temperature=0.0), Noise(0)).tokens
     assert text(looked_up).startswith("30")
 
 
@@ -234,7 +234,7 @@ class SamplesQ(Drafter):
         tok = sample(self.q, rng)
         if stop:
             stop(tok)
-        return Draft(tokens=[tok], probs=[self.q])
+        return Draft(tokens=[tok])
 
 
 def test_a_draft_that_ends_the_answer_early_leaves_the_grammar_where_the_target_is(starter_engine):

@@ -183,12 +183,12 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
     # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
     engine = load_engine(spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names))
     if drafter != OFF and not batch_invariant(spec.ngl):
-        print("specchat: note: " + ("the GPU picks other kernels for a verification batch than for one token"
-                                    if batch_invariant() else "batched kernels are on (a llama.cpp build with "
-                                    "llamafile, or GGML_CPU_TILED_MM set)") +
-              ", so greedy output can differ from plain decoding at rare near-ties. For bit-identical output: "
-              + ("-ngl 0" if batch_invariant() else "reinstall as the README shows and leave GGML_CPU_TILED_MM "
-                 "unset") + ".", file=sys.stderr)
+        cause, fix = (("the GPU picks other kernels for a verification batch than for one token", "-ngl 0")
+                      if batch_invariant() else
+                      ("batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set)",
+                       "reinstall as the README shows and leave GGML_CPU_TILED_MM unset"))
+        print(f"specchat: note: {cause}, so greedy output can differ from plain decoding at rare near-ties. For "
+              f"bit-identical output: {fix}.", file=sys.stderr)
     return engine, drafter, dp
 
 

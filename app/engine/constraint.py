@@ -170,7 +170,7 @@ class Constrained(Drafter):
     def draft_round(self, history: list[int], n_max: int, limit: int, sp: SamplingParams,
                     rng: Noise, gate: Gate | None) -> Draft:
         drafter, constraint = self.drafter, self.constraint
-        out = Draft(probs=None if sp.greedy else [], signals=[] if gate else None)
+        out = Draft(signals=[] if gate else None)
         consumed = own = calls = 0
         after_forced = drafter.AFTER_FORCED
         allowed: list[bool] = []  # per token of the drafter's current run: did the grammar allow it
@@ -194,7 +194,7 @@ class Constrained(Drafter):
                 for tok in forced:
                     constraint.commit(tok)
                     consumed += 1
-                    _append(out, tok, None, None, forced=True)
+                    _append(out, tok, None, forced=True)
                 budget = min(n_max - own, limit - len(out.tokens))
                 if budget <= 0 or (calls and not forced) or (out.tokens and not after_forced):
                     break
@@ -213,8 +213,7 @@ class Constrained(Drafter):
                 forbidden = n and not allowed[-1]
                 keep = n - 1 if forbidden and sp.greedy else n
                 for i in range(keep):
-                    _append(out, d.tokens[i], d.probs[i] if d.probs else None,
-                            d.signals[i] if d.signals else None, forced=False)
+                    _append(out, d.tokens[i], d.signals[i] if d.signals else None, forced=False)
                 if forbidden or (n and d.tokens[-1] in constraint.eog):
                     break
         finally:
@@ -223,10 +222,8 @@ class Constrained(Drafter):
         return out
 
 
-def _append(draft: Draft, tok: int, q: Dist | None, signal: float | None, forced: bool) -> None:
+def _append(draft: Draft, tok: int, signal: float | None, forced: bool) -> None:
     draft.tokens.append(tok)
     draft.forced.append(forced)
-    if draft.probs is not None:
-        draft.probs.append(q)
     if draft.signals is not None:
         draft.signals.append(signal)

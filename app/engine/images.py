@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import warnings
 
-
 from .drafters import Draft, Drafter
 from .drafters.chain import ChainDrafter
 from .errors import EngineError

@@ -21,7 +21,7 @@ from .events import Done, Event, PromptProgress, Round, Stats, TextDelta
 from .grammar import Grammar
 from .llama import Cancelled, Context, Model
 from .logprobs import MAX_TOP, TokenLogprob, certain, from_dist, from_logits
-from .sampling import Noise, SamplingParams, accept_or_resample, distribution, greedy_token, sample
+from .sampling import Noise, SamplingParams, distribution, greedy_token, sample
 from .text_stream import TextStream
 
 
@@ -104,7 +104,7 @@ def speculative_generate(
                                         gate)
             k = _usable(draft, limit, params.draft.draft_min, target.model)
             t1 = time.perf_counter()
-            pending, accepted = _verify(target, out.history, draft, k, choose, sp, rng)
+            pending, accepted = _verify(target, out.history, draft, k, choose)
             t2 = time.perf_counter()
             if k:
                 drafter.accept(accepted)
@@ -211,25 +211,17 @@ def logit_bias_for(model: Model, sp: SamplingParams) -> tuple[np.ndarray, np.nda
     return np.array([t for t, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.float32)
 
 
-def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: Choice, sp: SamplingParams,
-            rng: Noise) -> tuple[list[int], int]:
+def _verify(target: Context, history: list[int], draft: Draft, k: int, choose: Choice) -> tuple[list[int], int]:
     """Verify [last, d1..dk] in one target batch: the tokens the round commits (the accepted draft tokens, then the
-    target's own) and how many draft tokens were accepted. Rejected positions leave the cache at once."""
+    target's own) and how many draft tokens were accepted. Rejected positions leave the cache at once.
+
+    At each position the target picks its own token (greedy, or its draw: sampling.py) and a draft token is
+    accepted exactly when it is that token, so every token committed is the one plain decoding would have made."""
     target.decode([history[-1]] + draft.tokens[:k], n_logits=k + 1, n_speculative=k)
     pending = []
     for i in range(k + 1):
-        logits = target.logits(i)
-        if i == k:  # every draft token accepted: the target's own next token comes free
-            pending.append(choose.pick(logits, i))
-            break
-        d = draft.tokens[i]
-        if sp.greedy:
-            tok = choose.greedy(logits)
-            ok = tok == d
-        else:
-            ok, tok = accept_or_resample(choose.distribution(logits), d, rng, i)
-        pending.append(choose.commit(tok, logits))
-        if not ok:
+        pending.append(choose.pick(target.logits(i), i))
+        if i == k or pending[-1] != draft.tokens[i]:  # (i == k: all accepted, the target's next token comes free)
             break
     accepted = len(pending) - 1
     target.truncate(len(history) + accepted)  # drop the rejected draft positions

@@ -10,8 +10,8 @@ the same numbers, and the target accepts it exactly when it is the token the tar
 target's token goes in its place. So every token committed is the target's own draw at its position, whatever was
 drafted: sampled output has the target's exact distribution, and with a seed it is the same with speculation on
 or off, and from one run to the next (llama-server's seeds repeat too). Drawing q and p from the same numbers
-couples them: the draft's token is the target's about as often as the best coupling allows (1 - TV(p, q)) where p
-and q are close, as a draft model's are.
+couples them: the draft's token is the target's with probability at least (1 - TV) / (1 + TV), TV the total
+variation between p and q, near the best coupling's 1 - TV where they are close, as a draft model's are.
 """
 from __future__ import annotations
 
@@ -98,10 +98,6 @@ class Noise:
         """The Gumbel-max draw from ``dist`` at position ``at + offset``: argmin of E / p with E exponential."""
         e = -np.log(self.uniforms(self.at + offset, dist.idx)) / dist.p
         return int(dist.idx[int(np.argmin(e))])
-
-
-def make_rng(seed: int) -> Noise:
-    return Noise(seed)
 
 
 def greedy_token(logits: np.ndarray) -> int:
@@ -272,12 +268,3 @@ def distribution(logits: np.ndarray, sp: SamplingParams) -> Dist:
 def sample(dist: Dist, rng: Noise, offset: int = 0) -> int:
     """Draw the token at position ``rng.at + offset`` from ``dist``."""
     return rng.pick(dist, offset)
-
-
-def accept_or_resample(p: Dist, token: int, rng: Noise, offset: int = 0) -> tuple[bool, int]:
-    """Exact speculative sampling, coupled: the target draws its own token at this position (``sample``) and
-    accepts the draft's ``token`` if it is that one; else its own token takes the place. Each committed token is
-    the target's draw, so the output has p's distribution whatever the draft's q was (a deterministic proposal,
-    such as an n-gram lookup's, is accepted with probability p(token))."""
-    tok = sample(p, rng, offset)
-    return tok == token, tok

@@ -11,15 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-import numpy as np
-
 from ..sampling import Noise, SamplingParams
 
 
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
-    probs: list[np.ndarray] | None = None  # q per token when the drafter sampled from a distribution
     signals: list[float] | None = None  # per token: the drafter's confidence signal, when asked for
     n_evals: int = 0  # draft-model decode calls spent (the marginal cost of a token is one call)
     first_s: float = 0.0  # seconds of the first call, which also catches up on the tokens made since the last draft

@@ -12,7 +12,7 @@ and a lookup that found a long draft spares it. On a tie the earlier member wins
 
 Which member drafted a round is the draft's ``source``: Stats count rounds, drafted and accepted tokens per member.
 The target verifies as with any drafter, so greedy output stays identical to speculation off and sampled output keeps
-the target's distribution (a member's draft keeps its ``probs``).
+the target's distribution.
 """
 from __future__ import annotations
 
@@ -112,6 +112,5 @@ class ChainDrafter(Drafter):
 
 
 def _cut(d: Draft, k: int) -> Draft:
-    return Draft(tokens=d.tokens[:k], probs=d.probs[:k] if d.probs else d.probs,
-                 signals=d.signals[:k] if d.signals else d.signals, n_evals=d.n_evals, first_s=d.first_s,
+    return Draft(tokens=d.tokens[:k], signals=d.signals[:k] if d.signals else d.signals, n_evals=d.n_evals, first_s=d.first_s,
                  n_first=d.n_first, forced=d.forced[:k], source=d.source)

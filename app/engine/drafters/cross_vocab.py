@@ -8,12 +8,11 @@ text, so a word split across the boundary is handled: only tokens past the look-
 proposed, and none when the proposal would change a committed token (as transformers'
 ``AssistedCandidateGeneratorDifferentTokenizers`` does). The target verifies as with any drafter.
 
-The proposal is deterministic (``probs`` None, a one-hot q), so sampled output keeps the target's exact
-distribution; greedy output is identical to plain decoding. After verification the draft's cache follows the text
+The proposal is deterministic (accepted where it is the target's own draw), so sampled output keeps the target's
+exact distribution; greedy output is identical to plain decoding. After verification the draft's cache follows the text
 the target committed: the next round re-tokenizes it and keeps the longest common prefix (``reuse_prefix``).
 """
 from __future__ import annotations
-
 
 from ..llama import Context, Model, common_prefix
 from ..sampling import Noise, SamplingParams, draft_pick

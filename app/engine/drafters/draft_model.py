@@ -35,7 +35,7 @@ class ModelDrafter(Drafter):
         ctx = self.ctx
         first_s, n_first = catch_up(ctx, history)
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
-        draft = Draft(probs=None if sp.greedy else [], signals=[] if gate else None, n_evals=1, first_s=first_s,
+        draft = Draft(signals=[] if gate else None, n_evals=1, first_s=first_s,
                       n_first=n_first)
         for i in range(n_max):
             tok = next_draft_token(draft, ctx.logits(-1), sp, rng, self.p_min, gate)
@@ -49,7 +49,7 @@ class ModelDrafter(Drafter):
 def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: Noise, p_min: float,
                      gate: Gate | None) -> int | None:
     """A draft model's step: its greedy pick (judged by --draft-p-min and the gate, with the logit gap recorded as
-    the signal) or a sample from its distribution (recorded as q); appended to ``draft``. None: stop here."""
+    the signal) or a draw from its distribution q; appended to ``draft``. None: stop here."""
     if sp.greedy:
         tok, confident, gap = draft_pick(logits, p_min)
         if not confident:
@@ -63,7 +63,6 @@ def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: 
         if p_min > 0.0 and q.max() < p_min:
             return None
         tok = sample(q, rng, len(draft.tokens))  # (drawn with the numbers the target draws this position with)
-        draft.probs.append(q)
     draft.tokens.append(tok)
     return tok
 
