@@ -697,7 +697,9 @@ def test_a_browser_chat_and_an_api_stream_at_once_are_answered_in_turn(page, app
     panel.get_by_text("/v1").first.wait_for(timeout=10_000)
     text = panel.inner_text()
     assert f"{app_url[0]}v1" in text and "from openai import OpenAI" in text and "curl" in text
-    assert re.search(r"chat\s+\d+\s+\d+\.\d\s+\d+\.\d%\s+model\s+(stop|length)", text), text
+    # (acceptance "—": the starter drafts adaptively, and on a busy host it may measure that drafting cannot pay
+    # and draft nothing for a request: CI, 2026-11-27)
+    assert re.search(r"chat\s+\d+\s+\d+\.\d\s+(\d+\.\d%|—)\s+model\s+(stop|length)", text), text
     page.shot("api")
 
 
