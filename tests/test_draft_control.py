@@ -307,3 +307,24 @@ def test_the_last_answers_acceptance_starts_the_next_as_a_prior():
 
     assert DraftLength(ADAPTIVE, measured=m).acceptance() > 0.95
     assert all(start(m)) and not any(start(forgetful)[2:])
+
+
+def test_catching_up_after_rounds_off_is_not_taken_for_a_rounds_fixed_cost():
+    """A draft model's first call after rounds off also catches up on every token made meanwhile. That is a
+    probe's cost, not what a round's first call costs drafting round after round: counted as such (on the starter,
+    4-7 ms became 22 ms within 8 answers), it made drafting look too costly to turn back on."""
+    def after_probes(rounds_off: int) -> int:
+        c = DraftLength(DraftParams(draft_max=12, adaptive=True))
+        for _ in range(2):
+            c.update(0, 0, 0.0, verify(1))
+        for _ in range(10):  # drafting round after round: the first call costs 2 ms more than the others
+            c.update(12, 12, 0.005 * 12 + 0.002, verify(13), n_evals=12, first_s=0.007, n_first=2)
+        for _ in range(10):  # rounds off, each followed by a round whose first call catches up on them
+            for _ in range(rounds_off):
+                c.update(0, 0, 0.0, verify(1))
+            catch_up = 0.001 * rounds_off
+            c.update(12, 12, 0.005 * 12 + 0.002 + catch_up, verify(13), n_evals=12, first_s=0.007 + catch_up,
+                     n_first=rounds_off + 1)
+        return c.next()
+
+    assert after_probes(40) == after_probes(1) == 12
