@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import defaultdict
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -37,22 +38,65 @@ from app.engine.costs import Costs  # noqa: E402
 from app.prompts import chat_tokens, plain_tokens  # noqa: E402
 
 
+P_MIN = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+
+
 def greedy_answer(engine, ids: list[int], n: int) -> list[int]:
     params = GenerationParams(max_tokens=n, sampling=SamplingParams(temperature=0.0), draft=DraftParams(draft_max=0))
     return list(engine.generate(ids, params, "none"))[-1].token_ids
 
 
-def agreements(engine, ids: list[int], answer: list[int]) -> list[bool]:
-    """agree[i]: the draft model, given the prompt and answer[:i], proposes answer[i] (its greedy token)."""
+def agreements(engine, ids: list[int], answer: list[int]) -> tuple[list[bool], list[float]]:
+    """agree[i]: the draft model, given the prompt and answer[:i], proposes answer[i] (its greedy token); conf[i]:
+    the probability it gives that proposal (what --draft-p-min compares)."""
     engine.reset()
     ctx = engine.draft.ctx
+    agree, conf = [], []
+
+    def judge(logits: np.ndarray, want: int) -> None:
+        z = np.exp(logits - logits.max())
+        agree.append(int(np.argmax(logits)) == want)
+        conf.append(float(z.max() / z.sum()))
+
     ctx.decode(ids, n_logits=1)
-    agree = [int(np.argmax(ctx.logits(-1))) == answer[0]]
+    judge(ctx.logits(-1), answer[0])
     for i, token in enumerate(answer[:-1]):  # (one token a decode: the draft's context keeps one output)
         ctx.decode([token])
-        agree.append(int(np.argmax(ctx.logits(-1))) == answer[i + 1])
+        judge(ctx.logits(-1), answer[i + 1])
     engine.reset()
-    return agree
+    return agree, conf
+
+
+def runs_from(agree: list[bool]) -> list[int]:
+    """run[i]: agreeing positions from i on."""
+    run = [0] * (len(agree) + 1)
+    for i in range(len(agree) - 1, -1, -1):
+        run[i] = run[i + 1] + 1 if agree[i] else 0
+    return run
+
+
+def policy_seconds(agree: list[bool], conf: list[float], costs: Costs, k_max: int, p_min: float) -> float:
+    """Seconds a causal policy takes to decode answer[1:]: draft up to k_max tokens a round, stopping at a token the
+    draft gives less than p_min (llama.cpp's fixed drafting). A round's first draft call catches up on two tokens
+    after a round accepted whole, on one after a rejection; each token kept but the last costs one more call."""
+    n, run = len(agree), runs_from(agree)
+    one, two = costs.draft_s
+    p, seconds, rejected = 0, 0.0, False
+    while p < n - 1:
+        limit = min(k_max, n - 2 - p)
+        if limit <= 0:
+            seconds += costs.verify(1)
+            p += 1
+            continue
+        k = 0
+        while k < limit and conf[p + 1 + k] >= p_min:
+            k += 1
+        calls = k if k == limit else k + 1
+        accepted = min(k, run[p + 1])
+        seconds += (one if rejected else two) + (calls - 1) * one + costs.verify(k + 1)
+        rejected = accepted < k
+        p += accepted + 1
+    return seconds
 
 
 def bound_seconds(agree: list[bool], costs: Costs, draft_max: int) -> float:
@@ -60,10 +104,7 @@ def bound_seconds(agree: list[bool], costs: Costs, draft_max: int) -> float:
 
     State p: answer[:p + 1] chosen, answer[p] not yet in the target. A round drafting k tokens (all agreeing,
     answer[p + 1 .. p + k]) costs draft(k) + verify(k + 1) and moves to p + k + 1; k = 0 is a plain step."""
-    n = len(agree)
-    run = [0] * (n + 1)  # run[i]: agreeing positions from i on
-    for i in range(n - 1, -1, -1):
-        run[i] = run[i + 1] + 1 if agree[i] else 0
+    n, run = len(agree), runs_from(agree)
     best = [0.0] * n  # best[p]: seconds from state p to state n - 1
     for p in range(n - 2, -1, -1):
         best[p] = min(costs.draft(k) + costs.verify(k + 1) + best[p + k + 1]
@@ -89,38 +130,46 @@ def main() -> int:
 
     encoded = [chat_tokens(engine.model, [{"role": "user", "content": p["prompt"]}]) if p["chat"]
                else plain_tokens(engine.model, p["prompt"]) for p in prompts]
-    agree = [agreements(engine, ids, greedy_answer(engine, ids, a.max_tokens)) for ids in encoded]
+    texts = [agreements(engine, ids, greedy_answer(engine, ids, a.max_tokens)) for ids in encoded]
     print("draft agreement with the target's greedy answer per prompt: "
-          + ", ".join(f"{sum(g) / len(g):.0%}" for g in agree), flush=True)
+          + ", ".join(f"{sum(g) / len(g):.0%}" for g, _ in texts), flush=True)
 
-    results: dict[str, list[dict]] = {m: [] for m in modes}
-    bounds = []
+    shares: dict[str, list[float]] = defaultdict(list)  # what reached (measured) or could reach (simulated) a share
     for r in range(a.repeats):
         names = list(modes) if r % 2 == 0 else list(modes)[::-1]
         for name in names:
             rep = run_bench(engine, drafter, modes[name], prompts, a.max_tokens)
-            results[name].append(rep)
             costs = Costs(verify_s={int(k): v / 1e3 for k, v in rep["costs"]["verify_ms"].items()},
                           draft_s=(rep["costs"]["draft_ms"][1] / 1e3, rep["costs"]["draft_ms"][2] / 1e3))
-            plain = sum((len(g) - 1) * costs.verify(1) for g in agree)
-            bound = plain / sum(bound_seconds(g, costs, draft_max) for g in agree)
+            plain = sum((len(g) - 1) * costs.verify(1) for g, _ in texts)
             ceiling = costs.ceiling(draft_max)[0]
-            bounds.append((ceiling, bound))
+
+            def share(seconds) -> float:  # a schedule's speedup over plain decoding, as a share of the ceiling
+                return plain / sum(seconds(g, c) for g, c in texts) / ceiling
+
+            bound = share(lambda g, c: bound_seconds(g, costs, draft_max))
+            fixed = {k: share(lambda g, c: policy_seconds(g, c, costs, k, 0.0)) for k in range(1, draft_max + 1)}
+            gated = {pm: share(lambda g, c: policy_seconds(g, c, costs, draft_max, pm)) for pm in P_MIN}
+            k_best, pm_best = max(fixed, key=fixed.get), max(gated, key=gated.get)
             o = rep["overall"]
+            shares[name].append(o["speedup"] / ceiling)
+            for label, x in (("text's bound", bound), ("best fixed length", fixed[k_best]),
+                             ("best --draft-p-min", gated[pm_best])):
+                shares[label].append(x)
             print(f"run {r + 1} {name}: {o['speedup']:.3f}x (worst prompt {o['min_speedup']:.2f}x), ceiling "
-                  f"{ceiling:.2f}x, text's bound {bound:.2f}x ({bound / ceiling:.0%} of the ceiling); reached "
-                  f"{o['speedup'] / ceiling:.0%} of the ceiling, {o['speedup'] / bound:.0%} of the bound; "
-                  f"{o['mean_accepted_per_round']:.2f} accepted a round, acceptance {o['acceptance']:.1%}, "
-                  f"identical {o['all_identical']}", flush=True)
-            for row, g in zip(rep["prompts"], agree):
+                  f"{ceiling:.2f}x: reached {o['speedup'] / ceiling:.0%} of it; {o['mean_accepted_per_round']:.2f} "
+                  f"accepted a round, acceptance {o['acceptance']:.1%}, identical {o['all_identical']}", flush=True)
+            print(f"    simulated at this run's costs: the text's bound {bound:.0%} of the ceiling, the best fixed "
+                  f"length {fixed[k_best]:.0%} (k={k_best}), the best --draft-p-min {gated[pm_best]:.0%} "
+                  f"(p={pm_best}, k<={draft_max}); this mode's own policy if fixed: "
+                  f"{share(lambda g, c: policy_seconds(g, c, costs, modes[name].draft_max, modes[name].draft_p_min)):.0%}",
+                  flush=True)
+            for row, (g, _) in zip(rep["prompts"], texts):
                 print(f"    {row['category']:10} {row['speedup']:.2f}x, acceptance {row['acceptance']:.0%}, "
                       f"{row['mean_accepted_per_round']:.1f} a round; draft agrees at {sum(g) / len(g):.0%}")
-            results[name][-1] = {"share": o["speedup"] / ceiling, "of_bound": o["speedup"] / bound}
-    print("\nmedians over the runs:")
-    print(f"text's bound: {statistics.median(b / c for c, b in bounds):.0%} of the ceiling")
-    for name, rows in results.items():
-        print(f"{name:10} {statistics.median(x['share'] for x in rows):.0%} of the ceiling, "
-              f"{statistics.median(x['of_bound'] for x in rows):.0%} of the text's bound")
+    print("\nmedians over the runs, shares of the same run's ceiling:")
+    for label, xs in shares.items():
+        print(f"  {label:20} {statistics.median(xs):.0%}  ({', '.join(f'{x:.0%}' for x in xs)})")
     engine.close()
     return 0
 
