@@ -7,15 +7,17 @@ at every position whether it would have proposed the target's token there (one p
 and answer), and finds by dynamic programming the fastest schedule of rounds that a policy knowing those
 agreements in advance could run: each round drafts only tokens that will be accepted, as many as pay, at the
 round costs timed in the same run (the ceiling's costs: a draft call, a verification batch of n; a draft model
-catching up after plain steps is not charged, so the bound is optimistic). Against it, the speedup the pair's
-adaptive drafting (and, with --fixed K, fixed K-token drafts) reached in the same run, as ``specchat bench``
-measures it.
+catching up after plain steps is not charged, so the bound is optimistic). Between the two, causal policies
+simulated at the same costs: every fixed length up to draft-max, and --draft-p-min gates (stop at a token the
+draft gives less than p), the best of each chosen in hindsight. Against them, the speedup the pair's adaptive
+drafting (and, with --fixed K, fixed K-token drafts, also simulated to show how far the real loop runs below its
+simulation) reached in the same run, as ``specchat bench`` measures it.
 
     python bench/perf_share_bound.py [--repeats 2] [-n 192] [--fixed 12] [--prompts tests/prompts/heldout.jsonl]
                                      [--pair starter | -m TARGET.gguf -md DRAFT.gguf]
 
-Prints per prompt and overall: the ceiling, the text's bound (and its share of the ceiling), and each mode's
-speedup with its share of the ceiling and of the bound.
+Prints per run: each mode's speedup and share of the ceiling, the simulated shares, and per prompt its speedup,
+acceptance and how often the draft agrees with the answer; then the medians.
 """
 from __future__ import annotations
 
