@@ -33,11 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from app.cli.bench import load_prompts, run_bench  # noqa: E402
+from app.cli.bench import encode_prompt, load_prompts, run_bench  # noqa: E402
 from app.cli.main import build_engine, build_parser  # noqa: E402
 from app.engine import DraftParams, GenerationParams, SamplingParams  # noqa: E402
 from app.engine.costs import Costs  # noqa: E402
-from app.prompts import chat_tokens, plain_tokens  # noqa: E402
 
 
 P_MIN = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -130,9 +129,8 @@ def main() -> int:
         modes[f"fixed {a.fixed}"] = replace(dp, adaptive=False, draft_max=a.fixed)
     draft_max = max(d.draft_max for d in modes.values())
 
-    encoded = [chat_tokens(engine.model, [{"role": "user", "content": p["prompt"]}]) if p["chat"]
-               else plain_tokens(engine.model, p["prompt"]) for p in prompts]
-    texts = [agreements(engine, ids, greedy_answer(engine, ids, a.max_tokens)) for ids in encoded]
+    texts = [agreements(engine, ids, greedy_answer(engine, ids, a.max_tokens))
+             for ids in (encode_prompt(engine, p) for p in prompts)]
     print("draft agreement with the target's greedy answer per prompt: "
           + ", ".join(f"{sum(g) / len(g):.0%}" for g, _ in texts), flush=True)
 
@@ -161,11 +159,10 @@ def main() -> int:
             print(f"run {r + 1} {name}: {o['speedup']:.3f}x (worst prompt {o['min_speedup']:.2f}x), ceiling "
                   f"{ceiling:.2f}x: reached {o['speedup'] / ceiling:.0%} of it; {o['mean_accepted_per_round']:.2f} "
                   f"accepted a round, acceptance {o['acceptance']:.1%}, identical {o['all_identical']}", flush=True)
+            own = share(lambda g, c: policy_seconds(g, c, costs, modes[name].draft_max, modes[name].draft_p_min))
             print(f"    simulated at this run's costs: the text's bound {bound:.0%} of the ceiling, the best fixed "
                   f"length {fixed[k_best]:.0%} (k={k_best}), the best --draft-p-min {gated[pm_best]:.0%} "
-                  f"(p={pm_best}, k<={draft_max}); this mode's own policy if fixed: "
-                  f"{share(lambda g, c: policy_seconds(g, c, costs, modes[name].draft_max, modes[name].draft_p_min)):.0%}",
-                  flush=True)
+                  f"(p={pm_best}, k<={draft_max}); this mode's own policy if fixed: {own:.0%}", flush=True)
             for row, (g, _) in zip(rep["prompts"], texts):
                 print(f"    {row['category']:10} {row['speedup']:.2f}x, acceptance {row['acceptance']:.0%}, "
                       f"{row['mean_accepted_per_round']:.1f} a round; draft agrees at {sum(g) / len(g):.0%}")

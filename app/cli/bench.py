@@ -73,6 +73,12 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def encode_prompt(engine: Engine, p: dict) -> list[int]:
+    """A benchmark prompt's tokens: the user's message in the model's chat template, or plain text for base models."""
+    return (chat_tokens(engine.model, [{"role": "user", "content": p["prompt"]}]) if p["chat"]
+            else plain_tokens(engine.model, p["prompt"]))
+
+
 def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts: list[dict], max_tokens: int,
               repeats: int = 1, progress: TextIO | None = None) -> dict | list[dict]:
     """The report for ``drafter``; for a list of drafters, one report each, all against the same speculation-off
@@ -81,8 +87,7 @@ def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts
     greedy = SamplingParams(temperature=0.0)
     on_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=dp)
     off_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=DraftParams(draft_max=0))
-    encoded = [chat_tokens(engine.model, [{"role": "user", "content": p["prompt"]}]) if p["chat"]
-               else plain_tokens(engine.model, p["prompt"]) for p in prompts]
+    encoded = [encode_prompt(engine, p) for p in prompts]
     warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
     for name in [OFF, *names]:
         _run(engine, encoded[0], name, warm)

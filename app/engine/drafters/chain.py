@@ -16,6 +16,8 @@ the target's distribution.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .base import Draft, Drafter
 
 PRIOR_WEIGHT = 4.0  # the prior acceptance counts as this many verified tokens
@@ -112,5 +114,4 @@ class ChainDrafter(Drafter):
 
 
 def _cut(d: Draft, k: int) -> Draft:
-    return Draft(tokens=d.tokens[:k], signals=d.signals[:k] if d.signals else d.signals, n_evals=d.n_evals, first_s=d.first_s,
-                 n_first=d.n_first, forced=d.forced[:k], source=d.source)
+    return replace(d, tokens=d.tokens[:k], signals=d.signals[:k] if d.signals else d.signals, forced=d.forced[:k])

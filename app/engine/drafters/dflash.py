@@ -165,8 +165,8 @@ class DFlashDrafter(Drafter):
             self.ctx.decode_block(n_past, block)
             gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
             walk = self.settings.selector_top_k > 0  # DFlash2: a deterministic proposal
-            draft = Draft(signals=[] if gate else None, n_evals=1,
-                          first_s=time.perf_counter() - t0, n_first=len(block))
+            draft = Draft(signals=[] if gate else None, n_evals=1, first_s=time.perf_counter() - t0,
+                          n_first=len(block))
             if walk:
                 self._walk(draft, len(block), gate, stop)
             else:

@@ -35,8 +35,7 @@ class ModelDrafter(Drafter):
         ctx = self.ctx
         first_s, n_first = catch_up(ctx, history)
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
-        draft = Draft(signals=[] if gate else None, n_evals=1, first_s=first_s,
-                      n_first=n_first)
+        draft = Draft(signals=[] if gate else None, n_evals=1, first_s=first_s, n_first=n_first)
         for i in range(n_max):
             tok = next_draft_token(draft, ctx.logits(-1), sp, rng, self.p_min, gate)
             if tok is None or (stop and stop(tok)) or i + 1 == n_max or (gate and not gate.look_further()):

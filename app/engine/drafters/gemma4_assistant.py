@@ -102,7 +102,6 @@ class AssistantDrafter(MtpDrafter):
         at = self.target.position(n_past)  # (less than n_past after an image that takes fewer positions than cells)
         self.ctx.decode([(at, history[-1], h)], output_last=True)
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
-        draft = Draft(signals=[] if gate else None, n_evals=1,
-                      first_s=time.perf_counter() - t0, n_first=1)
+        draft = Draft(signals=[] if gate else None, n_evals=1, first_s=time.perf_counter() - t0, n_first=1)
         self._chain(draft, n_max, sp, rng, gate, stop, lambda i: at)
         return draft

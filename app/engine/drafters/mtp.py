@@ -117,8 +117,7 @@ class MtpDrafter(Drafter):
             self.ctx.decode(chunk, output_last=k == len(chunks) - 1)
         first_s = time.perf_counter() - t0
         gate = gate if sp.greedy else None  # (the signal is the greedy pick's logit gap)
-        draft = Draft(signals=[] if gate else None, n_evals=1, first_s=first_s,
-                      n_first=len(rows))
+        draft = Draft(signals=[] if gate else None, n_evals=1, first_s=first_s, n_first=len(rows))
         try:
             self._chain(draft, n_max, sp, rng, gate, stop, lambda k: self._at(n_past) + 1 + k)
         finally:
