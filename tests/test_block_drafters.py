@@ -6,7 +6,9 @@ refused in words. The checks every head passes (a second turn, the chi-square ch
 import json
 
 import httpx
+import numpy as np
 import pytest
+from gguf import GGUFReader
 from support.heads import run
 from support.llama_server import llama_server
 from support.tiny_block import write_block_draft
@@ -28,6 +30,10 @@ VARIANTS = {  # name: (drafter, writer options)
     "dspark-bs4-bonus": ("dspark", dict(markov=True, block_size=4, sample_from_anchor=False)),
     "dflash-causal": ("dflash", dict(causal=True)),
     "dspark-no-confidence": ("dspark", dict(markov=True, confidence=False)),
+    # reduced-vocabulary exports: the head covers 200 of the target's ids, mapped back by d2t in llama.cpp's graph
+    "dflash-d2t": ("dflash", dict(draft_vocab=200)),
+    "dflash2-d2t": ("dflash", dict(selector_top_k=4, draft_vocab=200)),
+    "dspark-d2t": ("dspark", dict(markov=True, draft_vocab=200)),
 }
 
 
@@ -116,6 +122,21 @@ def test_dspark_stops_where_its_confidence_head_falls_under_p_min(engines, chat,
     assert rounds(bare, chat, "dspark", draft_max=8, draft_p_min=0.0)[1].token_ids == plain
 
 
+@pytest.mark.parametrize("name", ["dflash-d2t", "dflash2-d2t", "dspark-d2t"])
+def test_a_block_draft_with_its_own_draft_vocabulary_drafts_target_ids(files, engines, chat, plain, name):
+    """A draft whose output head covers 200 of the target's ids (a ``d2t`` table maps its rows back, inside
+    llama.cpp's graph; DSpark's Markov head and DFlash2's selector read it too): what it drafts are target ids from
+    that table, some accepted, and greedy output is speculation off's at every block size tried."""
+    d2t = {int(x) for t in GGUFReader(str(files[1][name])).tensors if t.name == "d2t" for x in np.array(t.data)}
+    assert len(d2t) == 200
+    drafter = VARIANTS[name][0]
+    for block in (1, 4, 16):
+        done = rounds(engines(name), chat, drafter, draft_max=block, draft_p_min=0.0)[1]
+        assert done.token_ids == plain and done.stats.n_accepted > 0
+        drafted = {t for t, from_draft in zip(done.token_ids, done.draft_flags) if from_draft}
+        assert drafted and drafted <= d2t
+
+
 def test_the_draft_follows_the_target_through_turns_other_drafters_and_resets(engines, chat):
     """The draft receives the target's features for every position the target evaluates, whatever drafts the turn
     (the block draft, speculation off, prompt lookup): a fourth turn after such turns drafts exactly as the same turn
@@ -152,7 +173,8 @@ def test_a_hybrid_target_rolls_back_exactly_under_a_block_draft(tmp_path, kind):
         e.close()
 
 
-@pytest.mark.parametrize("name", ["dflash", "dflash2", "dflash-features", "dflash-mrope", "dspark"])
+@pytest.mark.parametrize("name", ["dflash", "dflash2", "dflash-features", "dflash-mrope", "dspark", "dflash-d2t",
+                                  "dflash2-d2t", "dspark-d2t"])
 def test_llama_server_drafts_with_the_same_files_as_specchat_does(files, engines, name):
     """llama.cpp's own llama-server, given the draft as llama.cpp takes it (-md FILE --spec-type draft-dflash or
     draft-dspark), answers as SpecChat does and has as many drafts accepted, give or take one: the files are real

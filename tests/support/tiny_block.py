@@ -60,14 +60,16 @@ def write_dspark_pair(folder: Path, seed: int = 0, context: float = 0.2, **draft
 def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), block_size: int = 16,
                       markov: bool = False, sample_from_anchor: bool = True, confidence: bool = True,
                       causal: bool = False, selector_top_k: int = 0, feature_key: float = 0.0,
-                      mrope: bool = False) -> Path:
+                      mrope: bool = False, draft_vocab: int = 0) -> Path:
     """A block draft for ``target`` (a tiny_gguf model of width 64) reading the inputs of ``layers``. ``markov``: a
     DSpark draft (a Markov head, and a confidence head unless ``confidence`` is False), drafting from the anchor's
     row on (``sample_from_anchor``) or from the first mask's. ``causal``: its block attends causally.
     ``selector_top_k``: a DFlash2 draft, whose selector walks each row's top candidates (its convolutions are the
     identity and its selector's pair scores small, so it picks as DFlash does, nearly). ``feature_key``: the cosine
     of the injected features' keys to a mask row's query (0: they get no attention). ``mrope``: M-RoPE with the
-    degenerate sections llama.cpp's drafts for M-RoPE targets carry."""
+    degenerate sections llama.cpp's drafts for M-RoPE targets carry. ``draft_vocab``: an output head (and DSpark's
+    Markov output) over that many of the target's ids, mapped back by a ``d2t`` table inside llama.cpp's graph, as
+    reduced-vocabulary exports carry; the target's end-of-generation ids are among them."""
     tensors = {t.name: np.array(t.data) for t in GGUFReader(str(target)).tensors}
     embd, out = tensors["token_embd.weight"], tensors["output.weight"]
     n_vocab, n_embd = embd.shape
@@ -122,7 +124,13 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
     head = np.zeros((n_vocab, WIDTH), dtype=f32)
     if not markov:  # (DSpark drafts from its Markov head alone)
         head[:, :FEATURE] = out[:, :FEATURE]
-    w.add_tensor("output.weight", head)
+    # a reduced vocabulary: some of the target's ids, with the end of generation (or answers never end alike)
+    d2t = np.sort(np.union1d([2, 260], rng.choice(np.setdiff1d(np.arange(3, n_vocab), [260]), draft_vocab - 2,
+                                                     replace=False))
+                  if draft_vocab else np.arange(n_vocab))
+    w.add_tensor("output.weight", head[d2t])
+    if draft_vocab:
+        w.add_tensor("d2t", d2t.astype(np.int64))
 
     wq, wk = np.zeros((WIDTH, WIDTH), dtype=f32), np.zeros((WIDTH, WIDTH), dtype=f32)
     for h in range(N_HEAD):
@@ -153,7 +161,7 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
     if markov:
         normed = embd / np.sqrt((embd ** 2).mean(axis=1, keepdims=True) + 1e-5)
         w.add_tensor("markov_w1.weight", normed.astype(f32))  # the previous token's normed embedding...
-        w.add_tensor("markov_w2.weight", out.astype(f32))  # ...through the target's output head
+        w.add_tensor("markov_w2.weight", out[d2t].astype(f32))  # ...through the target's output head
         if confidence:  # sigmoid(2 + a little of the row): about 0.7 to 0.96
             w.add_tensor("conf_proj.weight", (rng.standard_normal((1, WIDTH + n_embd)) * 0.05).astype(f32))
             w.add_tensor("conf_proj.bias", np.array([2.0], dtype=f32))
