@@ -155,7 +155,6 @@ class DraftLength:
         self._long_looks = 0
         self._empty = 0  # rounds that called the draft model and drafted nothing, since one drafted
         self._called_last = False  # the last round called the draft model (this answer's)
-        self._drafted_last = False  # the last round drafted
         self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
         self._fit: tuple[float, float, float] | None = None  # _line, this round
 
@@ -170,11 +169,6 @@ class DraftLength:
             return 0  # plain steps: what drafting must beat (the second replaces the first, a new shape's timing)
         if not self._t_draft.known or (self._rounds < 2 and not self._known):
             return self._measure(self._short)  # measure before judging
-        if self._rounds == 0 and self._t_draft.stale() and self._best_k() == 0:
-            return self._measure(self._short)  # off by costs of another spell: time them again (the draft has just
-            # been prefilled: nothing to catch up on)
-        if self._drafted_last and (plain := self._verify.get(1)) and plain.stale():
-            return 0  # a plain step: what drafting must beat, timed in this spell (while off, every round is one)
         if self._long_look_due():
             self._long_looks += 1
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
@@ -234,7 +228,7 @@ class DraftLength:
         """A batch longer than a measuring round's timed twice (a new shape's first call pays extra: on the starter
         13 tokens took 74 ms the first time, 63 after, and judged by the first, drafting could not pay)."""
         n = max(self._verify, default=1)
-        return n > self._short + 1 and self._verify[n].n > 0 and not self._verify[n].stale()
+        return n > self._short + 1 and self._verify[n].n > 0
 
     def _hopeless(self) -> bool:
         """A draft model that cannot pay even at full acceptance and by the optimistic guess of _could_pay, by
@@ -310,10 +304,8 @@ class DraftLength:
         return self._fit
 
     def _fit_line(self) -> tuple[float, float, float]:
-        fresh = [n for n, e in self._verify.items() if not e.stale()]  # (this spell's, where it has two sizes)
-        pool = fresh if len(fresh) >= 2 else list(self._verify)
-        batches = [n for n in pool if n > 1]
-        sizes = batches if len(batches) >= 2 else pool
+        batches = [n for n in self._verify if n > 1]
+        sizes = batches if len(batches) >= 2 else list(self._verify)
         pts = [(n, self._verify[n].value, max(1, min(self._verify[n].n, 10))) for n in sizes]
         w = sum(k for *_, k in pts)
         mn = sum(n * k for n, _, k in pts) / w
@@ -330,8 +322,8 @@ class DraftLength:
     def _verify_time(self, n: int) -> float:
         if n == 1 and 1 in self._verify:
             return self._verify[1].value  # a plain step: measured, never read off the batches' line
-        if n in self._verify and self._verify[n].n >= 3 and not self._verify[n].stale():
-            return self._verify[n].value  # this size measured in this spell: no line needed
+        if n in self._verify and self._verify[n].n >= 3:
+            return self._verify[n].value  # this size measured: no line needed
         mn, mt, slope = self._line()
         return max(1e-6, mt + slope * (n - mn))
 
@@ -432,7 +424,6 @@ class DraftLength:
             if self._called_last or not self._first_extra.known or extra <= self._first_extra.value:
                 self._first_extra.add(extra)
         self._called_last = n_evals > 0
-        self._drafted_last = n_drafted > 0
         if between_s is not None:
             self._between.add(between_s)
         if self._measuring and 1 in self._verify:  # what this measuring round lost (or won) against plain steps
@@ -450,19 +441,14 @@ class _Estimate:
     """A running estimate of a time. llama.cpp's first call in a new shape pays extra (buffers touched for the
     first time), so the first sample only stands in until the second replaces it; then the median of the first
     few (a busy host's one slow call does not set the cost for dozens of rounds), and a decayed average once there
-    are more (the machine's speed drifts). A timing older than STALE_S is of another spell of the host's: the next
-    samples replace it (a median of the first few again) instead of moving it a tenth of the way each. Blended in,
-    a batch size timed while another program held the cores (a 13-token batch at 196 ms against 60) set the draft
-    length for the next answers, which never drafted that long again to time it anew."""
+    are more (the machine's speed drifts)."""
 
     FEW = 5
-    STALE_S = 5.0
 
     def __init__(self, decay: float):
         self.decay = decay
         self.n = 0  # samples that count
         self.value = 0.0
-        self.at = -float("inf")  # time.monotonic() of the last sample
         self._provisional = False
         self._first: list[float] = []
 
@@ -470,19 +456,13 @@ class _Estimate:
     def known(self) -> bool:
         return self.n > 0 or self._provisional
 
-    def stale(self) -> bool:
-        return time.monotonic() - self.at > self.STALE_S
-
     def add(self, t: float, provisional: bool = False) -> None:
-        stale, self.at = self.stale(), time.monotonic()
         if provisional or (self.n == 0 and not self._provisional):
             self.value, self._provisional = t, True  # stands in until a real sample replaces it
             return
         self._provisional = False
         self.n += 1
-        if stale:
-            self._first = []
-        if len(self._first) < self.FEW:
+        if self.n <= self.FEW:
             self._first.append(t)
             self.value = statistics.median(self._first)
         else:
