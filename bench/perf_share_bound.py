@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections import defaultdict
 import sys
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFWriter
 
-from .tiny_gguf import vocab, write_model
+from .tiny_gguf import EOG_IDS, vocab, write_model
 
 WIDTH = 64  # the draft's stream (llama.cpp: the target's hidden size): 61 content units, then three markers
 FEATURE, REAL, MASK = 61, 62, 63
@@ -124,10 +124,10 @@ def write_block_draft(path: Path, target: Path, seed: int = 0, layers=(0, 2), bl
     head = np.zeros((n_vocab, WIDTH), dtype=f32)
     if not markov:  # (DSpark drafts from its Markov head alone)
         head[:, :FEATURE] = out[:, :FEATURE]
-    # a reduced vocabulary: some of the target's ids, with the end of generation (or answers never end alike)
-    d2t = np.sort(np.union1d([2, 260], rng.choice(np.setdiff1d(np.arange(3, n_vocab), [260]), draft_vocab - 2,
-                                                     replace=False))
-                  if draft_vocab else np.arange(n_vocab))
+    d2t = np.arange(n_vocab)
+    if draft_vocab:  # some of the target's ids, its end of generation among them (or answers would not end alike)
+        others = np.setdiff1d(np.arange(3, n_vocab), EOG_IDS)
+        d2t = np.union1d(EOG_IDS, rng.choice(others, draft_vocab - len(EOG_IDS), replace=False))  # (sorted)
     w.add_tensor("output.weight", head[d2t])
     if draft_vocab:
         w.add_tensor("d2t", d2t.astype(np.int64))

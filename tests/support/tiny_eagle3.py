@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from .tiny_gguf import vocab, write_model
+from .tiny_gguf import EOG_IDS, vocab, write_model
 
 
 def write_eagle3_pair(folder: Path, seed: int = 0, context: float = 0.2, n_layer: int = 3, **head) -> tuple[Path, Path]:
@@ -64,7 +64,7 @@ def write_eagle3_head(head: Path, target: Path, seed: int = 0, gain: float = 10.
     w.add_tensor("fc.weight", (rng.standard_normal((n_embd, n_feat)) * n_feat ** -0.5).astype(np.float32))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     if draft_vocab:  # some of the target's ids (never its end-of-generation ones) and their output rows
-        d2t = np.sort(rng.choice(np.setdiff1d(np.arange(3, n_vocab), [260]), draft_vocab, replace=False))
+        d2t = np.sort(rng.choice(np.setdiff1d(np.arange(3, n_vocab), EOG_IDS), draft_vocab, replace=False))
         w.add_tensor("output.weight", tensors["output.weight"][d2t])
         w.add_tensor("d2t", d2t.astype(np.int64))
         w.add_tensor("token_embd.weight", tensors["token_embd.weight"])

@@ -17,6 +17,7 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+EOG_IDS = [2, 260]  # "</s>" and "<|im_end|>": where vocab() puts them
 
 
 def vocab(extra_words: int = 40, rename: dict[int, str] | None = None) -> list[tuple[str, int]]:
@@ -142,7 +143,7 @@ def write_model(
         w.add_tensor(p + "ffn_down.weight", t(n_embd, n_ff) * context)
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     out = t(n_base, n_embd, scale=logit_scale * n_embd ** -0.5)
-    out[[2, 260]] = 0.0  # "</s>", "<|im_end|>" score 0, far below the top: outputs run long unless a test sets EOS
+    out[EOG_IDS] = 0.0  # "</s>", "<|im_end|>" score 0, far below the top: outputs run long unless a test sets EOS
     w.add_tensor("output.weight", rows(out))
     w.write_header_to_file()
     w.write_kv_data_to_file()
