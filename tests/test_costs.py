@@ -3,6 +3,7 @@ import pytest
 
 from app.engine import Costs
 from app.engine.costs import batch_sizes
+from app.engine.speedup import round_shape, tokens_per_round
 from app.prompts import plain_tokens
 
 
@@ -22,6 +23,18 @@ def test_ceiling_takes_the_best_draft_length():
     assert c.ceiling(1) == (pytest.approx(0.02 / 0.018), 1)
     # drafting dearer than it saves: no draft length beats plain decoding
     assert Costs({1: 0.010, 2: 0.020}, draft_s=(0.010, 0.015)).ceiling(4) == (1.0, 0)
+
+
+def test_a_round_that_ends_at_unsure_tokens():
+    # every token sure: k draft calls, k verified, the geometric model's tokens
+    for k, a in ((1, 0.5), (4, 0.9), (12, 1.0)):
+        assert round_shape(k, a) == (pytest.approx(tokens_per_round(k, a)), pytest.approx(k), pytest.approx(k))
+    # 3 at most, the first sure half the time and each after a sure one always, all accepted: a round drafts 1 or
+    # 3 (the unsure first stops it), verifies 0 or 3, commits 1 or 4
+    assert round_shape(3, 1.0, 0.5, 1.0) == (pytest.approx(2.5), pytest.approx(2.0), pytest.approx(1.5))
+    # each after a sure one sure half the time: 1 + .5 + .25 + .125 tokens; calls 1 + .5 + .25; verified .875
+    assert round_shape(3, 1.0, 0.5) == (pytest.approx(1.875), pytest.approx(1.75), pytest.approx(0.875))
+    assert round_shape(0, 0.9) == (1.0, 0.0, 0.0)
 
 
 def test_the_ceiling_says_what_the_pair_can_reach_and_why():

@@ -256,6 +256,47 @@ def test_near_ties_the_target_rejects_are_tried_only_a_few_times():
     assert first <= 14 and second == 0
 
 
+def run_text(c: DraftLength, rounds: int, signal_at, accepted_at, t_draft: float, verify_s) -> tuple[int, float]:
+    """Rounds over a text where ``signal_at(i)`` is the draft's confidence at position i and ``accepted_at(i)``
+    whether the target agrees there: the draft model is called when the round may draft, stops where the
+    controller says, and the target accepts up to its first disagreement. Returns (tokens made, seconds spent)
+    over the second half of the rounds, the controller settled by then."""
+    pos, tokens_made, seconds = 0, 0, 0.0
+    for r in range(rounds):
+        k = c.next()
+        signals, evals = [], 1 if k else 0
+        for j in range(k):
+            if not c.take(signal_at(pos + j)):
+                break
+            signals.append(signal_at(pos + j))
+            if j + 1 == k or not c.look_further():
+                break
+            evals += 1
+        tokens = len(signals)
+        accepted = next((j for j in range(tokens) if not accepted_at(pos + j)), tokens)
+        pos += accepted + 1
+        c.update(tokens, accepted, t_draft * evals, verify_s(tokens + 1), signals=signals, n_evals=evals,
+                 first_s=t_draft if evals else 0.0)
+        if r >= rounds // 2:
+            tokens_made, seconds = tokens_made + accepted + 1, seconds + t_draft * evals + verify_s(tokens + 1)
+    return tokens_made, seconds
+
+
+def test_rounds_that_end_before_unsure_tokens_are_valued_as_such():
+    """The starter on a slow spell: a draft token costs 0.47 of a target step, each verified position 0.28, so
+    drafting pays only where nearly every proposed token is accepted. Unsure spots come in runs (two near-ties in
+    every twelve tokens, the first rejected). Counted over every draft token, as if each round drafted its full
+    length, acceptance is too low to pay and speculation went off; the rounds the controller drafts end before the
+    near-ties, verify only sure tokens, and pay."""
+    def verify_s(n):
+        return 0.010 + 0.0028 * (n - 1)
+
+    c = DraftLength(DraftParams(draft_max=12, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR)
+    tokens, seconds = run_text(c, 400, lambda i: 0.1 if i % 12 >= 10 else 3.0, lambda i: i % 12 != 10,
+                               t_draft=0.0047, verify_s=verify_s)
+    assert tokens / seconds > 1.1 / verify_s(1)
+
+
 def test_acceptance_is_the_drafters_own_not_that_of_the_tokens_a_grammar_forced():
     """Under a grammar a draft holds forced keys and brackets, nearly always accepted, and the drafter's own tokens
     between them. Only the drafter's count: here it proposes two tokens after four forced ones, the first accepted

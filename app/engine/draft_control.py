@@ -15,9 +15,13 @@ Adaptive mode decides token by token, from measurements of this generation:
   exceeds what one more position costs the verification batch, and drafts another while that product for the
   next token, its signal unseen yet, exceeds a draft step plus that position (all measured): rounds end at an
   unsure token, or just before a likely rejection.
-- The draft length cap maximises expected tokens per second under the geometric model
-      tokens(k) = (1 - a^(k+1)) / (1 - a),    time(k) = k * t_draft + t_verify(k + 1)
-  and k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
+- The draft length cap maximises expected tokens per second over the rounds this controller drafts, which end at
+  the first token whose signal bucket is below a floor chosen with the cap (speedup.round_shape): with s0 how often
+  a round's first draft token is sure enough, s how often one after a sure token is, a how often the target accepts
+  sure ones,
+      tokens(k) = 1 + s0 * a * (1 - (s * a)^k) / (1 - s * a),    time(k) = calls(k) * t_draft + t_verify(1 + sure(k))
+  (every token sure: the geometric model, (1 - a^(k+1)) / (1 - a) tokens in k * t_draft + t_verify(k + 1)), and
+  k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
   then turns it back on when the text becomes predictable. A draft model falls behind while off and catches up
   on every token made meanwhile when it drafts again, so each probe that changes nothing doubles the wait, and
   where catching up costs more per token than drafting can save, probes are rare. Probes are priced: the wait
@@ -91,6 +95,10 @@ class Measured:
         self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
         self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
         self.accepted = self.judged = 0.0  # draft tokens accepted and judged, decayed, over the last answers
+        # Per signal bucket, decayed: a round's first draft tokens (per round), and the tokens drafted after one of
+        # each bucket (per token in that row): how sure draft tokens come, in runs (DraftLength._plan)
+        self.first: list[float] = []
+        self.after: list[list[float]] = []
 
     def fresh(self) -> bool:
         """Timed enough, and recently enough, to start an answer from: a draft token and a plain step each timed
@@ -114,6 +122,7 @@ class DraftLength:
     LONG_LOOK, LONG_LOOKS, LONG_LOOK_ACCEPTANCE = 16, 2, 0.8  # see _long_look_due
     LONG_BATCH_GUESS = 0.3  # see _could_pay
     PLAIN_SAMPLES = 2  # plain steps timed before judging (they cost nothing against plain decoding)
+    SURE_SAMPLES = 4  # rounds whose draft tokens' signals were seen before rounds are valued by them (_plan)
     PROBE_BUDGET = 0.02  # the share of the time spent off that probes may lose, by their measured losses
     # Drafting must promise this much over plain decoding: where it promises less, the host's noise and costs the
     # model leaves out (the draft model catching up after rounds off, its prefill) decide whether it wins, while
@@ -135,9 +144,13 @@ class DraftLength:
         self._edges = signal_edges
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
+        if len(m.first) != len(self._buckets):
+            m.first, m.after = [0.0] * len(self._buckets), [[0.0] * len(self._buckets) for _ in self._buckets]
+        self._last_bucket: int | None = None  # of the draft token before this one in the round (None: the first)
         self._prior = statistics.fmean(prior)  # the acceptance of a token not drafted yet, before any is judged
         self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
+        self._floor = 0.0  # a signal bucket whose acceptance is below this ends the round (_plan)
         self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
         # accepted draft tokens and those examined by the target (decayed), from the last answers' at first
         scale = min(1.0, self.PRIOR_WEIGHT / m.judged) if m.judged else 0.0
@@ -161,7 +174,7 @@ class DraftLength:
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
         """The most tokens to draft this round."""
-        self._reach = 1.0
+        self._reach, self._last_bucket = 1.0, None
         was_probe, self._measuring = self._measuring, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
@@ -174,7 +187,7 @@ class DraftLength:
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         if self._examined < 4 and self._empty < self.EMPTY_MEASURES and self._best_k(0.999) > 0:
             return self._measure(self._short)  # drafting could pay: learn the acceptance before drafting at length
-        best = self._best_k()
+        best, self._floor = self._plan()
         k = best if not self._measured_loss() else 0  # (a pair that cannot pay even when every token is accepted
         # goes off here after one short draft)
         if k == 0:
@@ -265,9 +278,16 @@ class DraftLength:
     def take(self, signal: float) -> bool:
         """Propose this drafted token, whose confidence signal is ``signal``?"""
         i = bisect_right(self._edges, signal)
+        if self._edges:
+            m, last = self._measured, self._last_bucket
+            row = m.first if last is None else m.after[last]
+            row[:] = [n * self.TOKEN_DECAY for n in row]
+            row[i] += 1.0
+            self._last_bucket = i
         acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
-        if not self._measuring and reach < self._min_acceptance(draft_step=False) and not self._explore(i):
+        if (not self._measuring and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor)
+                and not self._explore(i)):
             return False
         self._reach = reach
         return True
@@ -283,7 +303,7 @@ class DraftLength:
         judged, so a prior set too low (the starter's near-ties are mostly accepted) would otherwise never be
         corrected. A bucket the target does reject costs a few tries."""
         accepted, judged = self._outcomes[bucket]
-        if judged >= self.EXPLORE and accepted < judged * self._min_acceptance(draft_step=False):
+        if judged >= self.EXPLORE and accepted < judged * max(self._min_acceptance(draft_step=False), self._floor):
             return False
         self._refused[bucket] += 1
         return self._refused[bucket] % self.EXPLORE_EVERY == 0
@@ -348,12 +368,49 @@ class DraftLength:
         return self._best(acceptance)[0]
 
     def _best(self, acceptance: float | None = None) -> tuple[int, float]:
-        """The draft length that makes tokens fastest at this acceptance (0: plain decoding), and that rate: a round
-        of k costs its draft (_draft_time), its verification and the time between rounds; a plain step, the last
-        two."""
-        a = min(self.acceptance() if acceptance is None else acceptance, 0.999)
+        """The draft length that makes tokens fastest at this acceptance (0: plain decoding; None: the drafter's
+        acceptance, every token proposed), and that rate: a round of k costs its draft (_draft_time), its
+        verification and the time between rounds; a plain step, the last two."""
+        return self._best_at(self.acceptance() if acceptance is None else acceptance)
+
+    def _best_at(self, acceptance: float, sure: float = 1.0, sure_next: float | None = None) -> tuple[int, float]:
         return best_draft_length(lambda n: self._verify_time(n) + self._between.value, self._draft_time,
-                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), a, self.PAY_MARGIN)
+                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), min(acceptance, 0.999),
+                                 self.PAY_MARGIN, sure, sure_next)
+
+    def _plan(self) -> tuple[int, float]:
+        """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end
+        the round.) A round ends at the first draft token not worth proposing (take), so it verifies the sure ones:
+        judged as if every round drafted its full length, by the acceptance of all draft tokens alike, the starter
+        on a slow spell (a draft token at half a target step) went off at 93-98% acceptance where its rounds, ending
+        before near-ties, made 1.13x of plain. So a round is valued as what it is, for each choice of the buckets
+        whose tokens it proposes (the surest first): how often a round's first draft token falls in them, how often
+        one that follows such a token does (unsure spots come in runs), and take's estimate of their acceptance; the
+        fastest choice sets this round's floor. A drafter without signal buckets proposes every token: its
+        acceptance, all sure."""
+        m = self._measured
+        if not self._edges or sum(m.first) < self.SURE_SAMPLES:
+            return self._best_k(), 0.0
+        if not self._best_k(0.999):
+            return 0, 0.0  # (no round pays where a full one, every token accepted, does not)
+        bar = self._min_acceptance(draft_step=False)
+        rates = [acc / seen for acc, seen in self._buckets]
+        best_k, best_rate, floor = 0, 0.0, 1.0
+        for q in sorted({r for r in rates if r >= bar}, reverse=True):
+            sure = [r >= q for r in rates]
+            first = sum(n for n, s in zip(m.first, sure) if s)
+            rows = [row for row, s in zip(m.after, sure) if s]
+            out = sum(map(sum, rows))  # tokens drafted after a sure one
+            if not first or not out:
+                continue
+            seen = [n + sum(row[b] for row in rows) for b, n in enumerate(m.first)]  # how often each sure bucket
+            weight = sum(n for n, s in zip(seen, sure) if s)
+            acceptance = sum(n * r for n, r, s in zip(seen, rates, sure) if s) / weight
+            k, rate = self._best_at(acceptance, first / sum(m.first),
+                                    sum(row[b] for row in rows for b in range(len(sure)) if sure[b]) / out)
+            if k and rate > best_rate:
+                best_k, best_rate, floor = k, rate, q
+        return best_k, floor
 
     def _draft_time(self, k: int) -> float:
         """Seconds drafting k tokens: k draft calls, the first catching up on the tokens made since the last round."""

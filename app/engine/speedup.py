@@ -14,15 +14,38 @@ def tokens_per_round(k: int, acceptance: float) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
-def best_draft_length(verify: Callable[[int], float], draft: Callable[[int], float], lengths: range,
-                      acceptance: float = 1.0, margin: float = 0.0) -> tuple[int, float]:
+def _sum_powers(x: float, n: int) -> float:
+    """1 + x + ... + x^(n-1)."""
+    return float(n) if x >= 1.0 else (1.0 - x ** n) / (1.0 - x) if n > 0 else 0.0
+
+
+def round_shape(k: int, acceptance: float, sure: float = 1.0, sure_next: float | None = None
+                ) -> tuple[float, float, float]:
+    """A round of at most k draft tokens that ends at the first token not sure enough to propose (the adaptive
+    controller's rounds: it drafts on while each token's confidence is high, and stops before verifying an unsure
+    one). ``sure``: how often a round's first draft token is sure enough; ``sure_next``: how often the one after a
+    sure token is (unsure spots come in runs; default ``sure``); ``acceptance``: how often the target accepts a sure
+    one. Returns the expected (tokens committed, draft calls, tokens verified beside the target's own). Where every
+    token is sure, every round drafts k tokens, and the tokens follow the geometric model (tokens_per_round)."""
+    g = sure if sure_next is None else sure_next
+    if not k:
+        return 1.0, 0.0, 0.0
+    return (1.0 + sure * acceptance * _sum_powers(g * acceptance, k), 1.0 + sure * _sum_powers(g, k - 1),
+            sure * _sum_powers(g, k))
+
+
+def best_draft_length(verify: Callable[[float], float], draft: Callable[[float], float], lengths: range,
+                      acceptance: float = 1.0, margin: float = 0.0, sure: float = 1.0,
+                      sure_next: float | None = None) -> tuple[int, float]:
     """The draft length among ``lengths`` that makes tokens fastest (0: plain decoding), and that rate in tokens
-    per second. ``verify(n)``: seconds of a target batch of n tokens; ``draft(k)``: seconds drafting k tokens;
-    ``margin``: how much faster than plain decoding (0.03: 3%) a draft length must be to be chosen."""
+    per second. ``verify(n)``: seconds of a target batch of n tokens; ``draft(k)``: seconds drafting k tokens (both
+    asked of expected, fractional sizes where ``sure`` < 1); ``margin``: how much faster than plain decoding
+    (0.03: 3%) a draft length must be to be chosen; ``acceptance``, ``sure`` and ``sure_next`` as in round_shape."""
     plain = 1.0 / verify(1)
     best_k, best_rate = 0, plain
     for k in lengths:
-        rate = tokens_per_round(k, acceptance) / (draft(k) + verify(k + 1))
+        tokens, calls, verified = round_shape(k, acceptance, sure, sure_next)
+        rate = tokens / (draft(calls) + verify(1.0 + verified))
         if rate > best_rate and rate > plain * (1.0 + margin):
             best_k, best_rate = k, rate
     return best_k, best_rate
