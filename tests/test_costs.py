@@ -3,7 +3,7 @@ import pytest
 
 from app.engine import Costs
 from app.engine.costs import batch_sizes
-from app.engine.speedup import round_shape, tokens_per_round
+from app.engine.speedup import round_shape
 from app.prompts import plain_tokens
 
 
@@ -26,9 +26,9 @@ def test_ceiling_takes_the_best_draft_length():
 
 
 def test_a_round_that_ends_at_unsure_tokens():
-    # every token sure: k draft calls, k verified, the geometric model's tokens
-    for k, a in ((1, 0.5), (4, 0.9), (12, 1.0)):
-        assert round_shape(k, a) == (pytest.approx(tokens_per_round(k, a)), pytest.approx(k), pytest.approx(k))
+    # every token sure: k draft calls, k verified, the geometric model's tokens (1 - a^(k+1)) / (1 - a)
+    for k, a, tokens in ((1, 0.5, 1.5), (4, 0.9, (1 - 0.9 ** 5) / 0.1), (12, 1.0, 13.0)):
+        assert round_shape(k, a) == (pytest.approx(tokens), pytest.approx(k), pytest.approx(k))
     # 3 at most, the first sure half the time and each after a sure one always, all accepted: a round drafts 1 or
     # 3 (the unsure first stops it), verifies 0 or 3, commits 1 or 4
     assert round_shape(3, 1.0, 0.5, 1.0) == (pytest.approx(2.5), pytest.approx(2.0), pytest.approx(1.5))

@@ -389,7 +389,8 @@ class DraftLength:
         fastest choice sets this round's floor. A drafter without signal buckets proposes every token: its
         acceptance, all sure."""
         m = self._measured
-        if not self._edges or sum(m.first) < self.SURE_SAMPLES:
+        rounds = sum(m.first)
+        if not self._edges or rounds < self.SURE_SAMPLES:
             return self._best_k(), 0.0
         if not self._best_k(0.999):
             return 0, 0.0  # (no round pays where a full one, every token accepted, does not)
@@ -397,17 +398,14 @@ class DraftLength:
         rates = [acc / seen for acc, seen in self._buckets]
         best_k, best_rate, floor = 0, 0.0, 1.0
         for q in sorted({r for r in rates if r >= bar}, reverse=True):
-            sure = [r >= q for r in rates]
-            first = sum(n for n, s in zip(m.first, sure) if s)
-            rows = [row for row, s in zip(m.after, sure) if s]
-            out = sum(map(sum, rows))  # tokens drafted after a sure one
-            if not first or not out:
+            sure = [b for b, r in enumerate(rates) if r >= q]
+            first = sum(m.first[b] for b in sure)
+            after = sum(sum(m.after[b]) for b in sure)  # tokens drafted after a sure one
+            if not first or not after:
                 continue
-            seen = [n + sum(row[b] for row in rows) for b, n in enumerate(m.first)]  # how often each sure bucket
-            weight = sum(n for n, s in zip(seen, sure) if s)
-            acceptance = sum(n * r for n, r, s in zip(seen, rates, sure) if s) / weight
-            k, rate = self._best_at(acceptance, first / sum(m.first),
-                                    sum(row[b] for row in rows for b in range(len(sure)) if sure[b]) / out)
+            count = {b: m.first[b] + sum(m.after[a][b] for a in sure) for b in sure}  # sure tokens seen, per bucket
+            acceptance = sum(count[b] * rates[b] for b in sure) / sum(count.values())
+            k, rate = self._best_at(acceptance, first / rounds, sum(m.after[a][b] for a in sure for b in sure) / after)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
         return best_k, floor

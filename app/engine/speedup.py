@@ -7,13 +7,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-def tokens_per_round(k: int, acceptance: float) -> float:
-    """Expected tokens a round of k draft tokens commits: the accepted run plus the target's own token."""
-    if acceptance >= 1.0:
-        return k + 1.0
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
-
-
 def _sum_powers(x: float, n: int) -> float:
     """1 + x + ... + x^(n-1)."""
     return float(n) if x >= 1.0 else (1.0 - x ** n) / (1.0 - x) if n > 0 else 0.0
@@ -26,7 +19,7 @@ def round_shape(k: int, acceptance: float, sure: float = 1.0, sure_next: float |
     one). ``sure``: how often a round's first draft token is sure enough; ``sure_next``: how often the one after a
     sure token is (unsure spots come in runs; default ``sure``); ``acceptance``: how often the target accepts a sure
     one. Returns the expected (tokens committed, draft calls, tokens verified beside the target's own). Where every
-    token is sure, every round drafts k tokens, and the tokens follow the geometric model (tokens_per_round)."""
+    token is sure, every round drafts k tokens, and commits (1 - a^(k+1)) / (1 - a) of them (the geometric model)."""
     g = sure if sure_next is None else sure_next
     if not k:
         return 1.0, 0.0, 0.0
