@@ -9,8 +9,10 @@ Adaptive mode decides token by token, from measurements of this generation:
 - It starts by measuring at little risk: a short draft, then two plain steps (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
-  were plainly accepted, one long draft times a long verification batch too (short ones alone overstate it).
-- Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts).
+  were plainly accepted, a long look (a round of up to LONG_LOOK tokens, ending at unsure ones like any other)
+  times a long verification batch too (short ones alone overstate it).
+- Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts, which
+  the next answer starts from).
 - It proposes a drafted token while P(this token is reached and accepted) x (the target's time for one token)
   exceeds what one more position costs the verification batch, and drafts another while that product for the
   next token, its signal unseen yet, exceeds a draft step plus that position (all measured): rounds end at an
@@ -22,7 +24,8 @@ Adaptive mode decides token by token, from measurements of this generation:
       tokens(k) = 1 + s0 * a * (1 - (s * a)^k) / (1 - s * a),    time(k) = calls(k) * t_draft + t_verify(1 + sure(k))
   (every token sure: the geometric model, (1 - a^(k+1)) / (1 - a) tokens in k * t_draft + t_verify(k + 1)), and
   k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
-  then turns it back on when the text becomes predictable. A draft model falls behind while off and catches up
+  then turns it back on when the text becomes predictable. Turning it on needs PAY_MARGIN; staying on, only no
+  loss (a round after one that drafted catches up on nothing). A draft model falls behind while off and catches up
   on every token made meanwhile when it drafts again, so each probe that changes nothing doubles the wait, and
   where catching up costs more per token than drafting can save, probes are rare. Probes are priced: the wait
   between two is at least what the last measuring rounds lost against plain steps, over PROBE_BUDGET of a plain
@@ -84,6 +87,7 @@ class Measured:
     not turn a pair that pays off for the whole answer."""
 
     MEMORY_S = 300.0  # how long timings of the draft are trusted without a new one (the host's speed drifts)
+    BUCKET_DECAY = 0.99  # weight of the past in a signal bucket's counts, per token of its own (about the last 100)
 
     def __init__(self):
         self.t_draft = _Estimate(DECAY)  # seconds to draft one more token
@@ -116,6 +120,10 @@ class DraftLength:
     PROBE_EVERY_WHEN_COSTLY = 192
     TOKEN_DECAY = 0.98  # weight of the past in the acceptance, per draft token judged (about the last 50)
     PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
+    # ...and what the last answers measured of a bucket as at most this many more. Restarting at the priors each
+    # answer, the sure buckets read 0.96-0.97 on the starter, whose target accepted 99% of them: its rounds were
+    # valued under the margin and a slow spell stayed off in half the runs
+    CARRIED = 32.0
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
     EXPLORE, EXPLORE_EVERY = 6, 3  # see _explore
@@ -146,6 +154,11 @@ class DraftLength:
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
         if len(m.first) != len(self._buckets):
             m.first, m.after = [0.0] * len(self._buckets), [[0.0] * len(self._buckets) for _ in self._buckets]
+            m.buckets = [[0.0, 0.0] for _ in self._buckets]
+        for counts, (acc, judged) in zip(self._buckets, m.buckets):  # the last answers', worth CARRIED tokens at most
+            scale = min(1.0, self.CARRIED / judged) if judged else 0.0
+            counts[0] += acc * scale
+            counts[1] += judged * scale
         self._last_bucket: int | None = None  # of the draft token before this one in the round (None: the first)
         self._prior = statistics.fmean(prior)  # the acceptance of a token not drafted yet, before any is judged
         self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
@@ -162,6 +175,7 @@ class DraftLength:
         self._off_rounds = 0
         self._failed_probes = 0  # probes in a row after which speculation stayed off
         self._measuring = False  # this round drafts what next() said, to measure
+        self._looking = False  # ...and it is a long look (_long_look_due)
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
@@ -175,7 +189,7 @@ class DraftLength:
     def next(self) -> int:
         """The most tokens to draft this round."""
         self._reach, self._last_bucket = 1.0, None
-        was_probe, self._measuring = self._measuring, False
+        was_probe, self._measuring, self._looking = self._measuring and not self._looking, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
         if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
@@ -184,6 +198,7 @@ class DraftLength:
             return self._measure(self._short)  # measure before judging
         if self._long_look_due():
             self._long_looks += 1
+            self._looking = True
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         if self._examined < 4 and self._empty < self.EMPTY_MEASURES and self._best_k(0.999) > 0:
             return self._measure(self._short)  # drafting could pay: learn the acceptance before drafting at length
@@ -286,7 +301,8 @@ class DraftLength:
             self._last_bucket = i
         acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
-        if (not self._measuring and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor)
+        forced = self._measuring and not self._looking  # (a long look ends at unsure tokens like any round)
+        if (not forced and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor)
                 and not self._explore(i)):
             return False
         self._reach = reach
@@ -373,10 +389,11 @@ class DraftLength:
         verification and the time between rounds; a plain step, the last two."""
         return self._best_at(self.acceptance() if acceptance is None else acceptance)
 
-    def _best_at(self, acceptance: float, sure: float = 1.0, sure_next: float | None = None) -> tuple[int, float]:
+    def _best_at(self, acceptance: float, sure: float = 1.0, sure_next: float | None = None,
+                 margin: float | None = None) -> tuple[int, float]:
         return best_draft_length(lambda n: self._verify_time(n) + self._between.value, self._draft_time,
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), min(acceptance, 0.999),
-                                 self.PAY_MARGIN, sure, sure_next)
+                                 self.PAY_MARGIN if margin is None else margin, sure, sure_next)
 
     def _plan(self) -> tuple[int, float]:
         """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end
@@ -395,6 +412,10 @@ class DraftLength:
         if not self._best_k(0.999):
             return 0, 0.0  # (no round pays where a full one, every token accepted, does not)
         bar = self._min_acceptance(draft_step=False)
+        # (the margin is to turn drafting on: a round that follows one that called the draft model catches up on
+        # nothing, and drafts while it promises no loss. With the margin both ways, the starter on a slow spell went
+        # off on estimates a few percent under it, where its rounds made 1.15-1.2x)
+        margin = 0.0 if self._called_last else self.PAY_MARGIN
         rates = [acc / seen for acc, seen in self._buckets]
         best_k, best_rate, floor = 0, 0.0, 1.0
         for q in sorted({r for r in rates if r >= bar}, reverse=True):
@@ -405,7 +426,8 @@ class DraftLength:
                 continue
             count = {b: m.first[b] + sum(m.after[a][b] for a in sure) for b in sure}  # sure tokens seen, per bucket
             acceptance = sum(count[b] * rates[b] for b in sure) / sum(count.values())
-            k, rate = self._best_at(acceptance, first / rounds, sum(m.after[a][b] for a in sure for b in sure) / after)
+            k, rate = self._best_at(acceptance, first / rounds, sum(m.after[a][b] for a in sure for b in sure) / after,
+                                    margin)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
         return best_k, floor
@@ -439,7 +461,9 @@ class DraftLength:
                 if signal is None:  # a token a grammar forced: not the drafter's to judge
                     continue
                 b = bisect_right(self._edges, signal)
-                for counts in (self._buckets[b], self._outcomes[b]):
+                carried = self._measured.buckets[b]
+                carried[:] = [n * Measured.BUCKET_DECAY for n in carried]
+                for counts in (self._buckets[b], self._outcomes[b], carried):
                     counts[0] += i < n_accepted
                     counts[1] += 1
         # Acceptance is the drafter's: tokens a grammar forced are judged too, but say nothing of it (counted in,
@@ -481,7 +505,8 @@ class DraftLength:
         self._called_last = n_evals > 0
         if between_s is not None:
             self._between.add(between_s)
-        if self._measuring and 1 in self._verify:  # what this measuring round lost (or won) against plain steps
+        if self._measuring and not self._looking and 1 in self._verify:  # what this probe lost (or won) against
+            # plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short probe costs)
             self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify_time(1))
         if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
             r = self._spec
