@@ -141,21 +141,34 @@ class Recording:
                    for k in range(1, CHAIN + 1)) * plain
 
 
-def replay(rec: Recording, dc, drafter, seed: int, sigma: float) -> tuple[float, list[float]]:
-    """One pass over the recorded answers with one controller state (``Measured``); returns the speedup over plain
-    decoding at the same noisy costs, overall and per answer."""
-    rng = random.Random(seed)
+class FixedRule:
+    """A draft-length policy without memory: draft while the logit gap is at least ``gap``, at most ``k_max`` tokens
+    (the controller's interface: next, take, look_further, update)."""
 
-    def cost(s: float) -> float:
-        return s * math.exp(rng.gauss(0.0, sigma))
+    def __init__(self, gap: float, k_max: int):
+        self.gap, self.k_max = gap, k_max
 
-    measured = dc.Measured()
-    params = dc.DraftParams(draft_max=CHAIN, draft_p_min=rec.p_min, adaptive=True)
+    def next(self) -> int:
+        return self.k_max
+
+    def take(self, signal: float) -> bool:
+        return signal >= self.gap
+
+    def look_further(self) -> bool:
+        return True
+
+    def update(self, *args) -> None:
+        pass
+
+
+def run(rec: Recording, make_control, cost) -> tuple[float, list[float]]:
+    """One pass over the recorded answers, a control from ``make_control()`` per answer, each operation at
+    ``cost(recorded seconds)``; returns the speedup over plain decoding at the same costs, overall and per answer."""
     on = off = 0.0
     per = []
     for a in rec.answers:
         answer, chains = a["answer"], a["chains"]
-        control = dc.DraftLength(params, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured)
+        control = make_control()
         pos, cached, seconds, first_round = 0, 0, 0.0, True  # cached: answer tokens the draft context holds
         while pos + 1 < len(answer):
             n_max = min(control.next(), len(answer) - 1 - pos)
@@ -165,7 +178,7 @@ def replay(rec: Recording, dc, drafter, seed: int, sigma: float) -> tuple[float,
                 first_s, evals = cost(rec.catch_up(n_first)), 1
                 for i, (token, passes, gap) in enumerate(chains[pos][:n_max]):
                     if not passes or not control.take(gap):
-                        break
+                        break  # (the call that showed this token is paid)
                     tokens.append(token)
                     signals.append(gap)
                     if i + 1 == n_max or not control.look_further():
@@ -186,29 +199,25 @@ def replay(rec: Recording, dc, drafter, seed: int, sigma: float) -> tuple[float,
     return off / on, per
 
 
+def replay(rec: Recording, dc, drafter, seed: int, sigma: float) -> tuple[float, list[float]]:
+    """The checkout's adaptive controller over the recording, one ``Measured`` for every answer, each operation's
+    time with seeded log-normal noise."""
+    rng = random.Random(seed)
+    measured = dc.Measured()
+    params = dc.DraftParams(draft_max=CHAIN, draft_p_min=rec.p_min, adaptive=True)
+    return run(rec, lambda: dc.DraftLength(params, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured),
+               lambda s: s * math.exp(rng.gauss(0.0, sigma)))
+
+
 def hindsight(rec: Recording) -> tuple[float, float | None, int]:
-    """(speedup, gap threshold, cap) of the best fixed rule "draft while the gap is at least G, at most K tokens",
-    or of never drafting (G None), chosen knowing the whole recording, at its costs without noise."""
-    plain = rec.verify[1] + BETWEEN_S
+    """(speedup, gap threshold, cap) of the best fixed rule (FixedRule), or of never drafting (G None), chosen
+    knowing the whole recording, at its costs without noise."""
     best: tuple[float, float | None, int] = (1.0, None, 0)
     for g in (0.0, 0.25, 0.5, 1.0, 2.0):
         for k_max in (4, 8, 12, 16):
-            on = off = 0.0
-            for a in rec.answers:
-                answer, chains = a["answer"], a["chains"]
-                pos = cached = 0
-                while pos + 1 < len(answer):
-                    chain, room = chains[pos], min(k_max, len(answer) - 1 - pos)
-                    k = next((i for i, (_, passes, gap) in enumerate(chain[:room]) if not passes or gap < g), room)
-                    calls = k if k == room else k + 1  # (the call that showed the stopping token is paid)
-                    accepted = next((i for i in range(k) if chain[i][0] != answer[pos + 1 + i]), k)
-                    on += (rec.catch_up(max(pos + 1 - cached, 1)) + (calls - 1) * rec.t_draft + rec.verify[k + 1]
-                           + BETWEEN_S)
-                    cached = pos + 1 + min(accepted, calls - 1)
-                    pos += accepted + 1
-                off += (len(answer) - 1) * plain
-            if off / on > best[0]:
-                best = (off / on, g, k_max)
+            speedup, _ = run(rec, lambda: FixedRule(g, k_max), lambda s: s)
+            if speedup > best[0]:
+                best = (speedup, g, k_max)
     return best
 
 

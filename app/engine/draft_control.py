@@ -103,6 +103,15 @@ class Measured:
         # each bucket (per token in that row): how sure draft tokens come, in runs (DraftLength._plan)
         self.first: list[float] = []
         self.after: list[list[float]] = []
+        # ...and the draft tokens accepted and judged, each bucket's decayed per token of its own (BUCKET_DECAY): how
+        # sure tokens fare is the pair's more than the text's, so an answer starts from them (DraftLength.CARRIED)
+        self.buckets: list[list[float]] = []
+
+    def per_bucket(self, n: int) -> None:
+        """Size the per-bucket tables for a drafter with n signal buckets (empty until the first answer)."""
+        if len(self.first) != n:
+            self.first, self.after = [0.0] * n, [[0.0] * n for _ in range(n)]
+            self.buckets = [[0.0, 0.0] for _ in range(n)]
 
     def fresh(self) -> bool:
         """Timed enough, and recently enough, to start an answer from: a draft token and a plain step each timed
@@ -152,9 +161,7 @@ class DraftLength:
         self._edges = signal_edges
         w = self.PRIOR_WEIGHT
         self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
-        if len(m.first) != len(self._buckets):
-            m.first, m.after = [0.0] * len(self._buckets), [[0.0] * len(self._buckets) for _ in self._buckets]
-            m.buckets = [[0.0, 0.0] for _ in self._buckets]
+        m.per_bucket(len(self._buckets))
         for counts, (acc, judged) in zip(self._buckets, m.buckets):  # the last answers', worth CARRIED tokens at most
             scale = min(1.0, self.CARRIED / judged) if judged else 0.0
             counts[0] += acc * scale
