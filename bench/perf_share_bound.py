@@ -11,9 +11,13 @@ catching up after plain steps is not charged, so the bound is optimistic). Betwe
 simulated at the same costs: every fixed length up to draft-max, and --draft-p-min gates (stop at a token the
 draft gives less than p), the best of each chosen in hindsight. Against them, the speedup the pair's adaptive
 drafting (and, with --fixed K, fixed K-token drafts, also simulated to show how far the real loop runs below its
-simulation) reached in the same run, as ``specchat bench`` measures it.
+simulation) reached in the same run, as ``specchat bench`` measures it. With --oracle, the real loop also runs
+the bound's own schedule (each round drafts exactly the tokens that schedule drafts, all of which the target
+accepts): what the real loop reaches when no token's fate is unknown, the highest share any controller can reach
+on this machine in this run.
 
-    python bench/perf_share_bound.py [--repeats 2] [-n 192] [--fixed 12] [--prompts tests/prompts/heldout.jsonl]
+    python bench/perf_share_bound.py [--repeats 2] [-n 192] [--fixed 12] [--oracle]
+                                     [--prompts tests/prompts/heldout.jsonl]
                                      [--pair starter | -m TARGET.gguf -md DRAFT.gguf]
 
 Prints per run: each mode's speedup and share of the ceiling, the simulated shares, and per prompt its speedup,
@@ -25,6 +29,7 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +41,7 @@ import numpy as np  # noqa: E402
 from app.cli.bench import encode_prompt, load_prompts, run_bench  # noqa: E402
 from app.cli.main import build_engine, build_parser  # noqa: E402
 from app.engine import DraftParams, GenerationParams, SamplingParams  # noqa: E402
+from app.engine import loop  # noqa: E402
 from app.engine.costs import Costs  # noqa: E402
 
 
@@ -100,17 +106,57 @@ def policy_seconds(agree: list[bool], conf: list[float], costs: Costs, k_max: in
     return seconds
 
 
-def bound_seconds(agree: list[bool], costs: Costs, draft_max: int) -> float:
-    """Seconds the fastest schedule with every agreement known in advance takes to decode answer[1:].
+def bound_schedule(agree: list[bool], costs: Costs, draft_max: int) -> tuple[float, list[int]]:
+    """(seconds, k at each state) of the fastest schedule with every agreement known in advance, decoding answer[1:].
 
     State p: answer[:p + 1] chosen, answer[p] not yet in the target. A round drafting k tokens (all agreeing,
     answer[p + 1 .. p + k]) costs draft(k) + verify(k + 1) and moves to p + k + 1; k = 0 is a plain step."""
     n, run = len(agree), runs_from(agree)
     best = [0.0] * n  # best[p]: seconds from state p to state n - 1
+    choice = [0] * n
     for p in range(n - 2, -1, -1):
-        best[p] = min(costs.draft(k) + costs.verify(k + 1) + best[p + k + 1]
-                      for k in range(0, min(draft_max, run[p + 1], n - 2 - p) + 1))
-    return best[0]
+        best[p], choice[p] = min((costs.draft(k) + costs.verify(k + 1) + best[p + k + 1], k)
+                                 for k in range(0, min(draft_max, run[p + 1], n - 2 - p) + 1))
+    return best[0], choice
+
+
+def bound_seconds(agree: list[bool], costs: Costs, draft_max: int) -> float:
+    return bound_schedule(agree, costs, draft_max)[0]
+
+
+class Oracle:
+    """Stands in for the loop's ``DraftLength`` (with adaptive drafting off, the loop drafts what ``next`` says):
+    each round drafts what the bound's schedule drafts at the answer's position, which ``record`` advances by the
+    tokens each round committed. The schedule is the one for the prompt ``_prefill`` last saw."""
+
+    schedules: dict[tuple[int, ...], list[int]] = {}
+    prompt: tuple[int, ...] = ()
+
+    def __init__(self, *_args):
+        self.p = 0
+
+    def next(self) -> int:
+        k = self.schedules.get(Oracle.prompt, [])
+        return k[self.p] if self.p < len(k) else 0
+
+    def record(self, draft, n_drafted: int, n_accepted: int, *_times) -> None:
+        self.p += n_accepted + 1
+
+    @classmethod
+    @contextmanager
+    def in_loop(cls, schedules: dict[tuple[int, ...], list[int]]):
+        """Swapped into the loop meanwhile, noting each generation's prompt as the loop prefills it."""
+        cls.schedules, prefill, length = schedules, loop._prefill, loop.DraftLength
+
+        def noting(target, prompt_ids, *args):
+            cls.prompt = tuple(prompt_ids)
+            return prefill(target, prompt_ids, *args)
+
+        loop._prefill, loop.DraftLength = noting, cls
+        try:
+            yield
+        finally:
+            loop._prefill, loop.DraftLength = prefill, length
 
 
 def main() -> int:
@@ -118,6 +164,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="whole runs, each mode once per run (alternating)")
     ap.add_argument("-n", "--max-tokens", type=int, default=192)
     ap.add_argument("--fixed", type=int, default=None, metavar="K", help="also fixed K-token drafts (--no-adaptive)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="also run the bound's schedule in the real loop (the highest share reachable here)")
     ap.add_argument("--prompts", type=Path, default=ROOT / "tests/prompts/heldout.jsonl")
     a, model_args = ap.parse_known_args()
     model_args = model_args or ["--pair", "starter"]
@@ -129,8 +177,10 @@ def main() -> int:
         modes[f"fixed {a.fixed}"] = replace(dp, adaptive=False, draft_max=a.fixed)
     draft_max = max(d.draft_max for d in modes.values())
 
-    texts = [agreements(engine, ids, greedy_answer(engine, ids, a.max_tokens))
-             for ids in (encode_prompt(engine, p) for p in prompts)]
+    encoded = [encode_prompt(engine, p) for p in prompts]
+    texts = [agreements(engine, ids, greedy_answer(engine, ids, a.max_tokens)) for ids in encoded]
+    if a.oracle:
+        modes["oracle"] = replace(dp, adaptive=False, draft_max=draft_max, draft_p_min=0.0)
     print("draft agreement with the target's greedy answer per prompt: "
           + ", ".join(f"{sum(g) / len(g):.0%}" for g, _ in texts), flush=True)
 
@@ -138,7 +188,13 @@ def main() -> int:
     for r in range(a.repeats):
         names = list(modes) if r % 2 == 0 else list(modes)[::-1]
         for name in names:
-            rep = run_bench(engine, drafter, modes[name], prompts, a.max_tokens)
+            swap = nullcontext()
+            if name == "oracle":  # the bound's schedule at costs timed just before it runs
+                now = engine.measure_costs(draft_max)
+                swap = Oracle.in_loop({tuple(ids): bound_schedule(g, now, draft_max)[1]
+                                       for ids, (g, _) in zip(encoded, texts)})
+            with swap:
+                rep = run_bench(engine, drafter, modes[name], prompts, a.max_tokens)
             costs = Costs(verify_s={int(k): v / 1e3 for k, v in rep["costs"]["verify_ms"].items()},
                           draft_s=(rep["costs"]["draft_ms"][1] / 1e3, rep["costs"]["draft_ms"][2] / 1e3))
             plain = sum((len(g) - 1) * costs.verify(1) for g, _ in texts)
