@@ -440,3 +440,50 @@ def test_what_each_signal_bucket_earned_carries_to_the_next_answer():
 
     forgot = start(forgetful)
     assert start(m) >= 1.5 * forgot
+
+
+def test_a_long_look_that_fails_does_not_turn_drafting_off():
+    """A long look is a timing, not a verdict. Here the two looks' drafts, sure throughout, are turned down at their
+    second token (16 verified for 1 accepted); the other rounds end before the near-tie that every third token is,
+    and each makes 3 tokens in the time of 2.3 plain steps. Counted among the rounds that judge whether drafting
+    lost time against plain decoding, the looks turned drafting off for the rest of the answer (the starter's
+    first answer in a replay: 0.90x of plain, where the next answers ran at 1.5-1.7x)."""
+    c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR)
+    looks, drafted = 0, []
+    for r in range(60):
+        k = c.next()
+        looking, signals = c._looking, []
+        for j in range(k):
+            signal = 3.0 if looking or j % 3 < 2 else 0.0
+            if not c.take(signal):
+                break
+            signals.append(signal)
+            if j + 1 == k or not c.look_further():
+                break
+        n = len(signals)
+        accepted = min(n, 1) if looking else next((j for j, s in enumerate(signals) if s == 0.0), n)
+        looks += looking
+        c.update(n, accepted, 0.0076 * n + (0.0045 if n else 0.0), 0.0196 + 0.0029 * n, signals=signals,
+                 n_evals=n, first_s=0.012 if n else 0.0)
+        drafted.append(n)
+    assert looks == DraftLength.LONG_LOOKS
+    assert sum(n > 0 for n in drafted[-30:]) >= 25
+
+
+def test_after_rounds_off_a_draft_comes_only_as_a_priced_probe():
+    """An answer measures with short drafts while drafting could pay and few of its tokens were judged; once rounds
+    went off, a draft is a probe and waits its turn: a draft model first catches up on every token made meanwhile
+    (the starter on a slow spell, 57 rounds into an answer: 271 ms, 17 plain steps). Here the host slows, so that
+    full acceptance comes to pay a few rounds into the answer while half the tokens are accepted: the answer must
+    not measure again there."""
+    m = Measured()
+    feed(DraftLength(ADAPTIVE, measured=m), 40, lambda k: k // 2, t_draft=0.0072)
+    c = DraftLength(ADAPTIVE, measured=m)
+    asked = []
+    for i in range(24):
+        k = c.next()
+        asked.append(k)
+        plain = VERIFY_1 * (1.0 + 0.004 * i)  # the host slows: plain steps grow dearer
+        c.update(k, k // 2, 0.0072 * k, plain + 0.002 * k, n_evals=k, first_s=0.0072 * (i + 1) if k else 0.0,
+                 n_first=i + 1 if k else 0)
+    assert asked[0] > 0 and not any(asked[1:])

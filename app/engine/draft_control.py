@@ -183,6 +183,7 @@ class DraftLength:
         self._failed_probes = 0  # probes in a row after which speculation stayed off
         self._measuring = False  # this round drafts what next() said, to measure
         self._looking = False  # ...and it is a long look (_long_look_due)
+        self._probing = False  # ...and it is a probe, after rounds off
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
@@ -197,6 +198,7 @@ class DraftLength:
         """The most tokens to draft this round."""
         self._reach, self._last_bucket = 1.0, None
         was_probe, self._measuring, self._looking = self._measuring and not self._looking, False, False
+        self._probing = False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
         if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
@@ -207,8 +209,11 @@ class DraftLength:
             self._long_looks += 1
             self._looking = True
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
-        if self._examined < 4 and self._empty < self.EMPTY_MEASURES and self._best_k(0.999) > 0:
-            return self._measure(self._short)  # drafting could pay: learn the acceptance before drafting at length
+        # Drafting could pay: learn the acceptance before drafting at length. Not once rounds went off: a draft model
+        # would first catch up on each token made since (the starter on a slow spell, 57 rounds into an answer: two
+        # such drafts took 271 ms, 17 plain steps, and it stayed off). A probe does that, priced.
+        if self._examined < 4 and not self._off_rounds and self._empty < self.EMPTY_MEASURES and self._best_k(0.999):
+            return self._measure(self._short)
         best, self._floor = self._plan()
         k = best if not self._measured_loss() else 0  # (a pair that cannot pay even when every token is accepted
         # goes off here after one short draft)
@@ -231,7 +236,7 @@ class DraftLength:
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
             if self._off_rounds >= max(every, self._priced_wait()):
-                self._off_rounds = 0
+                self._off_rounds, self._probing = 0, True
                 # (off for a measured loss where the model says drafting pays: a probe of the length it says, so
                 # that one round can outweigh the loss)
                 return self._measure(max(min(2, self.p.draft_max), best))
@@ -515,8 +520,15 @@ class DraftLength:
         if self._measuring and not self._looking and 1 in self._verify:  # what this probe lost (or won) against
             # plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short probe costs)
             self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify_time(1))
-        if n_evals:  # a draft model's rounds (a model-free drafter's lookups cost next to nothing)
+        # The rounds that judge whether drafting loses (_measured_loss): a draft model's (a model-free drafter's
+        # lookups cost next to nothing), but not a long look, a timing that drafts past where rounds end: counted, the
+        # starter's first answer went off after two looks verified 16 tokens for 6 and 1 accepted. A probe that made
+        # its tokens faster than plain decoding, catching up included, starts the record again: the rounds that lost
+        # were another spell's, and without the looks' to dilute them one probe could not outweigh them.
+        if n_evals and not self._looking:
             r = self._spec
+            if self._probing and (n_accepted + 1) * self._verify_time(1) > draft_s + verify_s:
+                r = [0.0, 0.0, 0.0]
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
