@@ -197,8 +197,7 @@ class DraftLength:
     def next(self) -> int:
         """The most tokens to draft this round."""
         self._reach, self._last_bucket = 1.0, None
-        was_probe, self._measuring, self._looking = self._measuring and not self._looking, False, False
-        self._probing = False
+        was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
         if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
