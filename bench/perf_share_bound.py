@@ -120,10 +120,6 @@ def bound_schedule(agree: list[bool], costs: Costs, draft_max: int) -> tuple[flo
     return best[0], choice
 
 
-def bound_seconds(agree: list[bool], costs: Costs, draft_max: int) -> float:
-    return bound_schedule(agree, costs, draft_max)[0]
-
-
 class Oracle:
     """Stands in for the loop's ``DraftLength`` (with adaptive drafting off, the loop drafts what ``next`` says):
     each round drafts what the bound's schedule drafts at the answer's position, which ``record`` advances by the
@@ -136,7 +132,7 @@ class Oracle:
         self.p = 0
 
     def next(self) -> int:
-        k = self.schedules.get(Oracle.prompt, [])
+        k = self.schedules.get(self.prompt, [])
         return k[self.p] if self.p < len(k) else 0
 
     def record(self, draft, n_drafted: int, n_accepted: int, *_times) -> None:
@@ -203,7 +199,7 @@ def main() -> int:
             def share(seconds) -> float:  # a schedule's speedup over plain decoding, as a share of the ceiling
                 return plain / sum(seconds(g, c) for g, c in texts) / ceiling
 
-            bound = share(lambda g, c: bound_seconds(g, costs, draft_max))
+            bound = share(lambda g, c: bound_schedule(g, costs, draft_max)[0])
             fixed = {k: share(lambda g, c: policy_seconds(g, c, costs, k, 0.0)) for k in range(1, draft_max + 1)}
             gated = {pm: share(lambda g, c: policy_seconds(g, c, costs, draft_max, pm)) for pm in P_MIN}
             k_best, pm_best = max(fixed, key=fixed.get), max(gated, key=gated.get)

@@ -207,6 +207,21 @@ def test_model_free_drafters_keep_probing_often():
     assert 5 <= sum(1 for k in off if k) <= 14  # every 24 rounds, after a few to settle the costs
 
 
+def propose(c: DraftLength, k: int, signal_at) -> tuple[list[float], int]:
+    """A round's draft of at most ``k`` tokens, the j-th with confidence ``signal_at(j)``, as a draft model asks the
+    controller: take this token? look further? Returns the signals of the tokens taken, and the draft-model calls
+    spent (one shows the first token; each look further, one more)."""
+    signals, calls = [], 1 if k else 0
+    for j in range(k):
+        if not c.take(signal_at(j)):
+            break
+        signals.append(signal_at(j))
+        if j + 1 == k or not c.look_further():
+            break
+        calls += 1
+    return signals, calls
+
+
 def run_with_signals(c: DraftLength, rounds: int, near_tie_accepted: bool) -> tuple[int, int]:
     """Rounds with a draft model whose tokens are confident (gap 3) except every 4th, a near-tie (gap 0.1), whose
     fate the target decides by ``near_tie_accepted``; a draft token costs 0.35 of a target step, so a token pays
@@ -216,17 +231,9 @@ def run_with_signals(c: DraftLength, rounds: int, near_tie_accepted: bool) -> tu
     pos = 0
     for r in range(rounds):
         k = c.next()
-        tokens, signals, evals = 0, [], 1 if k else 0  # a draft model is called when the round may draft
-        for j in range(k):
-            signal = 0.1 if pos % 4 == 3 else 3.0
-            if not c.take(signal):
-                break
-            signals.append(signal)
-            tokens += 1
-            pos += 1
-            if j + 1 == k or not c.look_further():
-                break
-            evals += 1
+        signals, evals = propose(c, k, lambda j: 0.1 if (pos + j) % 4 == 3 else 3.0)
+        tokens = len(signals)
+        pos += tokens
         accepted = 0
         for signal in signals:
             if signal < 0.25 and not near_tie_accepted:
@@ -264,14 +271,7 @@ def run_text(c: DraftLength, rounds: int, signal_at, accepted_at, t_draft: float
     pos, tokens_made, seconds = 0, 0, 0.0
     for r in range(rounds):
         k = c.next()
-        signals, evals = [], 1 if k else 0
-        for j in range(k):
-            if not c.take(signal_at(pos + j)):
-                break
-            signals.append(signal_at(pos + j))
-            if j + 1 == k or not c.look_further():
-                break
-            evals += 1
+        signals, evals = propose(c, k, lambda j: signal_at(pos + j))
         tokens = len(signals)
         accepted = next((j for j in range(tokens) if not accepted_at(pos + j)), tokens)
         pos += accepted + 1
@@ -407,13 +407,8 @@ def test_a_long_look_ends_at_unsure_tokens():
     looks = []
     for _ in range(12):
         k = c.next()
-        looking, signals = c._looking, []
-        for j in range(k):
-            if not c.take(3.0 if j < 3 else 0.0):  # three sure tokens, then near-ties
-                break
-            signals.append(3.0 if j < 3 else 0.0)
-            if j + 1 == k or not c.look_further():
-                break
+        looking = c._looking
+        signals, _ = propose(c, k, lambda j: 3.0 if j < 3 else 0.0)  # three sure tokens, then near-ties
         if looking:
             looks.append(len(signals))
         c.update(len(signals), len(signals), 0.002 * len(signals), verify(len(signals) + 1), signals=signals,
@@ -452,14 +447,8 @@ def test_a_long_look_that_fails_does_not_turn_drafting_off():
     looks, drafted = 0, []
     for r in range(60):
         k = c.next()
-        looking, signals = c._looking, []
-        for j in range(k):
-            signal = 3.0 if looking or j % 3 < 2 else 0.0
-            if not c.take(signal):
-                break
-            signals.append(signal)
-            if j + 1 == k or not c.look_further():
-                break
+        looking = c._looking
+        signals, _ = propose(c, k, lambda j: 3.0 if looking or j % 3 < 2 else 0.0)
         n = len(signals)
         accepted = min(n, 1) if looking else next((j for j, s in enumerate(signals) if s == 0.0), n)
         looks += looking
