@@ -107,11 +107,17 @@ def policy_seconds(agree: list[bool], conf: list[float], costs: Costs, k_max: in
 
 
 def bound_schedule(agree: list[bool], costs: Costs, draft_max: int) -> tuple[float, list[int]]:
-    """(seconds, k at each state) of the fastest schedule with every agreement known in advance, decoding answer[1:].
+    """(seconds, k at each state) of the fastest schedule with every agreement known in advance, decoding answer[1:]."""
+    return fastest_schedule(runs_from(agree), costs, draft_max)
+
+
+def fastest_schedule(run: list[int], costs: Costs, draft_max: int) -> tuple[float, list[int]]:
+    """(seconds, k at each state) of the fastest schedule decoding answer[1:] where a draft starting at position i
+    can hold at most run[i] tokens that agree (known in advance).
 
     State p: answer[:p + 1] chosen, answer[p] not yet in the target. A round drafting k tokens (all agreeing,
     answer[p + 1 .. p + k]) costs draft(k) + verify(k + 1) and moves to p + k + 1; k = 0 is a plain step."""
-    n, run = len(agree), runs_from(agree)
+    n = len(run) - 1
     best = [0.0] * n  # best[p]: seconds from state p to state n - 1
     choice = [0] * n
     for p in range(n - 2, -1, -1):
