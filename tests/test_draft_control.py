@@ -476,3 +476,45 @@ def test_after_rounds_off_a_draft_comes_only_as_a_priced_probe():
         c.update(k, k // 2, 0.0072 * k, plain + 0.002 * k, n_evals=k, first_s=0.0072 * (i + 1) if k else 0.0,
                  n_first=i + 1 if k else 0)
     assert asked[0] > 0 and not any(asked[1:])
+
+
+def test_a_long_look_drafts_only_tokens_it_expects_accepted():
+    """A long look times a long verification batch; a token after a likely rejection adds a draft call for nothing.
+    Here its second token is a near-tie (the prior: accepted half the time), the rest sure: the look ends before it
+    (in a replay of the starter's first answer, a look went on past near-ties and verified 13 tokens for 1)."""
+    c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR)
+    looks = []
+    for _ in range(12):
+        k = c.next()
+        looking = c._looking
+        signals, _ = propose(c, k, lambda j: 0.1 if j == 1 else 3.0)
+        if looking:
+            looks.append(len(signals))
+        c.update(len(signals), len(signals), 0.002 * len(signals), verify(len(signals) + 1), signals=signals,
+                 n_evals=len(signals), first_s=0.002 if signals else 0.0)
+    assert looks and all(n == 1 for n in looks)
+
+
+def test_a_token_drafted_to_judge_its_bucket_ends_the_round():
+    """Now and then a round drafts a token the estimates say to stop at, to judge its signal bucket again
+    (_explore); what follows it lies past where the round should end. Here every other round opens with a near-tie
+    the target rejects, then sure tokens, and a draft token costs 0.05 of a target step: once the last answer has
+    taught that near-ties are rejected, a round that explores one drafts it alone (drafted on, such a round cost
+    the starter 15 draft calls and a 16-token batch for nothing)."""
+    def explored(c: DraftLength, rounds: int) -> list[int]:  # tokens drafted by rounds that opened with a near-tie
+        out = []
+        for r in range(rounds):
+            k = c.next()
+            measuring, tie = c._measuring, r % 2 == 1
+            signals, calls = propose(c, k, lambda j: 0.1 if j == 0 and tie else 3.0)
+            if tie and signals and not measuring:
+                out.append(len(signals))
+            c.update(len(signals), 0 if tie else len(signals), 0.0005 * calls, VERIFY_1 + 0.0005 * len(signals),
+                     signals=signals or None, n_evals=calls, first_s=0.0005 if calls else 0.0)
+        return out
+
+    m = Measured()
+    params = DraftParams(draft_max=16, adaptive=True)
+    explored(DraftLength(params, ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m), 200)
+    drafted = explored(DraftLength(params, ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m), 60)
+    assert drafted and all(n == 1 for n in drafted)

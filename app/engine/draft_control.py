@@ -9,8 +9,9 @@ Adaptive mode decides token by token, from measurements of this generation:
 - It starts by measuring at little risk: a short draft, then two plain steps (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
-  were plainly accepted, a long look (a round of up to LONG_LOOK tokens, ending at unsure ones like any other)
-  times a long verification batch too (short ones alone overstate it).
+  were plainly accepted, a long look (a round of up to LONG_LOOK tokens, ending at the first whose signal bucket
+  is expected accepted less often than LONG_LOOK_ACCEPTANCE) times a long verification batch too (short ones alone
+  overstate it).
 - Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts, which
   the next answer starts from).
 - It proposes a drafted token while P(this token is reached and accepted) x (the target's time for one token)
@@ -171,6 +172,7 @@ class DraftLength:
         self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._floor = 0.0  # a signal bucket whose acceptance is below this ends the round (_plan)
+        self._explored = False  # this round proposed a token only to judge its bucket (_explore): it ends there
         self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
         # accepted draft tokens and those examined by the target (decayed), from the last answers' at first
         scale = min(1.0, self.PRIOR_WEIGHT / m.judged) if m.judged else 0.0
@@ -196,7 +198,7 @@ class DraftLength:
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
         """The most tokens to draft this round."""
-        self._reach, self._last_bucket = 1.0, None
+        self._reach, self._last_bucket, self._explored = 1.0, None, False
         was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
@@ -207,6 +209,7 @@ class DraftLength:
         if self._long_look_due():
             self._long_looks += 1
             self._looking = True
+            self._floor = self.LONG_LOOK_ACCEPTANCE  # (a look drafts the tokens it expects accepted: see _long_look_due)
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         # Drafting could pay: learn the acceptance before drafting at length. Not once rounds went off: a draft model
         # would first catch up on each token made since (the starter on a slow spell, 57 rounds into an answer: two
@@ -257,7 +260,10 @@ class DraftLength:
         make drafting pay (_could_pay), but no long batch was timed twice: the line through short batches
         overstates what each extra position costs a long batch (from one token to a few, llama.cpp switches to
         batched kernels: on the starter pair 6.5 ms a position from 1 to 3 tokens, 3.3 from 3 to 13), and judged by
-        it drafting could not pay, so it went off for whole answers whose every draft token was accepted."""
+        it drafting could not pay, so it went off for whole answers whose every draft token was accepted. A look
+        proposes only tokens of signal buckets expected accepted at LONG_LOOK_ACCEPTANCE or more: it times a batch,
+        and each token after a likely rejection costs a draft call for nothing (the starter's first answer in a
+        replay: a look went on past near-ties at its first two tokens and verified 13 for 1 accepted)."""
         return (self._long_looks < self.LONG_LOOKS and self._examined >= 2
                 and self.acceptance() >= self.LONG_LOOK_ACCEPTANCE
                 and not self._long_batch_timed() and self._short + 1 < self.p.draft_max
@@ -313,14 +319,17 @@ class DraftLength:
         acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
         forced = self._measuring and not self._looking  # (a long look ends at unsure tokens like any round)
-        if (not forced and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor)
-                and not self._explore(i)):
-            return False
+        if not forced and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor):
+            if not self._explore(i):
+                return False
+            self._explored = True
         self._reach = reach
         return True
 
     def look_further(self) -> bool:
         """Draft one more token after those taken?"""
+        if self._explored:
+            return False
         next_acceptance = self.acceptance() if self._seen else self._prior
         return self._measuring or self._reach * next_acceptance >= self._min_acceptance(draft_step=True)
 
@@ -328,7 +337,9 @@ class DraftLength:
         """Draft a token the estimates say to stop at, one time in EXPLORE_EVERY, while its signal bucket has
         fewer than EXPLORE outcomes or its outcomes alone say such tokens pay: tokens never drafted are never
         judged, so a prior set too low (the starter's near-ties are mostly accepted) would otherwise never be
-        corrected. A bucket the target does reject costs a few tries."""
+        corrected. A bucket the target does reject costs a few tries. The round ends at the explored token (take,
+        look_further): the tokens after it lie past where the estimates end the round, and drafted on, a near-tie
+        explored as a round's first token cost the starter 15 draft calls and a 16-token batch for nothing."""
         accepted, judged = self._outcomes[bucket]
         if judged >= self.EXPLORE and accepted < judged * max(self._min_acceptance(draft_step=False), self._floor):
             return False
