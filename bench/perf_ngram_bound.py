@@ -57,10 +57,10 @@ def lookup_runs(prompt: list[int], answer: list[int], n: int) -> tuple[list[int]
             latest_start[tuple(seq[j - n:j])] = j
             seen.add(tuple(seq[j - n:j + 1]))
         j_next = max(j_next, cur)
-        j = latest_start.get(tuple(seq[cur - n:cur])) if cur >= n else None
+        source = latest_start.get(tuple(seq[cur - n:cur])) if cur >= n else None
         m = 0
-        if j is not None:
-            while j + m < cur and cur + m < len(seq) and seq[j + m] == seq[cur + m]:
+        if source is not None:
+            while source + m < cur and cur + m < len(seq) and seq[source + m] == seq[cur + m]:
                 m += 1
         latest.append(m)
         m = 0

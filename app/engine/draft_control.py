@@ -318,7 +318,7 @@ class DraftLength:
             self._last_bucket = i
         acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
-        forced = self._measuring and not self._looking  # (a long look ends at unsure tokens like any round)
+        forced = self._measuring and not self._looking  # (a long look ends at unsure tokens, at its own floor)
         if not forced and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor):
             if not self._explore(i):
                 return False
