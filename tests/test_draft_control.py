@@ -1,5 +1,7 @@
 """The adaptive draft-length controller on synthetic measurements (times in seconds, as the loop reports them)."""
-from app.engine.draft_control import DraftLength, DraftParams, Measured
+import time
+
+from app.engine.draft_control import DraftLength, DraftParams, Measured, _Estimate
 from app.engine.drafters import ModelDrafter
 
 ADAPTIVE = DraftParams(draft_max=8, adaptive=True)
@@ -518,3 +520,35 @@ def test_a_token_drafted_to_judge_its_bucket_ends_the_round():
     explored(DraftLength(params, ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m), 200)
     drafted = explored(DraftLength(params, ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m), 60)
     assert drafted and all(n == 1 for n in drafted)
+
+
+def test_where_drafting_was_mostly_off_a_rounds_first_token_is_judged_by_every_draft_token():
+    """The state the starter's controller was in at the start of a slow spell's fifth answer (a replay; times in
+    seconds): drafting had been off for most of the earlier answers, so the few rounds' first tokens came from the
+    short drafts that open each answer, unsure more often (5.4 of 13 in the lowest bucket), where 91% of the
+    answers' tokens were sure. Valued by those first tokens alone, no round paid and the answer stayed off (1.00x
+    of plain) where 12-token drafts ending at near-ties made 1.15x; how often a round starts sure is read off every
+    draft token seen."""
+    m = Measured()
+    m.per_bucket(len(ModelDrafter.SIGNAL_EDGES) + 1)
+    m.first[:] = [5.4, 0.8, 0.0, 1.0, 3.3, 2.7]
+    m.after[:] = [[0.0, 0.0, 0.0, 2.0, 1.9, 0.0], [0.0, 2.8, 0.0, 0.0, 1.9, 1.0], [0.9, 2.0, 0.9, 0.0, 0.9, 2.8],
+                  [0.0, 0.0, 1.8, 1.9, 2.9, 0.9], [0.0, 0.0, 2.8, 2.4, 4.4, 2.7], [0.0, 0.8, 2.8, 5.5, 0.0, 0.9]]
+    m.buckets = [[2.0, 3.9], [5.8, 6.8], [6.8, 6.8], [12.2, 12.2], [13.1, 13.1], [11.4, 11.4]]
+    m.accepted, m.judged = 10.7, 11.3
+    verify_s = {1: 0.0234, 3: 0.036, 12: 0.0857, 17: 0.1117}
+    for _ in range(2):  # (a first timing only stands in until a second)
+        m.t_draft.add(0.0139)
+        m.first_extra.add(0.0037)
+        m.between.add(0.0004)
+        m.t_catch_up.add(0.0115)
+        for n, t in verify_s.items():
+            m.verify.setdefault(n, _Estimate(0.9)).add(t)
+    m.draft_timed_at = time.monotonic()
+    c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m)
+    for _ in range(2):  # the answer's opening measures: two sure tokens, both accepted
+        assert c.next() == 2
+        signals, calls = propose(c, 2, lambda j: 3.0)
+        c.update(2, 2, 0.0037 + 0.0139 * calls, verify_s[3], signals=signals, n_evals=calls, first_s=0.0176,
+                 n_first=2)
+    assert c.next() > 0

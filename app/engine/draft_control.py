@@ -20,8 +20,8 @@ Adaptive mode decides token by token, from measurements of this generation:
   unsure token, or just before a likely rejection.
 - The draft length cap maximises expected tokens per second over the rounds this controller drafts, which end at
   the first token whose signal bucket is below a floor chosen with the cap (speedup.round_shape): with s0 how often
-  a round's first draft token is sure enough, s how often one after a sure token is, a how often the target accepts
-  sure ones,
+  a round's first draft token is sure enough (as often as any draft token is), s how often one after a sure token
+  is, a how often the target accepts sure ones,
       tokens(k) = 1 + s0 * a * (1 - (s * a)^k) / (1 - s * a),    time(k) = calls(k) * t_draft + t_verify(1 + sure(k))
   (every token sure: the geometric model, (1 - a^(k+1)) / (1 - a) tokens in k * t_draft + t_verify(k + 1)), and
   k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
@@ -423,8 +423,8 @@ class DraftLength:
         judged as if every round drafted its full length, by the acceptance of all draft tokens alike, the starter
         on a slow spell (a draft token at half a target step) went off at 93-98% acceptance where its rounds, ending
         before near-ties, made 1.13x of plain. So a round is valued as what it is, for each choice of the buckets
-        whose tokens it proposes (the surest first): how often a round's first draft token falls in them, how often
-        one that follows such a token does (unsure spots come in runs), and take's estimate of their acceptance; the
+        whose tokens it proposes (the surest first): how often a round's first draft token falls in them (as often as
+        any draft token does), how often one that follows such a token does (unsure spots come in runs), and take's estimate of their acceptance; the
         fastest choice sets this round's floor. A drafter without signal buckets proposes every token: its
         acceptance, all sure."""
         m = self._measured
@@ -439,6 +439,10 @@ class DraftLength:
         # off on estimates a few percent under it, where its rounds made 1.15-1.2x)
         margin = 0.0 if self._called_last else self.PAY_MARGIN
         rates = [acc / seen for acc, seen in self._buckets]
+        # How often a round's first token is sure, read off every draft token seen: the first tokens alone are few
+        # where drafting was mostly off, and those few come from the short drafts that open each answer, whose first
+        # token is unsure more often (the starter on a slow spell: 53-59% sure by them, 91% of its answers' tokens)
+        drafted = [f + sum(col) for f, col in zip(m.first, zip(*m.after))]  # per bucket
         best_k, best_rate, floor = 0, 0.0, 1.0
         for q in sorted({r for r in rates if r >= bar}, reverse=True):
             sure = [b for b, r in enumerate(rates) if r >= q]
@@ -448,8 +452,8 @@ class DraftLength:
                 continue
             count = {b: m.first[b] + sum(m.after[a][b] for a in sure) for b in sure}  # sure tokens seen, per bucket
             acceptance = sum(count[b] * rates[b] for b in sure) / sum(count.values())
-            k, rate = self._best_at(acceptance, first / rounds, sum(m.after[a][b] for a in sure for b in sure) / after,
-                                    margin)
+            k, rate = self._best_at(acceptance, sum(drafted[b] for b in sure) / sum(drafted),
+                                    sum(m.after[a][b] for a in sure for b in sure) / after, margin)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
         return best_k, floor
