@@ -49,7 +49,7 @@ def lookup_runs(prompt: list[int], answer: list[int], n: int) -> tuple[list[int]
     tokens or more proposes more. One 0 appended (the end)."""
     seq = prompt + answer
     seen: set[tuple[int, ...]] = set()  # (n + 1)-grams within seq[:cur]
-    latest_start: dict[tuple[int, ...], int] = {}  # n-gram -> the end of its latest occurrence followed by a known token
+    latest_start: dict[tuple[int, ...], int] = {}  # n-gram -> the end of its latest occurrence with a known next
     latest, any_, j_next = [], [], n
     for i in range(len(answer)):
         cur = len(prompt) + i

@@ -209,7 +209,7 @@ class DraftLength:
         if self._long_look_due():
             self._long_looks += 1
             self._looking = True
-            self._floor = self.LONG_LOOK_ACCEPTANCE  # (a look drafts the tokens it expects accepted: see _long_look_due)
+            self._floor = self.LONG_LOOK_ACCEPTANCE  # (it drafts the tokens it expects accepted: _long_look_due)
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         # Drafting could pay: learn the acceptance before drafting at length. Not once rounds went off: a draft model
         # would first catch up on each token made since (the starter on a slow spell, 57 rounds into an answer: two
@@ -424,9 +424,9 @@ class DraftLength:
         on a slow spell (a draft token at half a target step) went off at 93-98% acceptance where its rounds, ending
         before near-ties, made 1.13x of plain. So a round is valued as what it is, for each choice of the buckets
         whose tokens it proposes (the surest first): how often a round's first draft token falls in them (as often as
-        any draft token does), how often one that follows such a token does (unsure spots come in runs), and take's estimate of their acceptance; the
-        fastest choice sets this round's floor. A drafter without signal buckets proposes every token: its
-        acceptance, all sure."""
+        any draft token does), how often one that follows such a token does (unsure spots come in runs), and take's
+        estimate of their acceptance; the fastest choice sets this round's floor. A drafter without signal buckets
+        proposes every token: its acceptance, all sure."""
         m = self._measured
         rounds = sum(m.first)
         if not self._edges or rounds < self.SURE_SAMPLES:
