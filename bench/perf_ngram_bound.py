@@ -30,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from app.cli.bench import encode_prompt, load_prompts, run_bench  # noqa: E402
 from app.cli.main import build_engine, build_parser  # noqa: E402

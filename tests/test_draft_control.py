@@ -1,7 +1,7 @@
 """The adaptive draft-length controller on synthetic measurements (times in seconds, as the loop reports them)."""
 import time
 
-from app.engine.draft_control import DraftLength, DraftParams, Measured, _Estimate
+from app.engine.draft_control import DECAY, DraftLength, DraftParams, Measured, _Estimate
 from app.engine.drafters import ModelDrafter
 
 ADAPTIVE = DraftParams(draft_max=8, adaptive=True)
@@ -543,7 +543,7 @@ def test_where_drafting_was_mostly_off_a_rounds_first_token_is_judged_by_every_d
         m.between.add(0.0004)
         m.t_catch_up.add(0.0115)
         for n, t in verify_s.items():
-            m.verify.setdefault(n, _Estimate(0.9)).add(t)
+            m.verify.setdefault(n, _Estimate(DECAY)).add(t)
     m.draft_timed_at = time.monotonic()
     c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m)
     for _ in range(2):  # the answer's opening measures: two sure tokens, both accepted
