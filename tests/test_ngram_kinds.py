@@ -111,6 +111,35 @@ def test_ngram_mod_clears_its_table_after_five_poor_drafts():
     assert d.lookup(h + [0]) == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
+class TakeAll:
+    """A gate that proposes every token, noting each one's signal."""
+
+    def __init__(self):
+        self.signals = []
+
+    def take(self, signal: float) -> bool:
+        self.signals.append(signal)
+        return True
+
+    def look_further(self) -> bool:
+        return True
+
+
+def test_ngram_simple_signals_each_tokens_support():
+    """The signal of a token ngram-simple copies: how many tokens before the copied span agree with the history's
+    end (the key of 2, and one more here), plus the tokens drafted before it."""
+    d = NgramSimple(NgramParams(simple_size_n=2, simple_size_m=3))
+    history = [7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 0, 2, 3, 4]  # [3, 4] last occurred at 3, after [2]
+    gate = TakeAll()
+    draft = d.propose(history, 3, None, None, gate)
+    assert draft.tokens == [5, 6, 8] and draft.signals == gate.signals == [3.0, 4.0, 5.0]
+    assert d.propose(history[:-3] + [9, 3, 4], 3, None, None, gate).signals == [2.0, 3.0, 4.0]  # the key alone
+    # kinds that do not copy one span (ngram-mod chains its table) keep one bucket
+    mod = NgramMod(NgramParams(mod_n_match=2, mod_n_min=1, mod_n_max=3))
+    mod.begin(history)
+    assert mod.propose(history, 3, None, None, TakeAll()).signals == [0.0, 0.0, 0.0]
+
+
 def test_ngram_map_k_drafts_after_the_key_and_shortens_to_what_was_accepted():
     p = NgramParams(map_k_size_n=2, map_k_size_m=4)
     prompt = [7, 8, 1, 2, 3, 4, 5, 6, 9, 9, 9, 9, 9]

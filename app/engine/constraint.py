@@ -159,7 +159,8 @@ class Constrained(Drafter):
     def __init__(self, drafter: Drafter, constraint: Constraint):
         self.drafter, self.constraint = drafter, constraint
         self.name, self.label = drafter.name, drafter.label
-        self.SIGNAL_EDGES, self.SIGNAL_PRIOR = drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR
+        for attr in ("SIGNAL_EDGES", "SIGNAL_PRIOR", "SIGNAL_GROWS"):
+            setattr(self, attr, getattr(drafter, attr))
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.drafter.begin(prompt_ids)

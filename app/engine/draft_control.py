@@ -4,8 +4,15 @@ Fixed mode drafts up to ``draft_max`` tokens every round (a model drafter stops 
 
 Adaptive mode decides token by token, from measurements of this generation:
 - Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
-  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits); an n-gram
-  kind's proposals share one bucket (llama.cpp's kinds report no confidence).
+  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits);
+  ``ngram-simple``'s support (how many tokens before the span it copies agree with the context, plus the token's
+  place in the draft); the other n-gram kinds' proposals share one bucket (llama.cpp's kinds report no confidence).
+- A signal that grows along a draft (``Drafter.SIGNAL_GROWS``: the support) puts a round's least sure token
+  first, where a model's unsure tokens come anywhere, in runs: its rounds have no cap or floor (_plan), and each
+  token is proposed while it is worth its place (take), at what an accepted token spares the answer at its pace
+  (the rounds' seconds per token made lately), not at a plain step: once drafting makes tokens twice as fast, a
+  token accepted one time in three no longer pays for its place. Nor is a token drafted to judge its bucket
+  (_explore) where the bucket pays and only the round's reach stopped it.
 - It starts by measuring at little risk: a short draft, then two plain steps (the rate drafting must beat); a pair
   where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
   few tokens were judged. So a pair where drafting cannot pay loses almost nothing finding out. Where those few
@@ -153,8 +160,9 @@ class DraftLength:
     EMPTY_MEASURES = 2
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
-                 measured: Measured | None = None):
+                 measured: Measured | None = None, signal_grows: bool = False):
         self.p = params
+        self._grows = signal_grows  # Drafter.SIGNAL_GROWS (the module's docstring)
         m = measured or Measured()
         self._known = m.fresh()  # costs from earlier answers: no measuring rounds at the start of this one
         self._measured = m
@@ -181,6 +189,7 @@ class DraftLength:
         self._first_extra, self._between = m.first_extra, m.between
         self._verify = m.verify
         self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
+        self._pace = [0.0, 0.0]  # every round (decayed): tokens made, seconds (a growing signal's bar: _min_acceptance)
         self._off_rounds = 0
         self._failed_probes = 0  # probes in a row after which speculation stayed off
         self._measuring = False  # this round drafts what next() said, to measure
@@ -320,7 +329,8 @@ class DraftLength:
         reach = self._reach * acc / seen
         forced = self._measuring and not self._looking  # (a long look ends at unsure tokens, at its own floor)
         if not forced and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor):
-            if not self._explore(i):
+            # (a growing signal's bucket that pays, cut by the round's reach: the bucket is judged in other rounds)
+            if (self._grows and acc / seen >= self._min_acceptance(draft_step=False)) or not self._explore(i):
                 return False
             self._explored = True
         self._reach = reach
@@ -388,12 +398,15 @@ class DraftLength:
     def _min_acceptance(self, draft_step: bool) -> float:
         """A draft token pays when, reached and accepted, it saves a plain decoding step (the target's cost for one
         token) at the price of one more position in the verification batch, and of a draft step if ``draft_step``.
-        Asked for every drafted token, it only changes with ``update``: computed once a round."""
+        Under a growing signal, it saves what a token costs at the answer's pace, where that is less (the module's
+        docstring). Asked for every drafted token, it only changes with ``update``: computed once a round."""
         if self._bars is None:
             if not self._t_draft.known or (self._rounds < 2 and not self._known):
                 self._bars = (0.5, 0.5)
             else:
                 slope, plain = self._slope(), self._verify_time(1)
+                if self._grows and self._pace[0]:
+                    plain = min(plain, self._pace[1] / self._pace[0])
                 self._bars = tuple(min(max((slope + step) / plain, 0.05), 0.98) for step in (0.0, self._t_draft.value))
         return self._bars[draft_step]
 
@@ -427,6 +440,9 @@ class DraftLength:
         any draft token does), how often one that follows such a token does (unsure spots come in runs), and take's
         estimate of their acceptance; the fastest choice sets this round's floor. A drafter without signal buckets
         proposes every token: its acceptance, all sure."""
+        if self._grows:  # (a floor refused whole rounds that its low buckets open and its sure tokens follow: each
+            # token's worth ends a round, take)
+            return (self.p.draft_max if self._best_k(0.999) else 0), 0.0
         m = self._measured
         rounds = sum(m.first)
         if not self._edges or rounds < self.SURE_SAMPLES:
@@ -544,6 +560,7 @@ class DraftLength:
             if self._probing and (n_accepted + 1) * self._verify_time(1) > draft_s + verify_s:
                 r = [0.0, 0.0, 0.0]
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
+        self._pace = [d * self._pace[0] + n_accepted + 1, d * self._pace[1] + draft_s + verify_s + (between_s or 0.0)]
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
         self._empty = 0 if n_drafted else self._empty + (n_evals > 0)

@@ -98,7 +98,8 @@ class TextOnly(Drafter):
 
     def __init__(self, inner: Drafter, placeholder: tuple[int, ...] = ()):
         self.inner, self.placeholder = inner, placeholder
-        for attr in ("name", "label", "SIGNAL_EDGES", "SIGNAL_PRIOR", "AFTER_FORCED", "speculates", "p_min"):
+        for attr in ("name", "label", "SIGNAL_EDGES", "SIGNAL_PRIOR", "SIGNAL_GROWS", "AFTER_FORCED", "speculates",
+                     "p_min"):
             setattr(self, attr, getattr(inner, attr))
         self._n_prompt = 0
         self._text: list[int] = []

@@ -58,7 +58,8 @@ def speculative_generate(
     """``measured``: what rounds cost with this drafter, from earlier answers (updated by this one)."""
     sp = params.sampling
     rng = Noise(sp.seed)
-    control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured)
+    control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured,
+                          drafter.SIGNAL_GROWS)
     gate = control if params.draft.adaptive else None
     stats = Stats(drafter=drafter.name)
     if not prompt_ids:

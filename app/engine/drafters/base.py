@@ -55,6 +55,9 @@ class Drafter:
     label = ""  # how people read the name: Stats, Compare, the API's model list
     SIGNAL_EDGES: tuple[float, ...] = ()  # buckets of the confidence signal, for the adaptive controller
     SIGNAL_PRIOR: tuple[float, ...] = (0.9,)  # expected acceptance per bucket before any measurement
+    # The signal grows along a draft (a lookup's support): its low buckets open rounds, where a model's unsure
+    # tokens come anywhere, in runs. The adaptive controller then ends rounds by each token's worth alone.
+    SIGNAL_GROWS = False
     AFTER_FORCED = True  # under a grammar, may draft after tokens the grammar forced in the round
     speculates = True  # proposes anything at all (False: speculation off)
     p_min = 0.0  # --draft-p-min, where the method drafts from a distribution

@@ -60,13 +60,23 @@ class Lookup(Drafter):
     METHOD = "ngram"  # the method the kinds belong to (--drafter ngram: the default kind)
     label = "n-gram lookup"
     SIGNAL_PRIOR = (0.9,)  # one bucket: a proposal carries no confidence of its own; an exact match of a long key
+    SUPPORT_MAX = 64  # a copying kind's support (``support``): tokens compared backwards at most
     # Not after tokens a grammar forced: a lookup keyed on them (`": "` and a key) finds the structure that repeats
     # at every key and proposes what followed the last one.
     AFTER_FORCED = False
     length = 0  # its own most tokens per draft
+    copied_from: int | None = None  # a copying kind's last lookup: where in the history its proposal starts
+    SIGNAL_GROWS = False  # True: a copying kind, whose tokens' signal is their support (``propose``)
 
     def lookup(self, history: list[int]) -> list[int]:
         raise NotImplementedError
+
+    def support(self, history: list[int]) -> int:
+        """How many tokens before the span the last lookup copied agree with the history's end (its key and more)."""
+        src, end, n = self.copied_from or 0, len(history), 0
+        while n < min(src, self.SUPPORT_MAX) and history[src - 1 - n] == history[end - 1 - n]:
+            n += 1
+        return n
 
     def draft_round(self, history, n_max, limit, sp, rng, gate) -> Draft:
         # its own length, as llama.cpp's; the adaptive controller's say where it has one; 0 turns the round off
@@ -78,11 +88,15 @@ class Lookup(Drafter):
         if gate is None:
             return Draft(tokens=tokens[: stop_at(tokens, stop)])
         draft = Draft(signals=[])
-        for tok in tokens:  # (looking further costs nothing here)
-            if not gate.take(0.0):
+        # A copying kind's token is as sure as the context agrees with what it copies: the support, and the tokens
+        # drafted before it (accepted, they agree too). Other kinds' proposals carry no confidence: one bucket.
+        support = self.support(history) if self.SIGNAL_GROWS and tokens else 0
+        for i, tok in enumerate(tokens):  # (looking further costs nothing here)
+            signal = float(support + i) if self.SIGNAL_GROWS else 0.0
+            if not gate.take(signal):
                 break
             draft.tokens.append(tok)
-            draft.signals.append(0.0)
+            draft.signals.append(signal)
             if stop and stop(tok):
                 break
         return draft
@@ -94,6 +108,10 @@ class NgramSimple(Lookup):
     answer, without scanning the history each round."""
 
     name = "ngram-simple"
+    # Its tokens' support (Lookup.propose). On the starter's answers, keys of 2 tokens, the target accepted 52-54% of
+    # tokens with a support of 2, 54-78% of 3-9, 85-100% of 10 and more (repeating text dips at the end of a block
+    # that repeats: the list item's number). The priors are a little above that.
+    SIGNAL_EDGES, SIGNAL_PRIOR, SIGNAL_GROWS = (4.0, 8.0, 16.0, 32.0), (0.7, 0.8, 0.9, 0.95, 0.97), True
 
     def __init__(self, p: NgramParams):
         self.n, self.m = p.simple_size_n, p.simple_size_m
@@ -110,6 +128,7 @@ class NgramSimple(Lookup):
             self._latest[tuple(history[j : j + n])] = j
         self._indexed = max(self._indexed, cur - n)
         match = self._latest.get(tuple(history[-n:]))
+        self.copied_from = None if match is None else match + n
         if match is None:
             return []
         copy = min(m, cur - (match + n))
