@@ -591,8 +591,8 @@ def test_a_lookups_rounds_go_on_past_the_unsure_tokens_that_open_them():
 
 def test_a_token_is_worth_what_it_spares_at_the_answers_pace():
     """Each verified position costs 0.2 of a target step. Where drafting made tokens at several times plain's pace,
-    an accepted token spares that much less, and a token accepted one time in two no longer pays its place; where
-    every draft failed, it does. Low-support tokens at their priors: 0.7, then 0.8."""
+    an accepted token spares that much less, and a token reached and accepted one time in two no longer pays its
+    place; where every draft failed, it does. Low-support tokens are at their priors (0.7, then 0.8)."""
     def proposed(accepted: bool) -> int:
         c = DraftLength(DraftParams(draft_max=16, adaptive=True), SUPPORT_EDGES, SUPPORT_PRIOR, signal_grows=True)
         for _ in range(40):  # copies of full support (signal 40), all accepted or none

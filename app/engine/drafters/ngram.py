@@ -60,13 +60,12 @@ class Lookup(Drafter):
     METHOD = "ngram"  # the method the kinds belong to (--drafter ngram: the default kind)
     label = "n-gram lookup"
     SIGNAL_PRIOR = (0.9,)  # one bucket: a proposal carries no confidence of its own; an exact match of a long key
-    SUPPORT_MAX = 64  # a copying kind's support (``support``): tokens compared backwards at most
+    SUPPORT_MAX = 64  # a copying kind's support (``support``; its SIGNAL_GROWS): tokens compared backwards at most
     # Not after tokens a grammar forced: a lookup keyed on them (`": "` and a key) finds the structure that repeats
     # at every key and proposes what followed the last one.
     AFTER_FORCED = False
     length = 0  # its own most tokens per draft
     copied_from: int | None = None  # a copying kind's last lookup: where in the history its proposal starts
-    SIGNAL_GROWS = False  # True: a copying kind, whose tokens' signal is their support (``propose``)
 
     def lookup(self, history: list[int]) -> list[int]:
         raise NotImplementedError
