@@ -21,7 +21,7 @@ measured runs (``specchat bench``, ``perf_adaptive_pairs.py``); this is for deci
     python bench/replay_adaptive.py record OUT.json [--pair starter | -m T.gguf -md D.gguf] [--prompts P] [-n 128]
                                                     [-t THREADS]
     python bench/replay_adaptive.py replay OUT.json [--code CHECKOUT] [--seeds 7] [--sigma 0.05]
-                                                    [--draft-scale 1.0] [-v]
+                                                    [--draft-scale 1.0] [-v] [--trace N]
 """
 from __future__ import annotations
 
@@ -199,14 +199,35 @@ def run(rec: Recording, make_control, cost) -> tuple[float, list[float]]:
     return off / on, per
 
 
-def replay(rec: Recording, dc, drafter, seed: int, sigma: float) -> tuple[float, list[float]]:
+def replay(rec: Recording, dc, drafter, seed: int, sigma: float, trace: int | None = None) -> tuple[float, list[float]]:
     """The checkout's adaptive controller over the recording, one ``Measured`` for every answer, each operation's
-    time with seeded log-normal noise."""
+    time with seeded log-normal noise; the rounds of answer ``trace`` (its index) printed."""
     rng = random.Random(seed)
     measured = dc.Measured()
     params = dc.DraftParams(draft_max=CHAIN, draft_p_min=rec.p_min, adaptive=True)
-    return run(rec, lambda: dc.DraftLength(params, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured),
+    answer = iter(range(len(rec.answers)))
+    kinds = {trace: traced(dc.DraftLength)}
+    return run(rec, lambda: kinds.get(next(answer), dc.DraftLength)(params, drafter.SIGNAL_EDGES,
+                                                                     drafter.SIGNAL_PRIOR, measured),
                lambda s: s * math.exp(rng.gauss(0.0, sigma)))
+
+
+def traced(control: type) -> type:
+    """A controller class that prints each round it controls: the most tokens it asked for, those drafted and
+    accepted, the round's milliseconds, what kind of round (a measure, a long look, a probe: the controller's own
+    flags, where the checkout has them) and the drafted tokens' signals."""
+    class Traced(control):
+        def next(self) -> int:
+            self.asked = super().next()
+            return self.asked
+
+        def update(self, n_drafted, n_accepted, draft_s, verify_s, signals=None, *rest) -> None:
+            flag = lambda name: getattr(self, name, False)  # noqa: E731
+            kind = "probe" if flag("_probing") else "look" if flag("_looking") else "measure" * flag("_measuring")
+            print(f"  {self.asked:2} asked, {n_drafted:2} drafted, {n_accepted:2} accepted, "
+                  f"{(draft_s + verify_s) * 1e3:6.1f} ms {kind:7} " + " ".join(f"{g:.1f}" for g in signals or []))
+            super().update(n_drafted, n_accepted, draft_s, verify_s, signals, *rest)
+    return Traced
 
 
 def hindsight(rec: Recording) -> tuple[float, float | None, int]:
@@ -233,6 +254,7 @@ def main() -> int:
     p.add_argument("--sigma", type=float, default=0.05, help="log-normal noise on every operation's time")
     p.add_argument("--draft-scale", type=float, default=1.0, help="scale the draft's costs (another spell)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--trace", type=int, metavar="N", help="print each round of answer N (from 0) in the first seed")
     a, rest = ap.parse_known_args()
     if a.cmd == "record":
         record(a.out, rest or ["--pair", "starter", "--prompts", str(ROOT / "tests/prompts/heldout.jsonl")])
@@ -244,7 +266,9 @@ def main() -> int:
     drafter = importlib.import_module("app.engine.drafters.draft_model").ModelDrafter
     rec = Recording(a.recording, a.draft_scale)
     ceiling = rec.ceiling()
-    runs = [replay(rec, dc, drafter, seed, a.sigma) for seed in range(a.seeds)]
+    if a.trace is not None:
+        print(f"answer {a.trace} ({rec.answers[a.trace]['category']}), seed 0: each round")
+    runs = [replay(rec, dc, drafter, seed, a.sigma, a.trace if seed == 0 else None) for seed in range(a.seeds)]
     speedups = sorted(s for s, _ in runs)
     median = statistics.median(speedups)
     print(f"{a.code}: ceiling {ceiling:.3f}x; adaptive {' '.join(f'{s:.3f}' for s in speedups)}x; "
