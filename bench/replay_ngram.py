@@ -25,7 +25,6 @@ import random
 import statistics
 import sys
 import time
-from bisect import bisect_left
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,17 +56,6 @@ def record(out: Path, prompt_files: list[Path], n: int, model_args: list[str]) -
     out.write_text(json.dumps({"sets": sets, "verify_s": costs.verify_s}))
     print(f"wrote {out}: batches " + ", ".join(f"{k}: {v * 1e3:.1f}" for k, v in sorted(costs.verify_s.items()))
           + " ms", file=sys.stderr)
-
-
-def batch_times(timed: dict[int, float]) -> list[float]:
-    """Seconds for a batch of n tokens, n = 0..LONGEST + 1: linear between the sizes timed."""
-    sizes = sorted(timed)
-
-    def at(n: int) -> float:
-        i = min(max(bisect_left(sizes, n), 1), len(sizes) - 1)
-        lo, hi = sizes[i - 1], sizes[i]
-        return timed.get(n, timed[lo] + (timed[hi] - timed[lo]) * (n - lo) / (hi - lo))
-    return [0.0] + [at(n) for n in range(1, LONGEST + 2)]
 
 
 def replay(answers: list[dict], code, kind: str, params, batches: list[float], seed: int, sigma: float,
@@ -149,13 +137,14 @@ def main() -> int:
     rec = json.loads(a.recording.read_text())
     timed = ({int(n): float(ms) / 1e3 for n, ms in (x.split(":") for x in a.verify_ms.split(","))} if a.verify_ms
              else {int(n): s for n, s in rec["verify_s"].items()})
-    batches = batch_times(timed)
     flags = dict(zip(rest[::2], rest[1::2]))  # --spec-ngram-simple-size-n 2: NgramParams(simple_size_n=2)
     if len(rest) % 2 or not all(f.startswith("--spec-ngram-") for f in flags):
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     settings = {f.removeprefix("--spec-ngram-").replace("-", "_"): int(v) for f, v in flags.items()}
     for code_path in a.code:
         code = load_code(code_path)
+        costs = importlib.import_module("app.engine.costs").Costs(timed)  # (linear between the sizes timed)
+        batches = [0.0] + [costs.verify(n) for n in range(1, LONGEST + 2)]
         ngram = importlib.import_module("app.engine.drafters.ngram").NgramParams(**settings)
         params = code[0].DraftParams(draft_max=a.draft_max, adaptive=True, ngram=ngram)
         for name, answers in rec["sets"].items():
