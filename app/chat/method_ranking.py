@@ -33,7 +33,7 @@ class Ranking:
         return f"{lead} ({figures} over plain decoding; specchat check --measure, {self.when})"
 
 
-def _key(target: Path, draft: Path | None) -> str:
+def pair_key(target: Path, draft: Path | None) -> str:
     """A pair's files as they are now (another file under the same name is another pair)."""
     return "|".join(f"{p.resolve()}:{p.stat().st_size}" for p in (target, draft) if p is not None)
 
@@ -48,7 +48,7 @@ def remember(target: Path, draft: Path | None, reports: list[dict]) -> Ranking:
     path = data_dir() / FILE
     saved, _ = load_json(path)
     saved = saved or {}
-    saved[_key(target, draft)] = {"methods": methods, "when": ranking.when, "at": ranking.at}
+    saved[pair_key(target, draft)] = {"methods": methods, "when": ranking.when, "at": ranking.at}
     save_json(path, saved)
     return ranking
 
@@ -56,7 +56,7 @@ def remember(target: Path, draft: Path | None, reports: list[dict]) -> Ranking:
 def recall(target: Path, draft: Path | None) -> Ranking | None:
     """What was measured for these files, if anything (a file changed since is another pair)."""
     try:
-        key = _key(target, draft)
+        key = pair_key(target, draft)
     except OSError:
         return None
     saved, _ = load_json(data_dir() / FILE)

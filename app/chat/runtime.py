@@ -16,6 +16,7 @@ from ..engine.drafters import registry
 from ..engine.images import through_images
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
+from .acceptance_memory import memory_for
 from .comparison import Comparison
 from .live_answer import Live
 from .method_ranking import Ranking, recall
@@ -24,6 +25,11 @@ from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation
 from ..prompts.thinking import OPEN, opens_thinking
+
+
+def _load(spec: LoadSpec, resolved: Resolved) -> Engine:
+    """The pair, with how its drafters' tokens fared in earlier launches (acceptance_memory)."""
+    return load_engine(spec, resolved, memory=memory_for(resolved.target, resolved.draft))
 
 
 class Runtime:
@@ -54,14 +60,14 @@ class Runtime:
             self._close_remote()
             try:
                 progress(0.35, "Checking files and vocabularies, loading weights…")
-                self.engine = load_engine(spec, resolved)
+                self.engine = _load(spec, resolved)
                 self.spec, self.resolved = spec, resolved
                 progress(1.0, "Loaded")
             except EngineError as exc:
                 if previous is not None:
                     progress(0.7, "Reloading the previous pair…")
                     try:
-                        self.engine = load_engine(previous, self.resolved)
+                        self.engine = _load(previous, self.resolved)
                     except EngineError:
                         self.spec = self.resolved = None
                         raise EngineError(f"{exc} (The previous pair could not be reloaded either.)") from exc

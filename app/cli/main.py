@@ -8,6 +8,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+from ..chat.acceptance_memory import memory_for
 from ..chat.method_ranking import recall
 from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams
 from ..engine.drafters import OFF, registry
@@ -181,7 +182,8 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
                               f"{registry.default_method(False, False)}.")
     dp = draft_params(args, resolved.draft_params)
     # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
-    engine = load_engine(spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names))
+    engine = load_engine(spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names),
+                         memory=memory_for(resolved.target, resolved.draft))
     if drafter != OFF and not batch_invariant(spec.ngl):
         cause, fix = (("the GPU picks other kernels for a verification batch than for one token", "-ngl 0")
                       if batch_invariant() else

@@ -186,6 +186,7 @@ def _measure(target: Path, draft: Path | None, args) -> str:
     """Load the pair and time every method it can draft with as ``specchat bench --drafters`` does (greedy, all
     against the same speculation-off runs, interleaved), rank them, and remember the fastest for these files: loading
     them again drafts with it (``--drafter`` and the app's setting still choose another)."""
+    from ..chat.acceptance_memory import memory_for
     from ..chat.method_ranking import remember
     from ..models.loader import LoadSpec, load_engine, resolve
     from .bench import run_bench
@@ -194,7 +195,7 @@ def _measure(target: Path, draft: Path | None, args) -> str:
         raise EngineError("--measure N: N new tokens per prompt, at least 1.")
     spec = LoadSpec(target=str(target), draft=str(draft) if draft else None, ctx=args.ctx, ngl=args.ngl or 0,
                     ngld=args.ngld or 0)
-    engine = load_engine(spec)
+    engine = load_engine(spec, memory=memory_for(target, draft))
     try:
         methods = [m for m in engine.drafters if m != OFF]
         print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "

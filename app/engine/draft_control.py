@@ -59,6 +59,7 @@ import statistics
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .drafters.ngram import NgramParams
 from .errors import EngineError
@@ -86,6 +87,14 @@ class DraftParams:
             )
         if not 0.0 <= self.draft_p_min < 1.0:
             raise EngineError(f"Invalid --draft-p-min {self.draft_p_min}: it must be in [0, 1).")
+
+
+class AcceptanceMemory(Protocol):
+    """Where a pair's ``Measured.profile`` per drafter is kept across launches (the app's data folder)."""
+
+    def recall(self, drafter: str) -> dict | None: ...
+
+    def keep(self, drafter: str, profile: dict) -> None: ...
 
 
 class Measured:
@@ -120,6 +129,33 @@ class Measured:
         if len(self.first) != n:
             self.first, self.after = [0.0] * n, [[0.0] * n for _ in range(n)]
             self.buckets = [[0.0, 0.0] for _ in range(n)]
+
+    def profile(self) -> dict:
+        """How this drafter's tokens fared on this pair (its acceptance, per signal bucket and overall, and how sure
+        tokens come): the pair's more than the host's or the text's, so it is kept across launches (``adopt``),
+        where costs are not."""
+        return {"first": self.first, "after": self.after, "buckets": self.buckets,
+                "accepted": self.accepted, "judged": self.judged}
+
+    def adopt(self, profile: dict) -> bool:
+        """Start from a ``profile`` kept from an earlier launch (an answer weighs it as it weighs the last answers':
+        DraftLength.CARRIED). Whatever does not have its shape, or holds a negative count, is left out: False."""
+        try:
+            first, after, buckets = profile["first"], profile["after"], profile["buckets"]
+            accepted, judged = float(profile["accepted"]), float(profile["judged"])
+            n = len(first)
+            tables = [first, *after, *buckets]
+            ok = (len(after) == n and len(buckets) == n and all(len(row) == n for row in after)
+                  and all(len(b) == 2 and b[0] <= b[1] for b in buckets) and 0.0 <= accepted <= judged)
+            numbers = [float(x) for row in tables for x in row]
+        except (KeyError, TypeError, ValueError):
+            return False
+        if not ok or any(not 0.0 <= x < float("inf") for x in numbers):
+            return False
+        self.first, self.after = [float(x) for x in first], [[float(x) for x in row] for row in after]
+        self.buckets = [[float(x) for x in b] for b in buckets]
+        self.accepted, self.judged = accepted, judged
+        return True
 
     def fresh(self) -> bool:
         """Timed enough, and recently enough, to start an answer from: a draft token and a plain step each timed

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .costs import Costs, measure
-from .draft_control import Measured
+from .draft_control import AcceptanceMemory, Measured
 from .drafters import Drafter, ModelDrafter, registry
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
@@ -25,13 +25,15 @@ class Engine:
     caches persist between generations so a chat turn only evaluates what is new."""
 
     def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None,
-                 mmproj_found: bool = False):
+                 mmproj_found: bool = False, memory: AcceptanceMemory | None = None):
         """``mmproj``: the target's vision projector; ``mmproj_found``: found beside it, not asked for, so one that
-        does not fit the target is left out (``projector_problem`` says why) rather than failing the load."""
+        does not fit the target is left out (``projector_problem`` says why) rather than failing the load;
+        ``memory``: where how each drafter's tokens fared on this pair is kept across launches."""
         self._lock = FairLock()  # one generation at a time, in the order they asked
         self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj, mmproj_found)
         self._threads = ThreadChooser(default_threads())
         self._measured: dict[tuple[str, int], Measured] = {}  # see draft_control.Measured
+        self._memory = memory
 
     # --- the loaded pair ------------------------------------------------------------------------------------
     @property
@@ -151,17 +153,31 @@ class Engine:
                 self.draft.ctx.set_cancel(cancel)
             try:
                 self._choose_threads()
-                # (a round's costs depend on the drafter and the threads: what earlier answers measured with both)
-                measured = self._measured.setdefault((d.name, self._pair.target.ctx.n_threads), Measured())
-                for event in speculative_generate(self._pair.target.ctx, d, prompt_ids, params, cancel, measured):
-                    yield event
-                    if self._threads.since_last_look >= RECHECK_S:
-                        self._choose_threads()
+                measured = self._measured_for(d.name)
+                try:
+                    for event in speculative_generate(self._pair.target.ctx, d, prompt_ids, params, cancel, measured):
+                        yield event
+                        if self._threads.since_last_look >= RECHECK_S:
+                            self._choose_threads()
+                finally:
+                    if self._memory and measured.judged:
+                        self._memory.keep(d.name, measured.profile())
             finally:
                 if self.draft:
                     self.draft.ctx.set_cancel(None)
         finally:
             self._lock.release()
+
+    def _measured_for(self, drafter: str) -> Measured:
+        """What earlier answers measured with this drafter at the threads the target runs with now (a round's costs
+        depend on both); the first answer with it since loading starts from how its tokens fared on this pair in
+        earlier launches, where they were kept."""
+        key = (drafter, self._pair.target.ctx.n_threads)
+        if key not in self._measured:
+            m = self._measured[key] = Measured()
+            if self._memory and (kept := self._memory.recall(drafter)):
+                m.adopt(kept)
+        return self._measured[key]
 
     def _auto(self) -> list:
         """What follows the cores other programs leave free (no --threads given): contexts, and heads drafting

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..engine import DraftParams, Engine, EngineError, ModelSettings
+from ..engine.draft_control import AcceptanceMemory
 
 MIN_BATCH = 8  # a round verifies its draft in one batch: smaller ones leave little to draft
 
@@ -108,7 +109,10 @@ def find_assistant(target: Path) -> Path | None:
     return None
 
 
-def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True) -> Engine:
+def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True,
+                memory: AcceptanceMemory | None = None) -> Engine:
+    """``memory``: where how the drafters' tokens fare on this pair is kept across launches (the app's and the
+    command line's: ``acceptance_memory.memory_for``)."""
     if spec.batch and not MIN_BATCH <= spec.batch:
         raise EngineError(f"Invalid --batch-size {spec.batch}: use {MIN_BATCH} or more (0: {ModelSettings.n_batch}).")
     r = resolved or resolve(spec)
@@ -121,5 +125,5 @@ def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bo
         ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld,
                       n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch)
         if r.draft and with_draft else None,
-        r.mmproj, r.mmproj_found,
+        r.mmproj, r.mmproj_found, memory,
     )

@@ -1,0 +1,77 @@
+"""How a pair's drafters' tokens fared, kept across launches (``acceptance_memory``): the real engine on tiny GGUF
+pairs the tests write, the real file in the app's data folder."""
+import json
+import math
+
+from app.chat.acceptance_memory import FILE, memory_for
+from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings
+from app.engine.draft_control import Measured
+from app.paths import data_dir
+
+PROMPT = [1, 5, 9, 13, 17, 21, 25, 29]
+ADAPTIVE = GenerationParams(max_tokens=60, draft=DraftParams(draft_max=8, draft_p_min=0.0, adaptive=True))
+
+
+def launch(models, draft="close_draft") -> Engine:
+    """What loading the pair does (``load_engine`` with the memory for its files)."""
+    target, d = models["target"], models[draft]
+    return Engine(ModelSettings(target, n_ctx=512), ModelSettings(d, n_ctx=512), memory=memory_for(target, d))
+
+
+def answer(engine: Engine) -> Done:
+    *_, done = engine.generate(PROMPT, ADAPTIVE, "model")
+    assert isinstance(done, Done) and done.stats.n_drafted > 0
+    return done
+
+
+def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learned(models):
+    first = launch(models)
+    try:
+        answer(first)
+        learned = first._measured_for("model")
+        kept = learned.profile()
+    finally:
+        first.close()
+    entry = json.loads((data_dir() / FILE).read_text())
+    assert any(e.get("model", {}).get("profile") == json.loads(json.dumps(kept)) for e in entry.values())
+    assert kept["judged"] > 0 and sum(acc for acc, _ in kept["buckets"]) > 0
+
+    again = launch(models)
+    try:
+        m = again._measured_for("model")
+        assert m.profile() == json.loads(json.dumps(kept))  # how its tokens fared: from the last launch...
+        assert not m.fresh() and not m.verify  # ...its costs, the host's: timed again
+        answer(again)
+    finally:
+        again.close()
+    other = launch(models, draft="draft")  # another pair (other files) starts from the drafter's priors
+    try:
+        assert other._measured_for("model").judged == 0
+    finally:
+        other.close()
+
+
+def test_a_damaged_memory_is_set_aside_and_the_answer_goes_on(models):
+    path = data_dir() / FILE
+    path.write_text("{ not json")
+    engine = launch(models)
+    try:
+        assert engine._measured_for("model").judged == 0
+        answer(engine)  # and it keeps what this launch learned in a fresh file
+    finally:
+        engine.close()
+    assert json.loads(path.read_text())
+    assert list(path.parent.glob(f"{FILE}.corrupt-*"))
+
+
+def test_a_profile_of_the_wrong_shape_is_left_out():
+    m = Measured()
+    m.per_bucket(2)
+    good = {"first": [1.0, 2.0], "after": [[0.5, 0.5], [1.0, 0.0]], "buckets": [[1.0, 2.0], [3.0, 3.0]],
+            "accepted": 4.0, "judged": 5.0}
+    bad = [{**good, "after": [[0.5], [1.0, 0.0]]}, {**good, "buckets": [[3.0, 2.0], [3.0, 3.0]]},
+           {**good, "first": [-1.0, 2.0]}, {**good, "first": [math.nan, 2.0]}, {**good, "accepted": 6.0},
+           {**good, "first": "ab"}, {**good, "judged": None}, {k: v for k, v in good.items() if k != "after"}, {}]
+    for profile in bad:
+        assert not m.adopt(profile) and m.judged == 0.0 and m.first == [0.0, 0.0]
+    assert m.adopt(json.loads(json.dumps(good))) and m.profile() == good
