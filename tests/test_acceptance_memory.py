@@ -2,6 +2,10 @@
 pairs the tests write, the real file in the app's data folder."""
 import json
 import math
+import shutil
+from pathlib import Path
+
+import pytest
 
 from app.chat.acceptance_memory import FILE, memory_for
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings
@@ -12,9 +16,16 @@ PROMPT = [1, 5, 9, 13, 17, 21, 25, 29]
 ADAPTIVE = GenerationParams(max_tokens=60, draft=DraftParams(draft_max=8, draft_p_min=0.0, adaptive=True))
 
 
-def launch(models, draft="close_draft") -> Engine:
+@pytest.fixture
+def pair_files(models, tmp_path):
+    """Copies of the tiny pairs' files that no other test loads (the memory is per file: path and size)."""
+    return {name: Path(shutil.copy(models[name], tmp_path / f"{name}.gguf"))
+            for name in ("target", "close_draft", "draft")}
+
+
+def launch(files, draft="close_draft") -> Engine:
     """What loading the pair does (``load_engine`` with the memory for its files)."""
-    target, d = models["target"], models[draft]
+    target, d = files["target"], files[draft]
     return Engine(ModelSettings(target, n_ctx=512), ModelSettings(d, n_ctx=512), memory=memory_for(target, d))
 
 
@@ -24,8 +35,8 @@ def answer(engine: Engine) -> Done:
     return done
 
 
-def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learned(models):
-    first = launch(models)
+def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learned(pair_files):
+    first = launch(pair_files)
     try:
         answer(first)
         learned = first._measured_for("model")
@@ -36,7 +47,7 @@ def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learne
     assert any(e.get("model", {}).get("profile") == json.loads(json.dumps(kept)) for e in entry.values())
     assert kept["judged"] > 0 and sum(acc for acc, _ in kept["buckets"]) > 0
 
-    again = launch(models)
+    again = launch(pair_files)
     try:
         m = again._measured_for("model")
         assert m.profile() == json.loads(json.dumps(kept))  # how its tokens fared: from the last launch...
@@ -44,17 +55,17 @@ def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learne
         answer(again)
     finally:
         again.close()
-    other = launch(models, draft="draft")  # another pair (other files) starts from the drafter's priors
+    other = launch(pair_files, draft="draft")  # another pair (other files) starts from the drafter's priors
     try:
         assert other._measured_for("model").judged == 0
     finally:
         other.close()
 
 
-def test_a_damaged_memory_is_set_aside_and_the_answer_goes_on(models):
+def test_a_damaged_memory_is_set_aside_and_the_answer_goes_on(pair_files):
     path = data_dir() / FILE
     path.write_text("{ not json")
-    engine = launch(models)
+    engine = launch(pair_files)
     try:
         assert engine._measured_for("model").judged == 0
         answer(engine)  # and it keeps what this launch learned in a fresh file
