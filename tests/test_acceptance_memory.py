@@ -86,3 +86,22 @@ def test_a_profile_of_the_wrong_shape_is_left_out():
     for profile in bad:
         assert not m.adopt(profile) and m.judged == 0.0 and m.first == [0.0, 0.0]
     assert m.adopt(json.loads(json.dumps(good))) and m.profile() == good
+
+
+def test_bench_says_when_adaptive_drafting_started_from_a_kept_profile(pair_files, tmp_path):
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "the cat", "category": "a", "chat": false}\n')
+
+    def bench(*more):
+        r = subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(pair_files["target"]), "--draft",
+                            str(pair_files["close_draft"]), "--prompts", str(prompts), "--max-tokens", "24",
+                            "--draft-p-min", "0", "--adaptive", *more], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert json.loads(bench("--json"))["draft"]["started_from_kept"] is False  # (a first launch: the priors)
+    assert json.loads(bench("--json"))["draft"]["started_from_kept"] is True
+    assert "started from how this drafter's tokens fared on this pair in earlier launches" in bench()

@@ -113,12 +113,13 @@ def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts
                 progress.flush()
         costs.append(engine.measure_costs(dp.draft_max, names[0]))
     others = tuple(f"{registry.label(m)} with --drafter {m}" for m in engine.alternatives())
-    reports = [_report(name, dp, rows[name], Costs.mean(costs), max_tokens, repeats, state, others) for name in names]
+    reports = [_report(name, dp, rows[name], Costs.mean(costs), max_tokens, repeats, state, others,
+                       engine.started_from_kept(name)) for name in names]
     return reports[0] if isinstance(drafter, str) else reports
 
 
 def _report(drafter: str, dp: DraftParams, rows: list[dict], mean_costs: Costs, max_tokens: int, repeats: int,
-            state: dict, others: tuple[str, ...] = ()) -> dict:
+            state: dict, others: tuple[str, ...] = (), kept: bool = False) -> dict:
     by_cat = defaultdict(list)
     for row in rows:
         by_cat[row["category"]].append(row)
@@ -131,7 +132,8 @@ def _report(drafter: str, dp: DraftParams, rows: list[dict], mean_costs: Costs, 
     return {
         "drafter": drafter,
         "draft": {"draft_max": dp.draft_max, "draft_min": dp.draft_min, "draft_p_min": dp.draft_p_min,
-                  "adaptive": dp.adaptive, "ngram": asdict(dp.ngram)},
+                  "adaptive": dp.adaptive, "ngram": asdict(dp.ngram),
+                  "started_from_kept": kept},  # (adaptive: from how its tokens fared in an earlier launch)
         "max_tokens": max_tokens,
         "repeats": repeats,
         "prompts": rows,
@@ -261,6 +263,9 @@ def print_report(report: dict) -> None:
     if d:
         print(f"drafter {report['drafter']}, draft-max {d['draft_max']}, draft-min {d['draft_min']}, "
               f"draft-p-min {d['draft_p_min']}, adaptive {d['adaptive']}, {report['max_tokens']} new tokens, greedy")
+        if d["adaptive"] and d.get("started_from_kept"):
+            print("adaptive drafting started from how this drafter's tokens fared on this pair in earlier launches "
+                  "(acceptance.json in the data folder; without it, from the drafter's priors)")
     else:
         w = report["server"]
         print(f"server {w['on']} ({w['engine']}, model {w['model']}, speculation {w['method']}), speculation off: "

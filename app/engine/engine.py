@@ -34,6 +34,7 @@ class Engine:
         self._threads = ThreadChooser(default_threads())
         self._measured: dict[tuple[str, int], Measured] = {}  # see draft_control.Measured
         self._memory = memory
+        self._kept: set[str] = set()  # drafters that started from a profile kept by an earlier launch
 
     # --- the loaded pair ------------------------------------------------------------------------------------
     @property
@@ -175,9 +176,13 @@ class Engine:
         key = (drafter, self._pair.target.ctx.n_threads)
         if key not in self._measured:
             m = self._measured[key] = Measured()
-            if self._memory and (kept := self._memory.recall(drafter)):
-                m.adopt(kept)
+            if self._memory and (kept := self._memory.recall(drafter)) and m.adopt(kept):
+                self._kept.add(drafter)
         return self._measured[key]
+
+    def started_from_kept(self, drafter: str) -> bool:
+        """Did this drafter start from how its tokens fared on this pair in an earlier launch (``memory``)?"""
+        return drafter in self._kept
 
     def _auto(self) -> list:
         """What follows the cores other programs leave free (no --threads given): contexts, and heads drafting
