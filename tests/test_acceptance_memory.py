@@ -9,7 +9,7 @@ import pytest
 
 from app.chat.acceptance_memory import FILE, memory_for
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings
-from app.engine.draft_control import Measured
+from app.engine.measured import Measured
 from app.paths import data_dir
 
 PROMPT = [1, 5, 9, 13, 17, 21, 25, 29]

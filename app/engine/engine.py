@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .costs import Costs, measure
-from .draft_control import AcceptanceMemory, Measured
+from .measured import AcceptanceMemory, Measured
 from .drafters import Drafter, ModelDrafter, registry
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats

@@ -14,7 +14,8 @@ from typing import Iterator
 import numpy as np
 
 from .constraint import Constrained, Constraint
-from .draft_control import MAX_DRAFT, DraftLength, DraftParams, Measured
+from .draft_control import MAX_DRAFT, DraftLength, DraftParams
+from .measured import Measured
 from .drafters import Draft, Drafter
 from .errors import EngineError
 from .events import Done, Event, PromptProgress, Round, Stats, TextDelta

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..engine import DraftParams, Engine, EngineError, ModelSettings
-from ..engine.draft_control import AcceptanceMemory
+from ..engine.measured import AcceptanceMemory
 
 MIN_BATCH = 8  # a round verifies its draft in one batch: smaller ones leave little to draft
 

@@ -1,0 +1,118 @@
+"""What adaptive drafting measures of a pair and keeps from one answer to the next (``Measured``): what a round's
+operations cost, as running estimates (``_Estimate``), and how the drafter's tokens fared, which outlives the
+launch too (``AcceptanceMemory``). ``draft_control.DraftLength`` decides from them."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Protocol
+
+DECAY = 0.9  # weight of the past in the running estimates of times (about the last 10 rounds)
+
+
+class AcceptanceMemory(Protocol):
+    """Where a pair's ``Measured.profile`` per drafter is kept across launches (the app's data folder)."""
+
+    def recall(self, drafter: str) -> dict | None: ...
+
+    def keep(self, drafter: str, profile: dict) -> None: ...
+
+
+class Measured:
+    """What a round costs with one drafter on this pair, and how often its tokens were accepted lately: kept from
+    one answer to the next, so each does not pay again to learn it. The acceptance is only a prior (the text
+    decides it too), worth DraftLength.PRIOR_WEIGHT tokens, so that a few rejections at the start of an answer do
+    not turn a pair that pays off for the whole answer."""
+
+    MEMORY_S = 300.0  # how long timings of the draft are trusted without a new one (the host's speed drifts)
+    BUCKET_DECAY = 0.99  # weight of the past in a signal bucket's counts, per token of its own (about the last 100)
+
+    def __init__(self):
+        self.t_draft = _Estimate(DECAY)  # seconds to draft one more token
+        self.t_catch_up = _Estimate(DECAY)  # seconds per token a draft model's first call spends catching up
+        self.probe_loss = _Estimate(DECAY)  # seconds a measuring round lost against plain steps
+        self.first_extra = _Estimate(DECAY)  # seconds a draft model's first call of a round takes beyond t_draft
+        self.between = _Estimate(DECAY)  # seconds between two rounds, outside drafting and verifying
+        self.verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
+        self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
+        self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
+        self.accepted = self.judged = 0.0  # draft tokens accepted and judged, decayed, over the last answers
+        # Per signal bucket, decayed: a round's first draft tokens (per round), and the tokens drafted after one of
+        # each bucket (per token in that row): how sure draft tokens come, in runs (DraftLength._plan)
+        self.first: list[float] = []
+        self.after: list[list[float]] = []
+        # ...and the draft tokens accepted and judged, each bucket's decayed per token of its own (BUCKET_DECAY): how
+        # sure tokens fare is the pair's more than the text's, so an answer starts from them (DraftLength.CARRIED)
+        self.buckets: list[list[float]] = []
+
+    def per_bucket(self, n: int) -> None:
+        """Size the per-bucket tables for a drafter with n signal buckets (empty until the first answer)."""
+        if len(self.first) != n:
+            self.first, self.after = [0.0] * n, [[0.0] * n for _ in range(n)]
+            self.buckets = [[0.0, 0.0] for _ in range(n)]
+
+    def profile(self) -> dict:
+        """How this drafter's tokens fared on this pair (its acceptance, per signal bucket and overall, and how sure
+        tokens come): the pair's more than the host's or the text's, so it is kept across launches (``adopt``),
+        where costs are not."""
+        return {"first": self.first, "after": self.after, "buckets": self.buckets,
+                "accepted": self.accepted, "judged": self.judged}
+
+    def adopt(self, profile: dict) -> bool:
+        """Start from a ``profile`` kept from an earlier launch (an answer weighs it as it weighs the last answers':
+        DraftLength.CARRIED). Whatever does not have its shape, or holds a negative count, is left out: False."""
+        try:
+            first, after, buckets = profile["first"], profile["after"], profile["buckets"]
+            accepted, judged = float(profile["accepted"]), float(profile["judged"])
+            n = len(first)
+            tables = [first, *after, *buckets]
+            ok = (len(after) == n and len(buckets) == n and all(len(row) == n for row in after)
+                  and all(len(b) == 2 and b[0] <= b[1] for b in buckets) and 0.0 <= accepted <= judged)
+            numbers = [float(x) for row in tables for x in row]
+        except (KeyError, TypeError, ValueError):
+            return False
+        if not ok or any(not 0.0 <= x < float("inf") for x in numbers):
+            return False
+        self.first, self.after = [float(x) for x in first], [[float(x) for x in row] for row in after]
+        self.buckets = [[float(x) for x in b] for b in buckets]
+        self.accepted, self.judged = accepted, judged
+        return True
+
+    def fresh(self) -> bool:
+        """Timed enough, and recently enough, to start an answer from: a draft token and a plain step each timed
+        twice, a verification batch too, the draft within MEMORY_S."""
+        plain = self.verify.get(1)
+        return (self.t_draft.n >= 1 and plain is not None and plain.n >= 1 and len(self.verify) >= 2
+                and time.monotonic() - self.draft_timed_at < self.MEMORY_S)
+
+
+class _Estimate:
+    """A running estimate of a time. llama.cpp's first call in a new shape pays extra (buffers touched for the
+    first time), so the first sample only stands in until the second replaces it; then the median of the first
+    few (a busy host's one slow call does not set the cost for dozens of rounds), and a decayed average once there
+    are more (the machine's speed drifts)."""
+
+    FEW = 5
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.n = 0  # samples that count
+        self.value = 0.0
+        self._provisional = False
+        self._first: list[float] = []
+
+    @property
+    def known(self) -> bool:
+        return self.n > 0 or self._provisional
+
+    def add(self, t: float, provisional: bool = False) -> None:
+        if provisional or (self.n == 0 and not self._provisional):
+            self.value, self._provisional = t, True  # stands in until a real sample replaces it
+            return
+        self._provisional = False
+        self.n += 1
+        if self.n <= self.FEW:
+            self._first.append(t)
+            self.value = statistics.median(self._first)
+        else:
+            self.value += (1.0 - self.decay) * (t - self.value)
