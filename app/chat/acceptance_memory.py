@@ -1,4 +1,4 @@
-"""How each drafter's tokens fared on a pair (``draft_control.Measured.profile``), kept across launches: the first
+"""How each drafter's tokens fared on a pair (``measured.Measured.profile``), kept across launches: the first
 answer after loading the pair again starts from what earlier launches learned, not from the drafter's priors. On
 the starter pair at two threads, learning from priors alone, the first answer of a launch stayed near plain decoding
 (0.96x in replays) where the next ones made 1.2-1.3x. Costs are not kept: they are the host's, and move with it."""

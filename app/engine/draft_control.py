@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 from .drafters.ngram import NgramParams
 from .errors import EngineError
-from .measured import DECAY, Measured, _Estimate
+from .measured import DECAY, Estimate, Measured
 from .speedup import best_draft_length
 
 MAX_DRAFT = 64  # the target's batch holds draft_max + 1 outputs; keeps the logits buffer small
@@ -523,4 +523,4 @@ class DraftLength:
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
         self._empty = 0 if n_drafted else self._empty + (n_evals > 0)
-        self._verify.setdefault(n_drafted + 1, _Estimate(d)).add(verify_s)
+        self._verify.setdefault(n_drafted + 1, Estimate(d)).add(verify_s)

@@ -32,7 +32,7 @@ class Engine:
         self._lock = FairLock()  # one generation at a time, in the order they asked
         self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj, mmproj_found)
         self._threads = ThreadChooser(default_threads())
-        self._measured: dict[tuple[str, int], Measured] = {}  # see draft_control.Measured
+        self._measured: dict[tuple[str, int], Measured] = {}  # see measured.Measured
         self._memory = memory
         self._kept: set[str] = set()  # drafters that started from a profile kept by an earlier launch
 
@@ -225,7 +225,7 @@ class Engine:
         return tuple(m for m in self.drafters if m not in (ModelDrafter.name, registry.OFF))
 
     def forget_costs(self) -> None:
-        """Drop what earlier answers measured of a round's costs (``draft_control.Measured``): the next adaptive
+        """Drop what earlier answers measured of a round's costs (``measured.Measured``): the next adaptive
         answer measures afresh, as after loading."""
         with self._lock:
             self._measured.clear()

@@ -1,5 +1,5 @@
 """What adaptive drafting measures of a pair and keeps from one answer to the next (``Measured``): what a round's
-operations cost, as running estimates (``_Estimate``), and how the drafter's tokens fared, which outlives the
+operations cost, as running estimates (``Estimate``), and how the drafter's tokens fared, which outlives the
 launch too (``AcceptanceMemory``). ``draft_control.DraftLength`` decides from them."""
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ class Measured:
     BUCKET_DECAY = 0.99  # weight of the past in a signal bucket's counts, per token of its own (about the last 100)
 
     def __init__(self):
-        self.t_draft = _Estimate(DECAY)  # seconds to draft one more token
-        self.t_catch_up = _Estimate(DECAY)  # seconds per token a draft model's first call spends catching up
-        self.probe_loss = _Estimate(DECAY)  # seconds a measuring round lost against plain steps
-        self.first_extra = _Estimate(DECAY)  # seconds a draft model's first call of a round takes beyond t_draft
-        self.between = _Estimate(DECAY)  # seconds between two rounds, outside drafting and verifying
-        self.verify: dict[int, _Estimate] = {}  # a verification batch of n tokens -> its seconds
+        self.t_draft = Estimate(DECAY)  # seconds to draft one more token
+        self.t_catch_up = Estimate(DECAY)  # seconds per token a draft model's first call spends catching up
+        self.probe_loss = Estimate(DECAY)  # seconds a measuring round lost against plain steps
+        self.first_extra = Estimate(DECAY)  # seconds a draft model's first call of a round takes beyond t_draft
+        self.between = Estimate(DECAY)  # seconds between two rounds, outside drafting and verifying
+        self.verify: dict[int, Estimate] = {}  # a verification batch of n tokens -> its seconds
         self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
         self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
         self.accepted = self.judged = 0.0  # draft tokens accepted and judged, decayed, over the last answers
@@ -62,20 +62,19 @@ class Measured:
         """Start from a ``profile`` kept from an earlier launch (an answer weighs it as it weighs the last answers':
         DraftLength.CARRIED). Whatever does not have its shape, or holds a negative count, is left out: False."""
         try:
-            first, after, buckets = profile["first"], profile["after"], profile["buckets"]
+            first = [float(x) for x in profile["first"]]
+            after = [[float(x) for x in row] for row in profile["after"]]
+            buckets = [[float(x) for x in b] for b in profile["buckets"]]
             accepted, judged = float(profile["accepted"]), float(profile["judged"])
-            n = len(first)
-            tables = [first, *after, *buckets]
-            ok = (len(after) == n and len(buckets) == n and all(len(row) == n for row in after)
-                  and all(len(b) == 2 and b[0] <= b[1] for b in buckets) and 0.0 <= accepted <= judged)
-            numbers = [float(x) for row in tables for x in row]
         except (KeyError, TypeError, ValueError):
             return False
-        if not ok or any(not 0.0 <= x < float("inf") for x in numbers):
+        n = len(first)
+        numbers = [*first, *(x for row in after + buckets for x in row), accepted, judged]
+        if (len(after) != n or len(buckets) != n or any(len(row) != n for row in after)
+                or any(len(b) != 2 or b[0] > b[1] for b in buckets) or accepted > judged
+                or not all(0.0 <= x < float("inf") for x in numbers)):
             return False
-        self.first, self.after = [float(x) for x in first], [[float(x) for x in row] for row in after]
-        self.buckets = [[float(x) for x in b] for b in buckets]
-        self.accepted, self.judged = accepted, judged
+        self.first, self.after, self.buckets, self.accepted, self.judged = first, after, buckets, accepted, judged
         return True
 
     def fresh(self) -> bool:
@@ -86,7 +85,7 @@ class Measured:
                 and time.monotonic() - self.draft_timed_at < self.MEMORY_S)
 
 
-class _Estimate:
+class Estimate:
     """A running estimate of a time. llama.cpp's first call in a new shape pays extra (buffers touched for the
     first time), so the first sample only stands in until the second replaces it; then the median of the first
     few (a busy host's one slow call does not set the cost for dozens of rounds), and a decayed average once there
