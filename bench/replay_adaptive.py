@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = 16  # draft tokens recorded at each position: the longest round replayed
+LONG_BATCHES = (24, 32, 48, 65)  # batches timed besides, for lookups' longer drafts (replay_chain.py)
 BETWEEN_S = 0.0004  # the loop's own work between two rounds (draft_control's ``between``, about this on the starter)
 
 
@@ -68,7 +69,7 @@ def record(out: Path, model_args: list[str]) -> None:
                 if i + 1 < CHAIN:
                     draft.decode([token], n_logits=1, n_speculative=1)
             chains.append(chain)
-        answers.append({"category": p.get("category", ""), "answer": answer, "chains": chains})
+        answers.append({"category": p.get("category", ""), "prompt": ids, "answer": answer, "chains": chains})
         print(f"recorded {p.get('category', '')}: {len(answer)} tokens", file=sys.stderr, flush=True)
     engine.reset()
     costs = round_costs(engine.target.ctx, draft)
@@ -113,6 +114,11 @@ def round_costs(target, draft, reps: int = 5, position: int = 128) -> dict:
             draft.truncate(position)
             verify.setdefault(n, []).append(timed(target, n))
             target.truncate(position)
+        for n in LONG_BATCHES:  # (after a draft call, as a round meets them)
+            timed(draft, 2)
+            draft.truncate(position)
+            verify.setdefault(n, []).append(timed(target, n))
+            target.truncate(position)
     med = statistics.median
     return {"verify_s": {1: med(plain), **{n: med(t) for n, t in verify.items()}}, "draft_s": med(step),
             "catch_up_s": {n: med(t) for n, t in catch.items()}, "first_extra_s": med(first) - med(catch[2])}
@@ -126,6 +132,15 @@ class Recording:
         self.t_draft = r["draft_s"] * draft_scale
         self.catch = sorted((int(n), s * draft_scale) for n, s in r["catch_up_s"].items())
         self.first_extra = r.get("first_extra_s", 0.0) * draft_scale  # a round's first call, after a batch
+
+    def batch(self, n: int) -> float:
+        """A verification batch of n tokens: as timed, or linear between the sizes timed."""
+        if n in self.verify:
+            return self.verify[n]
+        sizes = sorted(self.verify)
+        hi = next((m for m in sizes if m > n), sizes[-1])
+        lo = max(m for m in sizes if m < hi)
+        return self.verify[lo] + (self.verify[hi] - self.verify[lo]) * (n - lo) / (hi - lo)
 
     def catch_up(self, n: int) -> float:
         """A round's first draft call, evaluating n tokens: linear between the sizes timed, and past the last."""
