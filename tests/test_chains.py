@@ -49,6 +49,121 @@ def test_the_chain_verifies_the_draft_with_the_most_expected_accepted_tokens():
     assert chain.name == "long,short"
 
 
+class Priced:
+    """The adaptive controller's say in a chain's draft (``DraftLength``'s Gate): what a verified position and a draft
+    step cost, in accepted tokens' worth, and every token taken."""
+
+    def __init__(self, position, step):
+        self.position, self.step, self.taken = position, step, 0
+
+    def prices(self):
+        return self.position, self.step
+
+    def take(self, signal):
+        self.taken += 1
+        return True
+
+    def look_further(self):
+        return True
+
+
+class Signalled(Fixed):
+    """A model drafter whose tokens come with signals, through the gate (as ``ModelDrafter.propose``), each draft
+    call counted as the draft's ``n_evals``."""
+
+    SIGNAL_EDGES, SIGNAL_PRIOR = (1.0,), (0.5, 0.9)
+
+    def __init__(self, name, tokens, signals):
+        super().__init__(name, tokens)
+        self.signals = signals
+
+    def draft_round(self, history, n_max, limit, sp, rng, gate):
+        self.asked += 1
+        d = Draft(signals=[], n_evals=1, first_s=0.01, n_first=1)
+        for tok, sig in zip(self.tokens[: min(n_max, limit)], self.signals):
+            if not gate.take(sig):
+                break
+            d.tokens.append(tok)
+            d.signals.append(sig)
+        d.n_evals = max(len(d.tokens), 1)
+        return d
+
+
+def judged(chain, member, rate, n=100):
+    """``member`` of ``chain`` measured: ``rate`` of n tokens accepted (each signal bucket alike)."""
+    m = chain.members[member]
+    m.accepted, m.verified = rate * n, n
+    for counts in m.buckets:
+        counts[:] = [rate * n, n]
+
+
+def test_where_verifying_costs_a_draft_is_worth_its_accepted_tokens_less_its_positions():
+    """Each position of the verification batch is paid, held or not: on the starter's CPU a lookup's 18-token drafts
+    (a key of 2 tokens), right from their first token one time in four, made a chain with the draft model slower
+    than either alone (a replay: 1.07x against 1.81x and 1.27x). Under the controller a draft is worth its expected
+    accepted tokens less its positions at the controller's prices, and cut where it is worth most."""
+    rng = np.random.default_rng(0)
+
+    def chain(lookup_rate, model_rate):
+        c = ChainDrafter([(Fixed("lookup", list(range(5, 25)), lookup=True), False),
+                          (Signalled("model", [1, 2, 3, 4], [2.0] * 4), True)])
+        judged(c, 0, lookup_rate)
+        judged(c, 1, model_rate)
+        return c
+
+    # llama.cpp's rule (no controller): a lookup right 80% of the time, worth 3.95 accepted tokens, beats the
+    # model's 3.1, all 20 of its tokens verified
+    assert len(chain(0.8, 0.9).draft_round([0], 4, 64, GREEDY, rng, None).tokens) == 20
+    # at 0.15 a position and 0.4 a draft step: its first 8 tokens are worth the most (0.8^9 = 0.13 < 0.15: the 9th
+    # is reached and accepted too rarely to pay its place), 3.3 - 8 x 0.15; the model's four could not beat that
+    # even before its draft steps (3.1 - 4 x 0.55): it is not asked
+    c = chain(0.8, 0.9)
+    d = c.draft_round([0], 4, 64, GREEDY, rng, Priced(0.15, 0.4))
+    assert d.source == "lookup" and d.tokens == list(range(5, 13)) and c.members[1].drafter.asked == 0
+    assert not d.sized  # the controller sizes the model's drafts: a lookup's say nothing of their acceptance
+    # a lookup right 60% of the time is worth 0.73 (its first 3 tokens); a model draft accepted 99%, 3.3
+    c = chain(0.6, 0.99)
+    gate = Priced(0.15, 0.4)
+    d = c.draft_round([0], 4, 64, GREEDY, rng, gate)
+    assert d.source == "model" and d.tokens == [1, 2, 3, 4] and d.sized and gate.taken == 4
+    assert d.signals == [2.0] * 4 and d.n_evals == 4  # the controller sees the model's own signals and calls
+
+
+def test_a_lookup_round_reports_the_draft_calls_spent_and_leaves_the_controllers_acceptance():
+    """A round the lookup won after the model drafted still cost the model's calls: the draft reports them (timed
+    as the lookup's, a token's cost read 4 draft calls over 3 free tokens), and the controller, which sizes the
+    model's drafts, learns nothing of the model's acceptance from the lookup's tokens."""
+    from app.engine.draft_control import DraftLength
+
+    rng = np.random.default_rng(0)
+    c = ChainDrafter([(Fixed("lookup", [5, 6, 7], lookup=True), False),
+                      (Signalled("model", [1, 2, 3, 4], [0.5] * 4), True)])
+    judged(c, 0, 0.95)
+    judged(c, 1, 0.95)
+    c.members[1].buckets[0][:] = [30, 100]  # its near-ties (under 1.0), all four tokens here: worth less than the lookup's
+    d = c.draft_round([0], 4, 64, GREEDY, rng, Priced(0.1, 0.0))
+    assert d.source == "lookup" and d.tokens == [5, 6, 7] and d.n_evals == 4 and d.first_s == 0.01
+    control = DraftLength(DraftParams(draft_max=8, adaptive=True), c.SIGNAL_EDGES, c.SIGNAL_PRIOR)
+    control.record(Draft(tokens=[1, 2], signals=[2.0, 2.0], n_evals=2), 2, 2, 0.02, 0.05)  # a model round
+    before = control.acceptance()
+    control.record(d, 3, 0, 0.05, 0.08)
+    assert control.acceptance() == before  # three lookup tokens, none accepted: not the model's to answer for
+    c.accept(0)
+    assert c.members[0].verified == 101 and c.members[1].verified == 100  # the lookup's own rate learned it
+
+
+def test_the_lookups_draft_when_the_controller_turns_the_model_off():
+    """The controller turns drafting off (0 tokens) where the model's drafts do not pay; a lookup costs nothing to ask,
+    and drafts what it finds worth its positions. A round that replays recurrent state (limit 0) drafts nothing."""
+    rng = np.random.default_rng(0)
+    c = ChainDrafter([(Fixed("lookup", [7, 8, 9], lookup=True), False), (Signalled("model", [1], [2.0]), True)])
+    judged(c, 0, 0.9)
+    d = c.draft_round([0], 0, 64, GREEDY, rng, Priced(0.2, 0.5))
+    assert d.tokens == [7, 8, 9] and c.members[1].drafter.asked == 0
+    assert c.draft_round([0], 0, 0, GREEDY, rng, Priced(0.2, 0.5)).tokens == []
+    assert c.SIGNAL_EDGES == Signalled.SIGNAL_EDGES  # the controller reads the model's signals
+
+
 def test_an_empty_draft_leaves_the_round_to_the_others_and_none_is_no_draft():
     rng = np.random.default_rng(0)
     chain = ChainDrafter([(Fixed("lookup", []), False), (Fixed("model", [3, 4]), True)])

@@ -302,6 +302,15 @@ class DraftLength:
         next_acceptance = self.acceptance() if self._seen else self._prior
         return self._measuring or self._reach * next_acceptance >= self._min_acceptance(draft_step=True)
 
+    def prices(self) -> tuple[float, float]:
+        """What one more verified position and one more draft step cost, in accepted tokens' worth (Gate.prices)."""
+        if not self._t_draft.known or (self._rounds < 2 and not self._known):
+            return 0.5, 0.0
+        token = self._verify_time(1)
+        if self._pace[0]:
+            token = min(token, self._pace[1] / self._pace[0])
+        return self._slope() / token, self._t_draft.value / token
+
     def _explore(self, bucket: int) -> bool:
         """Draft a token the estimates say to stop at, one time in EXPLORE_EVERY, while its signal bucket has
         fewer than EXPLORE outcomes or its outcomes alone say such tokens pay: tokens never drafted are never
@@ -448,8 +457,10 @@ class DraftLength:
                between_s: float | None = None) -> None:
         """One round, as the loop saw it: the ``Draft`` it verified, how many of its tokens, how many accepted, the
         seconds spent drafting and verifying, and since the last round ended (None: no round before)."""
-        self.update(n_drafted, n_accepted, draft_s, verify_s, draft.signals, draft.n_evals, draft.first_s,
-                    draft.n_first, draft.forced, between_s)
+        # (a chain's other member's tokens are not the sized drafter's to judge, as a grammar's forced ones)
+        signals, forced = (draft.signals, draft.forced) if draft.sized else (None, [True] * n_drafted)
+        self.update(n_drafted, n_accepted, draft_s, verify_s, signals, draft.n_evals, draft.first_s,
+                    draft.n_first, forced, between_s)
 
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
                signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0,

@@ -23,6 +23,7 @@ class Draft:
     n_first: int = 0  # tokens the first call evaluated
     forced: list[bool] = field(default_factory=list)  # per token, under a grammar: forced by it, not drafted
     source: str = ""  # which drafter of several made it (a chain's member), for Stats
+    sized: bool = True  # made by the drafter whose drafts the adaptive controller sizes (not another chain member)
 
 
 class Gate(Protocol):
@@ -33,6 +34,10 @@ class Gate(Protocol):
 
     def look_further(self) -> bool:
         """Pay for one more draft step, to see the token after the last one taken?"""
+
+    def prices(self) -> tuple[float, float]:
+        """What one more verified position and one more draft step cost, in accepted tokens' worth (a chain weighs
+        its members' drafts with them)."""
 
 
 Stop = Callable[[int], bool]  # a grammar's say in a draft: end it after this token?
