@@ -9,6 +9,7 @@ import pytest
 from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings
 from app.engine.drafters import Draft, Drafter, NgramParams, registry
 from app.engine.drafters.chain import ChainDrafter, expected_accepted
+from app.engine.drafters.ngram import NgramSimple
 from app.engine.sampling import SamplingParams
 from app.prompts import chat_tokens
 from support.heads import HEADS
@@ -140,7 +141,7 @@ def test_a_lookup_round_reports_the_draft_calls_spent_and_leaves_the_controllers
                       (Signalled("model", [1, 2, 3, 4], [0.5] * 4), True)])
     judged(c, 0, 0.95)
     judged(c, 1, 0.95)
-    c.members[1].buckets[0][:] = [30, 100]  # its near-ties (under 1.0), all four tokens here: worth less than the lookup's
+    c.members[1].buckets[0][:] = [30, 100]  # its near-ties (under 1.0), all four tokens here: worth less
     d = c.draft_round([0], 4, 64, GREEDY, rng, Priced(0.1, 0.0))
     assert d.source == "lookup" and d.tokens == [5, 6, 7] and d.n_evals == 4 and d.first_s == 0.01
     control = DraftLength(DraftParams(draft_max=8, adaptive=True), c.SIGNAL_EDGES, c.SIGNAL_PRIOR)
@@ -162,6 +163,18 @@ def test_the_lookups_draft_when_the_controller_turns_the_model_off():
     assert d.tokens == [7, 8, 9] and c.members[1].drafter.asked == 0
     assert c.draft_round([0], 0, 0, GREEDY, rng, Priced(0.2, 0.5)).tokens == []
     assert c.SIGNAL_EDGES == Signalled.SIGNAL_EDGES  # the controller reads the model's signals
+
+
+def test_under_a_grammar_a_lookups_proposal_does_not_pass_through_the_models_gate():
+    """A grammar asks the chain for proposals directly: the controller's gate reads the model's signals (logit gaps),
+    so a lookup proposes without it (its support read as a gap would be judged as one) and its draft is not sized."""
+    rng = np.random.default_rng(0)
+    c = ChainDrafter([(NgramSimple(NgramParams(simple_size_n=1, simple_size_m=3)), False),
+                      (Signalled("model", [1], [2.0]), True)])
+    gate = Priced(0.2, 0.5)
+    c.begin([9, 4, 5, 6, 7, 8])
+    d = c.propose([9, 4, 5, 6, 7, 8, 4], 3, GREEDY, rng, gate)
+    assert d.tokens == [5, 6, 7] and d.source == "ngram-simple" and not d.sized and gate.taken == 0
 
 
 def test_an_empty_draft_leaves_the_round_to_the_others_and_none_is_no_draft():
@@ -210,11 +223,13 @@ def run(engine, ids, drafter, n, **draft):
 
 
 @pytest.mark.slow
-def test_a_draft_model_and_ngram_mod_together_are_greedy_identical(starter_engine):
+@pytest.mark.parametrize("adaptive", [False, True])  # llama.cpp's rule; drafts priced, the model's sized
+def test_a_draft_model_and_ngram_mod_together_are_greedy_identical(starter_engine, adaptive):
     ids = chat_tokens(starter_engine.model, [{"role": "user", "content": REPEAT}])
     plain = run(starter_engine, ids, "none", 96)
     small = NgramParams(mod_n_match=4, mod_n_min=2, mod_n_max=16)
-    done = run(starter_engine, ids, "model,ngram-mod", 96, draft_max=6, draft_p_min=0.0, ngram=small)
+    done = run(starter_engine, ids, "model,ngram-mod", 96, draft_max=6, draft_p_min=0.0, ngram=small,
+               adaptive=adaptive)
     s = done.stats
     assert done.token_ids == plain.token_ids and s.drafter == "ngram-mod,model"
     assert set(s.by_drafter) == {"model", "ngram-mod"}  # both drafted some rounds
@@ -230,12 +245,13 @@ def mtp_engine(tmp_path_factory):
     e.close()
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("chain", ["mtp,ngram-mod", "mtp,ngram-simple", "ngram-cache,mtp"])
-def test_mtp_layers_with_a_lookup_are_greedy_identical(mtp_engine, chain):
+def test_mtp_layers_with_a_lookup_are_greedy_identical(mtp_engine, chain, adaptive):
     ids = chat_tokens(mtp_engine.model, [{"role": "user", "content": "the cat sat on the mat " * 6}])
     plain = run(mtp_engine, ids, "none", 120)
     small = NgramParams(simple_size_n=2, simple_size_m=6, mod_n_match=2, mod_n_min=1, mod_n_max=6)
-    done = run(mtp_engine, ids, chain, 120, draft_max=4, draft_p_min=0.0, ngram=small)
+    done = run(mtp_engine, ids, chain, 120, draft_max=4, draft_p_min=0.0, ngram=small, adaptive=adaptive)
     assert done.token_ids == plain.token_ids and done.stats.n_drafted > 0
     assert sum(d for _, d, _ in done.stats.by_drafter.values()) == done.stats.n_drafted
     assert "mtp" in done.stats.by_drafter

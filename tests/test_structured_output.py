@@ -30,7 +30,8 @@ def run(engine, ids, drafter, grammar, max_tokens=120, sampling=None, **draft) -
 
 @pytest.mark.parametrize("drafter, draft", [("model", dict(draft_max=8, draft_p_min=0.0)),
                                             ("model", dict(draft_max=12, adaptive=True)),
-                                            ("ngram", dict(draft_max=8))])
+                                            ("ngram", dict(draft_max=8)),
+                                            ("model,ngram-mod", dict(draft_max=12, adaptive=True))])
 def test_greedy_answer_under_a_schema_is_valid_and_identical_with_speculation(starter_engine, drafter, draft):
     ids = chat_tokens(starter_engine.model, ASK)
     grammar = Grammar.json_schema(PERSON)

@@ -204,6 +204,7 @@ class Constrained(Drafter):
                 d = drafter.propose(history + out.tokens, budget, sp, rng, gate, stop)
                 calls += 1
                 out.source = out.source or d.source
+                out.sized = out.sized and d.sized
                 own += len(d.tokens)
                 if d.n_evals:
                     out.n_evals += d.n_evals - (1 if out.n_evals else 0)  # later calls' first steps: marginal ones

@@ -1,25 +1,27 @@
-"""Several drafters at once (llama.cpp's comma-separated ``--spec-type``): each round the members draft, and the draft
-the target verifies is the one with the most expected accepted tokens.
+"""Several drafters at once (llama.cpp's comma-separated ``--spec-type``): each round the members draft, and the target
+verifies the draft worth the most.
 
-A member's expected accepted tokens for a draft of k tokens is a + a^2 + ... + a^k, with a its acceptance measured
-in this generation (accepted over verified, its prior counting as a few observations; until its first draft is
-judged, 1): a long n-gram draft that is usually right beats a short model draft, and a member that keeps failing
-loses to the others. Members run
-in llama.cpp's order of priority (the n-gram kinds, then the model drafters; common_speculative_init), and one whose
-best possible draft could not beat the best so far is not asked at all: a model drafter costs a step per token,
-and a lookup that found a long draft spares it. On a tie the earlier member wins, which is llama.cpp's own rule
-(there the first member with any draft is verified).
+With fixed draft lengths that is llama.cpp's rule, the draft with the most expected accepted tokens: for k tokens
+a + a^2 + ... + a^k, with a the member's acceptance measured in this generation (accepted over verified, its prior
+counting as a few observations; until its first draft is judged, 1): a long n-gram draft that is usually right
+beats a short model draft, and a member that keeps failing loses to the others. Members run in llama.cpp's order of
+priority (the n-gram kinds, then the model drafters; common_speculative_init), and one whose best possible draft
+could not beat the best so far is not asked at all: a model drafter costs a step per token, and a lookup that found
+a long draft spares it. On a tie the earlier member wins, which is llama.cpp's own rule (there the first member
+with any draft is verified).
+
+Under the adaptive controller a draft has a price too: each verified position costs the batch time whether its
+token holds or not (on the starter's CPU 0.15-0.2 of a plain step). A draft is worth its expected accepted tokens
+less its positions at the controller's price (``Gate.prices``), each token expected accepted as often as the
+member's tokens of its signal bucket were (a lookup's support, a draft model's logit gap). The controller sizes one
+member's drafts, the *lead* (the first model drafter): the chain's signals are the lead's, and the tokens of a round
+another member won say nothing of the lead's acceptance (``Draft.sized``). The others draft what they find, also
+in rounds the controller turned off, cut where their draft is worth most. Valued as llama.cpp values them, the
+18-token drafts of ``ngram-simple`` with a key of 2 tokens (right from their first token one time in four) won the
+rounds, and one bucket of the two members' tokens read 0.81 where the model's were accepted 97%, which turned the
+model off: a chain of the two made 1.07x in a replay where each alone made 1.81x and 1.27x (``bench/replay_chain.py``).
 
 Which member drafted a round is the draft's ``source``: Stats count rounds, drafted and accepted tokens per member.
-Under the adaptive controller a draft is valued at its price too: each verified position costs the batch time whether
-its token holds or not (on the starter's CPU 0.15-0.2 of a plain step), so a draft is worth its expected accepted
-tokens less its positions at the controller's price (``Gate.prices``), cut where it is worth most, and a model
-drafter looks further only while the next token is worth its position and a draft step. Each token is expected
-accepted as often as the member's tokens of its signal bucket were (a lookup's support, a draft model's logit gap):
-``ngram-simple`` with a key of 2 tokens proposes 18-token drafts that hold from their first token one time in
-four, and valued by its overall rate and without a price, a chain of it and the starter's draft model made 1.07x
-in a replay where each alone made 1.81x and 1.27x (``bench/replay_chain.py``).
-
 The target verifies as with any drafter, so greedy output stays identical to speculation off and sampled output keeps
 the target's distribution.
 """
@@ -46,7 +48,8 @@ class _Member:
         prior = drafter.SIGNAL_PRIOR
         self.accepted, self.verified = max(prior) * PRIOR_WEIGHT, PRIOR_WEIGHT
         self.edges = drafter.SIGNAL_EDGES
-        self.buckets = [[prior[min(i, len(prior) - 1)] * PRIOR_WEIGHT, PRIOR_WEIGHT] for i in range(len(self.edges) + 1)]
+        self.buckets = [[prior[min(i, len(prior) - 1)] * PRIOR_WEIGHT, PRIOR_WEIGHT]
+                        for i in range(len(self.edges) + 1)]
 
     @property
     def rate(self) -> float:
@@ -129,7 +132,8 @@ class ChainDrafter(Drafter):
             if not d.tokens:
                 continue
             worths = _worths([m.chance(x) for x in d.signals or [None] * len(d.tokens)], position)
-            k, worth = worths[-1] if lead else max(worths, key=lambda w: w[1])  # (the lead's: as the controller sized it)
+            # (the lead's draft as the controller sized it; another's where it is worth most)
+            k, worth = worths[-1] if lead else max(worths, key=lambda w: w[1])
             if (lead or worth > 0) and (best is None or worth > best_worth):
                 best, best_worth, best_k, self._used = d, worth, k, m
         if best is None:
@@ -157,12 +161,14 @@ class ChainDrafter(Drafter):
         return best
 
     def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
-        """Under a grammar (which asks for proposals directly): the first member that proposes anything."""
+        """Under a grammar (which asks for proposals directly): the first member that proposes anything. The
+        controller's gate is the lead's, whose signals it reads: the others propose what they find."""
         for m in self.members:
-            d = m.drafter.propose(history, n_max, sp, rng, gate, stop)
+            lead = m is self.lead or gate is None
+            d = m.drafter.propose(history, n_max, sp, rng, gate if lead else _Tally(m, 0.0), stop)
             if d.tokens:
                 self._used, self._k, self._signals = m, len(d.tokens), d.signals
-                d.source = m.drafter.name
+                d.source, d.sized = m.drafter.name, lead
                 return d
         self._used = None
         return Draft()
