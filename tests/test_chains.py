@@ -101,7 +101,7 @@ def judged(chain, member, rate, n=100):
 def test_where_verifying_costs_a_draft_is_worth_its_accepted_tokens_less_its_positions():
     """Each position of the verification batch is paid, held or not: on the starter's CPU a lookup's 18-token drafts
     (a key of 2 tokens), right from their first token one time in four, made a chain with the draft model slower
-    than either alone (a replay: 1.07x against 1.81x and 1.27x). Under the controller a draft is worth its expected
+    than either alone (replays: 1.00-1.07x against 1.81x and 1.28x). Under the controller a draft is worth its expected
     accepted tokens less its positions at the controller's prices, and cut where it is worth most."""
     rng = np.random.default_rng(0)
 

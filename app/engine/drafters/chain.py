@@ -19,7 +19,8 @@ another member won say nothing of the lead's acceptance (``Draft.sized``). The o
 in rounds the controller turned off, cut where their draft is worth most. Valued as llama.cpp values them, the
 18-token drafts of ``ngram-simple`` with a key of 2 tokens (right from their first token one time in four) won the
 rounds, and one bucket of the two members' tokens read 0.81 where the model's were accepted 97%, which turned the
-model off: a chain of the two made 1.07x in a replay where each alone made 1.81x and 1.27x (``bench/replay_chain.py``).
+model off: a chain of the two made 1.00-1.07x in replays where each alone made 1.81x and 1.28x
+(``bench/replay_chain.py``).
 
 Which member drafted a round is the draft's ``source``: Stats count rounds, drafted and accepted tokens per member.
 The target verifies as with any drafter, so greedy output stays identical to speculation off and sampled output keeps
