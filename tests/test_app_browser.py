@@ -275,7 +275,9 @@ def test_the_method_measured_fastest_is_the_drafter_the_app_starts_with_and_says
     the app started on those files has it chosen, with the measured figures under the Drafter choice."""
     from support.tiny_gguf import write_model
 
-    from app.engine import METHODS
+    from playwright.sync_api import expect
+
+    from app.engine import METHODS, method_name
 
     target = write_model(tmp_path / "target.gguf", seed=1)
     draft = write_model(tmp_path / "draft.gguf", seed=3, base_seed=1, noise=0.02)
@@ -286,7 +288,8 @@ def test_the_method_measured_fastest_is_the_drafter_the_app_starts_with_and_says
     assert run.returncode == 0, run.stderr
     assert "Loading these files drafts with" in run.stdout
     (ranked,) = json.loads((fresh_home / "data" / "measured_methods.json").read_text()).values()
-    best = {m.name: m.choice for m in METHODS}[ranked["methods"][0]["drafter"]]
+    best = ranked["methods"][0]["drafter"]  # (a method, or a model method chained with lookup: offered as itself)
+    best = {m.name: m.choice for m in METHODS}.get(best, method_name(best))
     app = App(fresh_home, "--target", str(target), "--draft", str(draft))
     p = Page(browser, app.url)
     try:
@@ -295,6 +298,19 @@ def test_the_method_measured_fastest_is_the_drafter_the_app_starts_with_and_says
         assert drafter.locator("label", has_text=best).locator("input").is_checked()
         assert re.search(r"over plain decoding; specchat check --measure, \d{4}-\d\d-\d\d", drafter.inner_text())
         p.shot("drafter-measured")
+        # the draft model chained with prompt lookup was measured too; ranked first, Load offers and chooses it
+        path = fresh_home / "data" / "measured_methods.json"
+        saved = json.loads(path.read_text())
+        (key,) = saved
+        methods = saved[key]["methods"]
+        chain = next(m for m in methods if m["drafter"] == "model,ngram")
+        saved[key]["methods"] = [chain] + [m for m in methods if m is not chain]
+        path.write_text(json.dumps(saved))
+        p.page.locator("#load").click()
+        p.page.locator("#notice .info").get_by_text("Loaded").wait_for(timeout=60_000)
+        label = drafter.locator("label", has_text=method_name("model,ngram"))
+        expect(label.locator("input")).to_be_checked(timeout=30_000)
+        assert method_name("model,ngram") in drafter.inner_text()
     finally:
         p.close()
         app.stop()

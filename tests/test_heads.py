@@ -75,6 +75,20 @@ def test_greedy_drafting_is_token_identical_to_plain(head, engine, i):
         assert spec.stats.n_accepted < spec.stats.n_drafted
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_chained_with_prompt_lookup_it_stays_exact(head, engine, adaptive):
+    """``check --measure`` times each model method chained with prompt lookup too (``HEAD,ngram``): greedy output is
+    speculation off's, on a prompt that repeats, with fixed lengths (llama.cpp's rule) and adaptive (priced)."""
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat " * 4}])
+    engine.reset()
+    plain = run(engine, ids, "none", max_tokens=80)
+    engine.reset()
+    engine.forget_costs()
+    spec = run(engine, ids, f"{head.drafter},ngram", max_tokens=80, draft_max=4, draft_p_min=0.0, adaptive=adaptive)
+    assert spec.token_ids == plain.token_ids and spec.stats.n_drafted > 0
+    assert sum(d for _, d, _ in spec.stats.by_drafter.values()) == spec.stats.n_drafted
+
+
 def test_a_second_turn_reuses_the_prefix_and_stays_exact(head, engine):
     """A second chat turn reuses the cached prefix, drafts with tokens accepted, and says what speculation off
     says from a cleared cache."""

@@ -125,8 +125,9 @@ def test_check_report_and_cli(models, specchat_home, capsys):
     measured = capsys.readouterr().out.splitlines()  # every method the pair can draft with, timed against plain
     head = measured.index("measured, fastest first (drafted as text):")
     rows, last = measured[head + 1:-1], measured[-1]
-    assert len(rows) == 2 and all(r.endswith("output identical with speculation off") for r in rows), rows
+    assert len(rows) == 3 and all(r.endswith("output identical with speculation off") for r in rows), rows
     assert {r.split()[0] for r in rows} == {"draft", "n-gram"}
+    assert sum(" + n-gram lookup (ngram-mod) " in r for r in rows) == 1  # the draft model chained with lookup
     speedups = [float(re.search(r" x(\d+\.\d+) ", r).group(1)) for r in rows]
     assert speedups == sorted(speedups, reverse=True)  # fastest first
     # remembered for these files: loading them again drafts with the fastest, and says why
@@ -138,7 +139,8 @@ def test_check_report_and_cli(models, specchat_home, capsys):
                  "--json", "-p", "hi"]) == 0
     out = capsys.readouterr()
     used = json.loads(out.out)["drafter"]  # (n-gram lookup reports its kind)
-    assert registry.method_of(used) == ranking.best and f"drafting with {ranking.why()}" in out.err
+    methods = lambda name: {registry.method_of(p) for p in registry.parts(name)}  # noqa: E731 (a chain: its parts)
+    assert methods(used) == methods(ranking.best) and f"drafting with {ranking.why()}" in out.err
     assert recall(models["target"], None) is None  # another pair (the target alone): nothing measured
     assert main(["check", "--pair", "starter"]) == 0
     out = capsys.readouterr().out

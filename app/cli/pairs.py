@@ -8,6 +8,7 @@ from pathlib import Path
 from ..models import downloads, hub
 from ..models.catalog import get_pair
 from ..engine import DRAFT_MODEL, OFF, EngineError, method_name
+from ..engine.drafters import registry
 
 
 def cmd_list(args) -> int:
@@ -183,9 +184,10 @@ MEASURE_PROMPTS = [
 
 
 def _measure(target: Path, draft: Path | None, args) -> str:
-    """Load the pair and time every method it can draft with as ``specchat bench --drafters`` does (greedy, all
-    against the same speculation-off runs, interleaved), rank them, and remember the fastest for these files: loading
-    them again drafts with it (``--drafter`` and the app's setting still choose another)."""
+    """Load the pair and time every method it can draft with, and each model method chained with prompt lookup, as
+    ``specchat bench --drafters`` does (greedy, all against the same speculation-off runs, interleaved), rank them,
+    and remember the fastest for these files: loading them again drafts with it (``--drafter`` and the app's setting
+    still choose another)."""
     from ..chat.acceptance_memory import memory_for
     from ..chat.method_ranking import remember
     from ..models.loader import LoadSpec, load_engine, resolve
@@ -198,6 +200,7 @@ def _measure(target: Path, draft: Path | None, args) -> str:
     engine = load_engine(spec, memory=memory_for(target, draft))
     try:
         methods = [m for m in engine.drafters if m != OFF]
+        methods += registry.with_lookup(methods)
         print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "
               "greedy, against the same speculation-off runs…", file=sys.stderr, flush=True)
         reports = run_bench(engine, methods, resolve(spec).draft_params, MEASURE_PROMPTS, args.measure)

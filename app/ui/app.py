@@ -62,6 +62,15 @@ def collect(values) -> Settings:
     return replace(base, **{n: getattr(saved, n) for n in NOT_IN_PANEL}, **d)
 
 
+def _drafter_choices(drafter: str) -> list[tuple[str, str]]:
+    """The Drafter choices: every method, and the drafter chosen where it is none of them (an n-gram kind or a chain,
+    from serve --spec-type or what check --measure found fastest)."""
+    choices = [(m.choice, m.name) for m in METHODS]
+    if drafter not in dict(choices).values():
+        choices.append((method_name(drafter), drafter))
+    return choices
+
+
 class SpecChatUI:
     def __init__(self, runtime: Runtime, startup_notes: list[str] | None = None, api_info=None):
         """``api_info()``, where the app serves the OpenAI-compatible API too: its base URL, whether a key is
@@ -406,7 +415,8 @@ class SpecChatUI:
         else:
             msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
         return (render.notice(msg, "info"), self._header(), self._hardware(),
-                gr.update(value=settings.drafter, info=self._drafter_note()),
+                gr.update(choices=_drafter_choices(settings.drafter), value=settings.drafter,
+                          info=self._drafter_note()),
                 settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
                 self._server_fields(self.runtime.spec)[1], self._image_note())
 
@@ -466,10 +476,7 @@ class SpecChatUI:
                     api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
             with gr.Sidebar(label="Settings", open=False, position="right", width=360):
                 gr.Markdown("### Speculation")
-                choices = [(m.choice, m.name) for m in METHODS]
-                if s.drafter not in dict(choices).values():  # a kind or a chain (serve --spec-type): offered too
-                    choices.append((method_name(s.drafter), s.drafter))
-                drafter = gr.Radio(choices, value=s.drafter, label="Drafter", elem_id="drafter",
+                drafter = gr.Radio(_drafter_choices(s.drafter), value=s.drafter, label="Drafter", elem_id="drafter",
                                    info=self._drafter_note())
                 draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
                 draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
