@@ -209,8 +209,9 @@ def _measure(target: Path, draft: Path | None, args) -> str:
         engine.close()
     ranking = remember(target, draft, reports)
     lines = [f"measured, fastest first{text}:"]
+    width = max(len(method_name(m["drafter"])) for m in ranking.methods)
     for m in ranking.methods:
-        lines.append(f"  {method_name(m['drafter']):32} x{m['speedup']:.2f}  acceptance {m['acceptance']:.0%}  "
+        lines.append(f"  {method_name(m['drafter']):{width}} x{m['speedup']:.2f}  acceptance {m['acceptance']:.0%}  "
                      f"output {'identical' if m['identical'] else 'DIFFERENT'} with speculation off")
     return "\n".join(lines + [f"Loading these files drafts with {ranking.why()}; --drafter chooses another."])
 
