@@ -176,6 +176,22 @@ class FixedRule:
         pass
 
 
+def draft_along(rec: Recording, chain: list, n_max: int, n_first: int, gate, cost) -> tuple:
+    """``ModelDrafter.propose``, greedy, along a recorded chain (gated where ``gate`` is given): the tokens taken,
+    their signals, the draft calls made, the first call's seconds (catching up on ``n_first`` tokens) and all the
+    calls' seconds, each at ``cost(recorded seconds)``."""
+    first_s, evals, tokens, signals = cost(rec.catch_up(n_first)), 1, [], []
+    for i, (token, passes, gap) in enumerate(chain[:n_max]):
+        if not passes or (gate is not None and not gate.take(gap)):
+            break  # (the call that showed this token is paid)
+        tokens.append(token)
+        signals.append(gap)
+        if i + 1 == n_max or (gate is not None and not gate.look_further()):
+            break
+        evals += 1
+    return tokens, signals, evals, first_s, first_s + sum(cost(rec.t_draft) for _ in range(evals - 1))
+
+
 def run(rec: Recording, make_control, cost) -> tuple[float, list[float]]:
     """One pass over the recorded answers, a control from ``make_control()`` per answer, each operation at
     ``cost(recorded seconds)``; returns the speedup over plain decoding at the same costs, overall and per answer."""
@@ -187,22 +203,13 @@ def run(rec: Recording, make_control, cost) -> tuple[float, list[float]]:
         pos, cached, seconds, first_round = 0, 0, 0.0, True  # cached: answer tokens the draft context holds
         while pos + 1 < len(answer):
             n_max = min(control.next(), len(answer) - 1 - pos)
-            tokens, signals, evals, first_s, n_first = [], [], 0, 0.0, 0
-            if n_max > 0:  # (ModelDrafter.propose, greedy, gated)
+            tokens, signals, evals, first_s, n_first, draft_s = [], [], 0, 0.0, 0, 0.0
+            if n_max > 0:
                 n_first = max(pos + 1 - cached, 1)  # catch_up: the tokens made since, or the last one again
-                first_s, evals = cost(rec.catch_up(n_first)), 1
-                for i, (token, passes, gap) in enumerate(chains[pos][:n_max]):
-                    if not passes or not control.take(gap):
-                        break  # (the call that showed this token is paid)
-                    tokens.append(token)
-                    signals.append(gap)
-                    if i + 1 == n_max or not control.look_further():
-                        break
-                    evals += 1
+                tokens, signals, evals, first_s, draft_s = draft_along(rec, chains[pos], n_max, n_first, control, cost)
             accepted = next((i for i, t in enumerate(tokens) if t != answer[pos + 1 + i]), len(tokens))
             if evals:  # the draft context keeps what it decoded that the target accepted
                 cached = pos + 1 + min(accepted, evals - 1)
-            draft_s = first_s + sum(cost(rec.t_draft) for _ in range(evals - 1))
             verify_s, between_s = cost(rec.verify[len(tokens) + 1]), cost(BETWEEN_S)
             control.update(len(tokens), accepted, draft_s, verify_s, signals or None, evals, first_s, n_first,
                            None, None if first_round else between_s)

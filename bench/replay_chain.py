@@ -18,7 +18,6 @@ the chain it names, over the same answers and seeds.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_adaptive import BETWEEN_S, Recording  # noqa: E402
+from replay_adaptive import BETWEEN_S, Recording, draft_along  # noqa: E402
 from replay_ngram import load_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +41,7 @@ class RecordedModel:
 
     def __init__(self, rec: Recording, answer: dict, base, cost):
         self.rec, self.chains, self.answer, self.cost = rec, answer["chains"], answer["answer"], cost
-        self.n_prompt, self.cached, self.spent = len(answer["prompt"]), 0, 0.0
+        self.n_prompt, self.cached, self.spent = len(answer["prompt"]), 0, 0.0  # spent: its calls' seconds
         self.Draft = base.Draft
         self.SIGNAL_EDGES, self.SIGNAL_PRIOR = base.ModelDrafter.SIGNAL_EDGES, base.ModelDrafter.SIGNAL_PRIOR
         self.SIGNAL_GROWS = False
@@ -57,33 +56,15 @@ class RecordedModel:
     def propose(self, history, n_max, sp, rng, gate=None, stop=None):
         pos = len(history) - self.n_prompt - 1
         n_first = max(pos + 1 - self.cached, 1)  # (catch_up: the tokens made since, or the last one again)
-        first_s = self.cost(self.rec.catch_up(n_first))
-        draft = self.Draft(signals=[] if gate else None, n_evals=1, first_s=first_s, n_first=n_first)
-        for i, (token, passes, gap) in enumerate(self.chains[pos][:n_max]):
-            if not passes or (gate and not gate.take(gap)):
-                break
-            draft.tokens.append(token)
-            if gate:
-                draft.signals.append(gap)
-            if i + 1 == n_max or (gate and not gate.look_further()):
-                break
-            draft.n_evals += 1
-        decoded = self.chains[pos][: draft.n_evals - 1]  # (its context keeps what it decoded, up to a wrong token)
-        held = next((j for j, (t, *_) in enumerate(decoded) if t != self.answer[pos + 1 + j]), len(decoded))
-        self.cached = pos + 1 + held
-        self.spent += first_s + sum(self.cost(self.rec.t_draft) for _ in range(draft.n_evals - 1))
-        return draft
+        tokens, signals, evals, first_s, spent = draft_along(self.rec, self.chains[pos], n_max, n_first, gate,
+                                                              self.cost)
+        decoded = tokens[: evals - 1]  # (its context keeps what it decoded, up to a wrong token)
+        held = next((j for j, t in enumerate(decoded) if t != self.answer[pos + 1 + j]), len(decoded))
+        self.cached, self.spent = pos + 1 + held, self.spent + spent
+        return self.Draft(tokens=tokens, signals=signals if gate else None, n_evals=evals, first_s=first_s,
+                          n_first=n_first)
 
     def accept(self, n_accepted):
-        pass
-
-    def set_threads(self, n):
-        pass
-
-    def clear(self):
-        pass
-
-    def close(self):
         pass
 
 

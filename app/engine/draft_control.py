@@ -172,7 +172,7 @@ class DraftLength:
             return self.p.draft_max
         if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
             return 0  # plain steps: what drafting must beat (the second replaces the first, a new shape's timing)
-        if not self._t_draft.known or (self._rounds < 2 and not self._known):
+        if not self._costs_timed():
             return self._measure(self._short)  # measure before judging
         if self._long_look_due():
             self._long_looks += 1
@@ -304,11 +304,9 @@ class DraftLength:
 
     def prices(self) -> tuple[float, float]:
         """What one more verified position and one more draft step cost, in accepted tokens' worth (Gate.prices)."""
-        if not self._t_draft.known or (self._rounds < 2 and not self._known):
+        if not self._costs_timed():
             return 0.5, 0.0
-        token = self._verify_time(1)
-        if self._pace[0]:
-            token = min(token, self._pace[1] / self._pace[0])
+        token = self._token_time(at_pace=True)
         return self._slope() / token, self._t_draft.value / token
 
     def _explore(self, bucket: int) -> bool:
@@ -369,14 +367,22 @@ class DraftLength:
         Under a growing signal, it saves what a token costs at the answer's pace, where that is less (the module's
         docstring). Asked for every drafted token, it only changes with ``update``: computed once a round."""
         if self._bars is None:
-            if not self._t_draft.known or (self._rounds < 2 and not self._known):
+            if not self._costs_timed():
                 self._bars = (0.5, 0.5)
             else:
-                slope, plain = self._slope(), self._verify_time(1)
-                if self._grows and self._pace[0]:
-                    plain = min(plain, self._pace[1] / self._pace[0])
-                self._bars = tuple(min(max((slope + step) / plain, 0.05), 0.98) for step in (0.0, self._t_draft.value))
+                slope, token = self._slope(), self._token_time(at_pace=self._grows)
+                self._bars = tuple(min(max((slope + step) / token, 0.05), 0.98) for step in (0.0, self._t_draft.value))
         return self._bars[draft_step]
+
+    def _costs_timed(self) -> bool:
+        """A draft step timed, and two rounds seen (or costs from earlier answers): prices may be read off them."""
+        return self._t_draft.known and (self._rounds >= 2 or self._known)
+
+    def _token_time(self, at_pace: bool) -> float:
+        """What an accepted token spares: a plain step, or at the answer's pace (the rounds' seconds per token
+        lately) where that is less."""
+        plain = self._verify_time(1)
+        return min(plain, self._pace[1] / self._pace[0]) if at_pace and self._pace[0] else plain
 
     def _measured_loss(self) -> bool:
         """Have the rounds that drafted made tokens more slowly than plain decoding does?"""
