@@ -155,6 +155,9 @@ TODAY = {
                                         "MTP/mtp-gemma-4-12B-it-Q8_0.gguf"],
     "ggml-org/gemma-4-31B-it-GGUF": ["gemma-4-31B-it-Q4_0.gguf", "gemma-4-31B-it-Q4_K_M.gguf",
                                      "mmproj-gemma-4-31B-it-Q8_0.gguf", "mtp-gemma-4-31B-it-Q8_0.gguf"],
+    # (a model of the side file's quantization beside it: the tag alone would be ambiguous without side_file)
+    "unsloth/Qwen3.8-27B-GGUF": ["Qwen3.8-27B-Q4_0.gguf", "Qwen3.8-27B-UD-Q4_K_M.gguf", "Qwen3.8-27B-UD-Q4_K_XL.gguf",
+                                 "mmproj-F16.gguf", "MTP/mtp-Qwen3.8-27B-Q4_0.gguf"],
 }
 BEFORE = {
     "ggml-org/gpt-oss-120b-GGUF": [f"gpt-oss-120b-mxfp4-{i:05d}-of-00003.gguf" for i in (1, 2, 3)],
@@ -168,6 +171,7 @@ BEFORE = {
     ("gpt-oss-20b-eagle3", "gpt-oss-20b-MXFP4.gguf", "eagle3-gpt-oss-20b-Q8_0.gguf"),
     ("gemma-4-12b-it-assistant", "gemma-4-12B-it-qat-UD-Q4_K_XL.gguf", "MTP/mtp-gemma-4-12B-it-Q8_0.gguf"),
     ("gemma-4-31b-it", "gemma-4-31B-it-Q4_K_M.gguf", "mtp-gemma-4-31B-it-Q8_0.gguf"),
+    ("qwen3.8-27b", "Qwen3.8-27B-UD-Q4_K_XL.gguf", "MTP/mtp-Qwen3.8-27B-Q4_0.gguf"),
 ])
 def test_the_fixed_entries_find_todays_files_and_would_have_found_yesterdays(pair, target, draft):
     p = load_catalog()[pair]

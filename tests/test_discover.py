@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.fake_hub import FakeHub
+from support.fake_hub import FakeHub, child_env
 from support.tiny_gguf import write_model
 from test_hub import cached, no_traffic_beyond_loopback, specchat
 
@@ -62,13 +62,7 @@ def fake(repos):
 
 @pytest.fixture
 def env(tmp_path, fake):
-    import os
-
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    e.update(HF_ENDPOINT=fake.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_NET_LOG=str(tmp_path / "net.log"),
-             HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
-    (tmp_path / "net.log").write_text("")
-    return e
+    return child_env(fake.url, tmp_path)
 
 
 def test_search_lists_gguf_repos_most_downloaded_first(fake):

@@ -27,6 +27,7 @@ class Expected:
 
 EXPECTED = {
     "mtp": Expected(("mtp", "mtp", "mtp", "mtp"), "mtp", None, True, None),
+    "mtp-file": Expected(("mtp", "model", "mtp", "model"), "mtp", "MTP", True, "draft-mtp"),
     "eagle3": Expected(("eagle3", "eagle3", "model", "eagle3"), "eagle3", "EAGLE-3", False, "draft-eagle3"),
     "gemma4": Expected(("model", "model", "mtp", "model"), "assistant", "Gemma 4 assistant", False, "draft-mtp"),
     "dflash": Expected(("dflash", "dflash", "model", "dflash"), "dflash", "DFlash", False, "draft-dflash"),

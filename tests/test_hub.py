@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.fake_hub import FakeHub
+from support.fake_hub import FakeHub, child_env
 from support.tiny_gguf import write_model
 
 from app.models import hub
@@ -68,11 +68,7 @@ license = "test"
 target = {{ repo = "{BIG_REPO}", file = "big-Q4_K_M.gguf", quantization = "Q4_K_M", size_gb = 0.003 }}
 draft = {{ repo = "{DRAFT_REPO}", file = "draft-Q8_0.gguf", quantization = "F32", size_gb = 0.0003 }}
 """)
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    e.update(HF_ENDPOINT=fake.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_MODELS=str(catalog),
-             SPECCHAT_NET_LOG=str(tmp_path / "net.log"), HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
-    (tmp_path / "net.log").write_text("")
-    return e
+    return child_env(fake.url, tmp_path, SPECCHAT_MODELS=str(catalog))
 
 
 def specchat(env, *args, **kw) -> subprocess.CompletedProcess:

@@ -120,9 +120,7 @@ def test_the_api_drafts_with_mtp_by_default_and_by_llama_server_names(mtp_path):
 def test_the_pair_check_says_a_model_drafts_for_itself_before_and_after_download(mtp_path, tmp_path):
     """`specchat check` on the file, and `check -hf` on the Hub's copy (its header read with Range requests, nothing
     downloaded): "MTP, 1 head", and no draft needed. The Models tab renders the same line above its drafts."""
-    import os
-
-    from support.fake_hub import FakeHub
+    from support.fake_hub import FakeHub, child_env
     from test_cli import cli
     from test_hub import no_traffic_beyond_loopback, specchat
 
@@ -137,10 +135,7 @@ def test_the_pair_check_says_a_model_drafts_for_itself_before_and_after_download
     try:
         repo = "tests/Qwen3.5-Tiny-GGUF"
         hub.add(repo, {"Qwen3.5-Tiny-Q8_0.gguf": mtp_path.read_bytes()}, downloads=5)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-        env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_NET_LOG=str(tmp_path / "net.log"),
-                   HF_HUB_DISABLE_TELEMETRY="1")
-        (tmp_path / "net.log").write_text("")
+        env = child_env(hub.url, tmp_path)
         r = specchat(env, "check", "-hf", repo)
         assert r.returncode == 0, r.stderr
         assert "This model can draft for itself: MTP, 1 head" in r.stdout and "No draft found" in r.stdout
@@ -155,9 +150,7 @@ def test_the_pair_check_says_a_model_drafts_for_itself_before_and_after_download
 def test_a_catalog_pair_without_a_draft_pulls_one_file_and_drafts_with_its_mtp_layers(mtp_path, tmp_path):
     """A 2026 catalog entry for a model that drafts for itself names no draft: the list says so, a pull fetches the
     target alone (from the local stand-in for the Hub), and the pair generates with MTP, as with speculation off."""
-    import os
-
-    from support.fake_hub import FakeHub
+    from support.fake_hub import FakeHub, child_env
     from test_hub import no_traffic_beyond_loopback, specchat
 
     hub = FakeHub()
@@ -166,10 +159,7 @@ def test_a_catalog_pair_without_a_draft_pulls_one_file_and_drafts_with_its_mtp_l
     catalog.write_text('[pairs.tiny-mtp]\ndescription = "drafts with its own MTP layer"\nlicense = "test"\n'
                        'target = { repo = "tests/qwen35-mtp", file = "Qwen3.5-tiny-MTP-Q8_0.gguf", '
                        'quantization = "F32", size_gb = 0.001 }\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hub"), SPECCHAT_MODELS=str(catalog),
-               SPECCHAT_NET_LOG=str(tmp_path / "net.log"), HF_HUB_DISABLE_TELEMETRY="1")
-    (tmp_path / "net.log").write_text("")
+    env = child_env(hub.url, tmp_path, SPECCHAT_MODELS=str(catalog))
     try:
         row = json.loads(specchat(env, "list", "--json").stdout)[0]
         assert row["draft"].startswith("its own MTP layers") and not row["ready"]
@@ -182,6 +172,129 @@ def test_a_catalog_pair_without_a_draft_pulls_one_file_and_drafts_with_its_mtp_l
         mtp, off = (json.loads(specchat(env, *args, *extra).stdout) for extra in ([], ["--drafter", "none"]))
         assert mtp["drafter"] == "mtp" and mtp["n_drafted"] > 0 and mtp["token_ids"] == off["token_ids"]
         assert "Removed 1 file(s)" in specchat(env, "remove", "tiny-mtp").stdout
+        no_traffic_beyond_loopback(env)
+    finally:
+        hub.close()
+
+
+# --- The MTP layer in a side file (convert_hf_to_gguf.py --mtp: unsloth's MTP/mtp-*.gguf beside a model without it)
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """(trunk, side file): the model of ``mtp_path`` converted without its MTP layer, and that layer alone."""
+    from support.heads import write_mtp_split
+
+    return write_mtp_split(tmp_path_factory.mktemp("split"))
+
+
+def test_a_side_file_drafts_what_the_layer_drafts_inside_the_model(engine, split):
+    """Split or whole, the same layer on the same hidden states: the side file proposes what the carried layer
+    proposes, round for round, and the answer is speculation off's."""
+    ids = chat_tokens(engine.model, [{"role": "user", "content": "the cat sat on the mat"}])
+    engine.reset()
+    whole = run(engine, ids, "mtp", max_tokens=120, draft_max=4, draft_p_min=0.0)
+    e = Engine(ModelSettings(split[0], n_ctx=1024), ModelSettings(split[1], n_ctx=1024))
+    try:
+        assert e.model.n_nextn == 0 and e.draft is None and e.draft_model.path == split[1]
+        side = run(e, ids, "model", max_tokens=120, draft_max=4, draft_p_min=0.0)
+        e.reset()
+        assert run(e, ids, "none", max_tokens=120).token_ids == side.token_ids == whole.token_ids
+    finally:
+        e.close()
+    assert side.stats.drafter == "mtp" and side.stats.n_accepted > 0
+    assert (side.stats.n_drafted, side.stats.n_accepted, side.draft_flags) == (
+        whole.stats.n_drafted, whole.stats.n_accepted, whole.draft_flags)
+
+
+def test_a_side_file_is_no_target_and_one_for_another_model_is_refused(split, tmp_path):
+    """llama.cpp loads a side file as a model and crashes running it: given as the target, or as the draft of a
+    model it was not made for, it is a clear error before anything runs, and the process goes on."""
+    from support.tiny_gguf import write_model
+    from support.tiny_recurrent import write_recurrent
+    from test_cli import cli
+
+    with pytest.raises(EngineError, match="holds only a model's MTP .* give it as the draft"):
+        Engine(ModelSettings(split[1], n_ctx=256))
+    deeper = write_recurrent(tmp_path / "mtp-deeper.gguf", "qwen35", seed=3, mtp=1, part="mtp", pattern="RARARARA")
+    with pytest.raises(EngineError, match="follow a trunk of 8 layers, the target has 4"):
+        Engine(ModelSettings(split[0], n_ctx=256), ModelSettings(deeper, n_ctx=256))
+    llama = write_model(tmp_path / "llama.gguf", seed=1)
+    with pytest.raises(EngineError, match="MTP layers of a qwen35 model, the target is llama"):
+        Engine(ModelSettings(llama, n_ctx=256), ModelSettings(split[1], n_ctx=256))
+    r = cli("generate", "-m", split[1], "--prompt", "the cat sat", "-n", "4")
+    assert r.returncode == 1 and "holds only a model's MTP" in r.stderr and "Traceback" not in r.stderr
+    e = Engine(ModelSettings(split[0], n_ctx=256), ModelSettings(split[1], n_ctx=256))  # the right pair still runs
+    try:
+        assert run(e, [1, 300, 301], "mtp", max_tokens=8).stats.n_drafted > 0
+    finally:
+        e.close()
+
+
+def test_the_pair_check_names_a_side_file(split, tmp_path):
+    from support.tiny_recurrent import write_recurrent
+
+    from app.models.check import NOT_A_MODEL, check_files, describe
+
+    lines = describe(check_files(split[0], split[1], n_ctx=256))
+    assert ("compatible: the draft is MTP layers in a file of their own, drafting from the target's hidden states "
+            "(llama.cpp: --spec-type draft-mtp -md FILE)") in lines
+    lines = describe(check_files(split[1], None, n_ctx=256))
+    assert NOT_A_MODEL in lines and not any("can draft for itself" in line for line in lines)
+    deeper = write_recurrent(tmp_path / "mtp-deeper.gguf", "qwen35", seed=3, mtp=1, part="mtp", pattern="RARARARA")
+    lines = describe(check_files(split[0], deeper, n_ctx=256))
+    assert any(line.startswith("not usable: the draft is MTP layers in a file of their own, but they follow a "
+                               "trunk of 8 layers") for line in lines)
+
+
+def test_a_model_given_alone_finds_its_side_file_in_its_mtp_folder(split, mtp_path, tmp_path):
+    """unsloth's repos ship the side file in an MTP/ folder: a model without MTP layers loaded alone drafts with the
+    one made for it from there; one made for another model is passed over, and a model that carries its own layer
+    needs none."""
+    import shutil
+    from pathlib import Path
+
+    from support.tiny_recurrent import write_recurrent
+
+    from app.models.loader import LoadSpec, resolve
+
+    repo = tmp_path / "Qwen-tiny-GGUF"
+    (repo / "MTP").mkdir(parents=True)
+    target = Path(shutil.copy(split[0], repo / "Qwen-tiny-Q8_0.gguf"))
+    write_recurrent(repo / "MTP" / "mtp-another-model.gguf", "qwen35", seed=3, mtp=1, part="mtp", pattern="RARARARA")
+    assert resolve(LoadSpec(target=str(target))).draft is None
+    side = Path(shutil.copy(split[1], repo / "MTP" / "mtp-Qwen-tiny-Q4_0.gguf"))
+    assert resolve(LoadSpec(target=str(target))).draft == side
+    whole = Path(shutil.copy(mtp_path, repo / "Qwen-tiny-MTP-Q8_0.gguf"))
+    assert resolve(LoadSpec(target=str(whole))).draft is None
+
+
+def test_a_catalog_pair_pulls_the_side_file_beside_a_model_of_its_quantization(split, tmp_path):
+    """As the catalog's qwen3.8-27b: the target by its tag, the side file by its kind from the MTP/ folder of the
+    same repo, which also holds a model of the side file's quantization. Pulled from the local stand-in for the Hub,
+    the pair drafts with the side file by default, and says what speculation off says."""
+    from support.fake_hub import FakeHub, child_env
+    from test_hub import no_traffic_beyond_loopback, specchat
+
+    hub = FakeHub()
+    trunk, side = split[0].read_bytes(), split[1].read_bytes()
+    hub.add("tests/qwen-tiny", {"Qwen-tiny-UD-Q8_0.gguf": trunk, "Qwen-tiny-Q4_0.gguf": trunk,
+                                "MTP/mtp-Qwen-tiny-Q4_0.gguf": side})
+    catalog = tmp_path / "models.toml"
+    catalog.write_text('[pairs.tiny-side]\ndescription = "drafts with its MTP side file"\nlicense = "test"\n'
+                       'target = { repo = "tests/qwen-tiny", quantization = "UD-Q8_0", size_gb = 0.001 }\n'
+                       'draft = { repo = "tests/qwen-tiny", quantization = "Q4_0", side_file = "mtp", '
+                       'size_gb = 0.001 }\n')
+    env = child_env(hub.url, tmp_path, SPECCHAT_MODELS=str(catalog))
+    try:
+        pulled = specchat(env, "pull", "tiny-side")
+        assert pulled.returncode == 0, pulled.stderr
+        assert "draft: tests/qwen-tiny/MTP/mtp-Qwen-tiny-Q4_0.gguf" in pulled.stderr
+        args = ("generate", "--pair", "tiny-side", "--prompt", "the cat sat", "-n", "32", "--temperature", "0",
+                "--json")
+        side_run, off = (json.loads(specchat(env, *args, *extra).stdout) for extra in ([], ["--drafter", "none"]))
+        assert side_run["drafter"] == "mtp" and side_run["n_drafted"] > 0
+        assert side_run["token_ids"] == off["token_ids"]
         no_traffic_beyond_loopback(env)
     finally:
         hub.close()

@@ -44,6 +44,11 @@ def tensor_names(path: Path) -> frozenset[str]:
     return _cached_header(Path(path)).tensors
 
 
+def only_mtp_layers(path: Path) -> bool:
+    """Does this file hold only a model's MTP layers, not the model (``GgufInfo.only_mtp``)?"""
+    return read_info(path).only_mtp
+
+
 def _cached_header(path: Path) -> _Header:
     st = path.stat() if path.is_file() else None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
@@ -211,6 +216,11 @@ class GgufInfo:
     add_bos: bool
     add_eos: bool
     has_chat_template: bool
+    # Only a model's MTP (next-token-prediction) layers, not the model: the side file convert_hf_to_gguf.py --mtp
+    # writes (``mtp-*.gguf``, unsloth's ``MTP/`` folder). Its metadata is the whole model's, nextn layers included,
+    # but the trunk's tensors are missing (llama.cpp's own test: no ``blk.0.attn_norm.weight``). llama.cpp loads it
+    # as a model, and crashes running it as one.
+    only_mtp: bool = False
 
     @property
     def bos_named(self) -> bool:
@@ -227,11 +237,12 @@ class GgufInfo:
 def read_info(path: Path) -> GgufInfo:
     """Read a GGUF file's metadata (first shard of a split file); EngineError with plain words if it is not one."""
     path = Path(path)
-    kv = _cached_header(path).kv
+    header = _cached_header(path)
+    kv = header.kv
     shards = [path]
     if int(kv.get("split.count", 1)) > 1:
         shards = [path.with_name(n) for n in shard_names(path.name)]
-    return _info(kv, path, sum(p.stat().st_size for p in shards if p.exists()))
+    return _info(header, path, sum(p.stat().st_size for p in shards if p.exists()))
 
 
 def header_info(data: bytes, name: str, size_bytes: int) -> GgufInfo | None:
@@ -240,12 +251,13 @@ def header_info(data: bytes, name: str, size_bytes: int) -> GgufInfo | None:
     if data[:4] != GGUF_MAGIC:
         raise EngineError(f"{name} is not a GGUF file (it starts with {data[:4]!r}).")
     try:
-        return _info(_parse_bytes(data).kv, Path(name), size_bytes)
+        return _info(_parse_bytes(data), Path(name), size_bytes)
     except (struct.error, ValueError, IndexError):
         return None
 
 
-def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
+def _info(header: _Header, path: Path, size_bytes: int) -> GgufInfo:
+    kv = header.kv
     arch = str(kv.get("general.architecture", "?"))
 
     def num(key: str, default=0):  # a number, or a per-layer array for some models (e.g. head counts)
@@ -283,6 +295,8 @@ def _info(kv: dict, path: Path, size_bytes: int) -> GgufInfo:
         add_bos=bool(kv.get("tokenizer.ggml.add_bos_token", add_bos)),
         add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
         has_chat_template="tokenizer.chat_template" in kv,
+        only_mtp=(int(num("nextn_predict_layers")) > 0 and int(kv.get("split.count", 1)) <= 1  # (a split model's
+                  and "blk.0.attn_norm.weight" not in header.tensors),                  # first shard may hold none)
     )
 
 

@@ -92,17 +92,21 @@ def _resolve_models(spec: LoadSpec) -> Resolved:
 
 
 def find_assistant(target: Path) -> Path | None:
-    """Gemma 4's assistant for a Gemma 4 target given alone, where it was downloaded: beside the target or in its
-    MTP/ folder (as unsloth's repos ship it), made for the target's hidden size. Judged from the headers."""
+    """The head that drafts for a target given alone, where it was downloaded: beside the target or in its MTP/
+    folder (as unsloth's repos ship them). Gemma 4's assistant made for the target's hidden size, or the target's
+    MTP layers in a file of their own (a model converted without them). Judged from the headers."""
     from ..engine.drafters.gemma4_assistant import AssistantDrafter
-    from ..engine.gguf_file import metadata
+    from ..engine.drafters.mtp import MtpFileDrafter
+    from ..engine.gguf_file import metadata, read_info
 
     try:
         kv = metadata(target)
-        if AssistantDrafter.target_problem(kv.get("general.architecture")):  # (not a Gemma 4 target)
+        gemma4 = not AssistantDrafter.target_problem(kv.get("general.architecture"))
+        if not gemma4 and read_info(target).nextn_layers:  # (it drafts with its own)
             return None
         for path in sorted([*target.parent.glob("*.gguf"), *target.parent.glob("MTP/*.gguf")]):
-            if AssistantDrafter.made_for(kv, metadata(path)):
+            if (AssistantDrafter.made_for(kv, metadata(path)) if gemma4 else
+                    path != target and MtpFileDrafter.made_for(target, path)):
                 return path
     except (OSError, ValueError, EngineError):
         return None  # (an unreadable file is not an assistant; the target's own problems surface when it loads)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -77,6 +79,17 @@ class FakeHub:
         for server in self._servers:
             server.shutdown()
             server.server_close()
+
+
+def child_env(hub_url: str, folder: Path, **extra: str) -> dict[str, str]:
+    """The environment of a `specchat` child that talks to the stand-in Hub at ``hub_url``: none of the caller's
+    HF_ settings, a fresh cache in ``folder``, and a log of its connections there (``net.log``, empty) for the
+    tests' check that nothing went beyond 127.0.0.1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub_url, HF_HUB_CACHE=str(folder / "hub"), SPECCHAT_NET_LOG=str(folder / "net.log"),
+               HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1", **extra)
+    (folder / "net.log").write_text("")
+    return env
 
 
 def _handler(hub: FakeHub):

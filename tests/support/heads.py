@@ -25,6 +25,8 @@ class Head:
 HEADS = {h.name: h for h in [
     # a tiny Qwen3.5 (hybrid: gated DeltaNet + attention) carrying one MTP layer
     Head("mtp", "mtp", lambda folder: (write_recurrent(folder / "qwen35-mtp.gguf", "qwen35", seed=3, mtp=1), None)),
+    # the same model converted without its MTP layer, and that layer in a side file (convert_hf_to_gguf.py --mtp)
+    Head("mtp-file", "mtp", lambda folder: write_mtp_split(folder)),
     # a tiny llama and an eagle3 GGUF that reads three of its layers
     Head("eagle3", "eagle3", write_eagle3_pair),
     # a tiny Gemma 4 and its gemma4-assistant, which reads the target's cache (context 0.3 loops on a long second turn)
@@ -34,6 +36,12 @@ HEADS = {h.name: h for h in [
     Head("dflash2", "dflash", lambda folder: write_block_pair(folder, selector_top_k=4)),
     Head("dspark", "dspark", write_dspark_pair),
 ]}
+
+
+def write_mtp_split(folder: Path, seed: int = 3) -> tuple[Path, Path]:
+    """(trunk, side file): the tiny Qwen3.5 of the "mtp" head, split as llama.cpp's converter splits it."""
+    return tuple(write_recurrent(folder / name, "qwen35", seed=seed, mtp=1, part=part)
+                 for name, part in (("qwen35-trunk.gguf", "trunk"), ("mtp-qwen35.gguf", "mtp")))
 
 
 def run(engine: Engine, ids, drafter: str, max_tokens: int = 200, temperature: float = 0.0, grammar=None,

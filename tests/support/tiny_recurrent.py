@@ -118,10 +118,15 @@ def write_recurrent(
     base_seed: int | None = None,
     noise: float = 0.0,
     n_ctx: int = 4096,
+    part: str = "",
     **shape,
 ) -> Path:
     """Write a tiny ``arch`` model to ``path``. ``base_seed`` + ``noise``: a draft that is a perturbed copy of the
-    target written with ``seed=base_seed`` (same arch and shape). Deterministic: same arguments, same bytes."""
+    target written with ``seed=base_seed`` (same arch and shape). Deterministic: same arguments, same bytes.
+
+    ``part`` splits a model with an MTP layer as llama.cpp's convert_hf_to_gguf.py does: "trunk" (``--no-mtp``: no
+    MTP layer, no nextn key) or "mtp" (``--mtp``: the MTP layer's side file, with only the embeddings, the output
+    and that layer; the trunk's metadata). The two parts hold the same weights as the whole."""
     if arch not in DEFAULTS:
         raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
     unknown = set(shape) - set(DEFAULTS[arch])
@@ -134,7 +139,7 @@ def write_recurrent(
 
     toks = vocab(s["extra_words"])
     n_vocab, n_embd = len(toks), s["n_embd"]
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch) if not part else _Part(GGUFWriter(str(path), arch), part, len(pattern))
     _add_vocab(w, toks)
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
@@ -158,6 +163,34 @@ def write_recurrent(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+class _Part:
+    """A writer that keeps one part of a model with MTP layers after its ``n_trunk`` layers (see write_recurrent)."""
+
+    SHARED = ("token_embd.weight", "output_norm.weight", "output.weight")
+
+    def __init__(self, w: GGUFWriter, part: str, n_trunk: int):
+        if part not in ("trunk", "mtp"):
+            raise ValueError(f"part is 'trunk' or 'mtp', not {part!r}")
+        self._w, self._part, self._n_trunk = w, part, n_trunk
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
+
+    def add_block_count(self, n: int) -> None:
+        self._w.add_block_count(self._n_trunk if self._part == "trunk" else n)
+
+    def add_nextn_predict_layers(self, n: int) -> None:
+        if self._part == "mtp":
+            self._w.add_nextn_predict_layers(n)
+
+    def add_tensor(self, name: str, data) -> None:
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else None
+        in_mtp = layer is not None and layer >= self._n_trunk
+        if in_mtp if self._part == "trunk" else not (in_mtp or name in self.SHARED):
+            return
+        self._w.add_tensor(name, data)
 
 
 def _add_vocab(w: GGUFWriter, toks) -> None:

@@ -11,6 +11,10 @@ the pending token (the target's newest, not yet evaluated) gives the first draft
 the MTP layer its own hidden state back. The drafted positions are dropped from the MTP cache afterwards: the
 target's hidden states replace them once it has verified them. The target verifies as with any drafter, so greedy
 output stays identical to plain decoding and sampled output keeps the target's distribution.
+
+Some uploads ship the MTP layers as a file of their own beside a model converted without them
+(convert_hf_to_gguf.py ``--mtp`` / ``--no-mtp``: ``mtp-*.gguf``, in unsloth's ``MTP/`` folder). ``MtpFileDrafter``
+runs that file's layers in the same way, on the target's hidden states (llama.cpp: ``--spec-type draft-mtp -md``).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EngineError
+from ..gguf_file import metadata, only_mtp_layers, read_info
 from ..llama import Context, Model, common_prefix
 from ..llama.heads import HeadContext, HiddenStates, captured
 from ..sampling import Noise, SamplingParams
@@ -139,3 +144,48 @@ class MtpDrafter(Drafter):
 
     def close(self) -> None:
         self.ctx.close()
+
+
+def side_file_problems(target: Path, layers: Path) -> list[str]:
+    """Why the MTP layers in the file ``layers`` cannot draft for ``target`` (empty: they can), from the headers.
+    They read the target's hidden states and tokens, so width and vocabulary must match; a file made for another
+    depth of trunk belongs to another model (its drafts would be near guesses: exact, but slow)."""
+    t, d = read_info(target), read_info(layers)
+    if t.architecture != d.architecture:
+        return [f"it holds the MTP layers of a {d.architecture} model, the target is {t.architecture}"]
+    width = [int(metadata(p).get(f"{t.architecture}.embedding_length", 0)) for p in (target, layers)]
+    problems = []
+    if width[0] != width[1]:
+        problems.append(f"they read hidden states of {width[1]:,} values, the target's are {width[0]:,} wide")
+    if t.n_vocab != d.n_vocab:
+        problems.append(f"its vocabulary has {d.n_vocab:,} tokens, the target's {t.n_vocab:,}")
+    if (trunk := d.n_layer - d.nextn_layers) != t.n_layer - t.nextn_layers:
+        problems.append(f"they follow a trunk of {trunk} layers, the target has {t.n_layer - t.nextn_layers} "
+                        "(a file made for another model)")
+    return problems
+
+
+class MtpFileDrafter(MtpDrafter):
+    """The target's MTP layers from a file of their own (see the module's notes)."""
+
+    # As a head given for the draft (-md): known by its tensors, not its architecture (the target's); the method
+    # that picks it besides the draft model's, and how the pair check names it
+    ARCH, METHOD = "", MtpDrafter.name
+    DESCRIBED, READS = "MTP layers in a file of their own", "the target's hidden states"
+    pair_problems = staticmethod(side_file_problems)
+
+    def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
+        if problems := side_file_problems(target.model.path, layers.path):
+            raise EngineError(f"{layers.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
+                              + ".")
+        self._open(target, layers, target.model.n_embd, p_min, mtp_type=True)
+        self.capture = captured(target, HiddenStates)
+
+    @staticmethod
+    def target_problem(arch: str) -> str:
+        return ""
+
+    @staticmethod
+    def made_for(target: Path, other: Path) -> bool:
+        """Is ``other`` a side file of MTP layers that can draft for ``target``?"""
+        return only_mtp_layers(other) and not side_file_problems(target, other)

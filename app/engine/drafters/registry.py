@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from ..errors import EngineError
-from ..gguf_file import read_info
+from ..gguf_file import only_mtp_layers, read_info
 from ..llama import Context, Model
 from .base import Drafter, NoDrafter
 from .chain import ChainDrafter
@@ -21,7 +21,7 @@ from .dflash import DFlashDrafter, DSparkDrafter
 from .draft_model import ModelDrafter
 from .eagle3 import Eagle3Drafter
 from .gemma4_assistant import AssistantDrafter
-from .mtp import MtpDrafter
+from .mtp import MtpDrafter, MtpFileDrafter
 from .ngram import Lookup, NgramMod, NgramSimple
 from .ngram_cache import NgramCache
 from .ngram_map import NgramMapK, NgramMapK4v
@@ -196,8 +196,11 @@ def default_method(has_draft: bool, has_mtp_layers: bool) -> str:
 
 
 def head_class(draft: Path) -> type[MtpDrafter] | type[DFlashDrafter] | None:
-    """The head a draft file is (None: a draft model of its own): by its architecture, and for a block draft by the
-    heads it carries (DFlash or DSpark)."""
+    """The head a draft file is (None: a draft model of its own): by its architecture, for a block draft by the
+    heads it carries (DFlash or DSpark), and for a model's MTP layers alone by its tensors (architecture: the
+    model's)."""
+    if only_mtp_layers(Path(draft)):
+        return MtpFileDrafter
     cls = HEADS.get(read_info(Path(draft)).architecture)
     return cls.kind(Path(draft)) if cls else None
 
