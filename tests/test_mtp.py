@@ -1,6 +1,7 @@
 """Drafting with a model's own MTP layer (--drafter mtp) on a tiny Qwen3.5 (hybrid: gated DeltaNet + attention)
 that carries one, written by tiny_recurrent: what MTP alone does (the drafter by default in the CLI, the app and the
-API; hidden states kept bounded; the pair check and a catalog pair with no draft file) and clear errors. Exact greedy
+API; hidden states kept bounded; the pair check and a catalog pair with no draft file), the MTP layer in a side file
+(convert_hf_to_gguf.py --mtp: found beside the model, on the Hub, in the catalog) and clear errors. Exact greedy
 output, the target's distribution when sampling, prefix reuse across turns and grammars: test_heads.py, as for every
 head."""
 import json
@@ -295,6 +296,50 @@ def test_a_catalog_pair_pulls_the_side_file_beside_a_model_of_its_quantization(s
         side_run, off = (json.loads(specchat(env, *args, *extra).stdout) for extra in ([], ["--drafter", "none"]))
         assert side_run["drafter"] == "mtp" and side_run["n_drafted"] > 0
         assert side_run["token_ids"] == off["token_ids"]
+        no_traffic_beyond_loopback(env)
+    finally:
+        hub.close()
+
+
+def test_the_hub_offers_the_side_file_in_the_targets_repo_before_anything_comes_down(split, tmp_path):
+    """`check -hf` on a model converted without its MTP layer lists, first, the side file beside it that holds
+    them (named by its file: a tag alone would name the model of its quantization), judged from the two headers;
+    one made for another model is left out. The Models tab offers it too. Pulled with -hfd, it drafts as
+    speculation off answers."""
+    import subprocess
+    import sys
+
+    from support.fake_hub import FakeHub, child_env
+    from support.tiny_recurrent import write_recurrent
+    from test_hub import ROOT, cached, no_traffic_beyond_loopback, specchat
+
+    repo = "tests/Qwen-tiny-GGUF"
+    other = write_recurrent(tmp_path / "deeper.gguf", "qwen35", seed=3, mtp=1, part="mtp", pattern="RARARARA")
+    hub = FakeHub()
+    hub.add(repo, {"Qwen-tiny-Q8_0.gguf": split[0].read_bytes(), "Qwen-tiny-Q4_0.gguf": split[0].read_bytes(),
+                   "MTP/mtp-Qwen-tiny-Q4_0.gguf": split[1].read_bytes(),
+                   "MTP/mtp-Qwen-other-Q8_0.gguf": other.read_bytes()}, downloads=5)
+    env = child_env(hub.url, tmp_path)
+    try:
+        r = specchat(env, "check", "-hf", f"{repo}:Q8_0")
+        assert r.returncode == 0, r.stderr
+        rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  ")]
+        assert rows[0][:2] == ["OK", f"{repo}:MTP/mtp-Qwen-tiny-Q4_0.gguf"] and "in the target's repo" in r.stdout
+        assert "the target's MTP layers in a file of their own" in r.stdout and "mtp-Qwen-other" not in r.stdout
+        assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").rglob("*.gguf"))
+        script = ("from app.ui.models_tab import ModelsView\n"  # the Models tab's list, from the same search
+                  "drafts, *_ = ModelsView(lambda r: 'tab', lambda: None).suggest_drafts(%r, 'Qwen-tiny-Q8_0.gguf')\n"
+                  "print(drafts.choices)" % repo)
+        r = subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f"('{repo} — MTP/mtp-Qwen-tiny-Q4_0.gguf, " in r.stdout and "mtp-Qwen-other" not in r.stdout
+        r = specchat(env, "pull", "-hf", f"{repo}:Q8_0", "-hfd", f"{repo}:MTP/mtp-Qwen-tiny-Q4_0.gguf")
+        assert r.returncode == 0 and "the target's MTP layers in a file of their own" in r.stdout + r.stderr, r.stderr
+        target, side = cached(env, repo, "Qwen-tiny-Q8_0.gguf"), cached(env, repo, "MTP/mtp-Qwen-tiny-Q4_0.gguf")
+        runs = [json.loads(specchat(env, "generate", "-m", target, *extra, "--prompt", "the cat", "-n", "24",
+                                    "--temp", "0", "--json").stdout) for extra in (["-md", side], ["--drafter", "none"])]
+        assert runs[0]["drafter"] == "mtp" and runs[0]["n_drafted"] > 0 and runs[0]["token_ids"] == runs[1]["token_ids"]
         no_traffic_beyond_loopback(env)
     finally:
         hub.close()

@@ -241,7 +241,8 @@ def _check_on_hub(hf: str | None, hfd: str | None) -> int:
     print("drafts on the Hub, checked against the target's tokenizer (headers only, nothing downloaded; "
           "OK: same tokens, TXT: drafted as text):")
     for hit, choice, advice in judged:
-        source = f"{hit.downloads:,} downloads" if hit else "from the catalog"
-        print(f"  {advice.mark:3} {choice.repo}:{choice.quantization or choice.file}  {choice.size / 1e9:.2f} GB, "
+        source = (f"{hit.downloads:,} downloads" if hit else "in the target's repo" if choice.repo == target.repo
+                  else "from the catalog")
+        print(f"  {advice.mark:3} {choice.repo}:{discover.ref_tag(choice)}  {choice.size / 1e9:.2f} GB, "
               f"{source} — {advice.lines[-1]}")
     return 0 if own or any(a.ok for _, _, a in judged) else 1

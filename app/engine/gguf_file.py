@@ -44,11 +44,6 @@ def tensor_names(path: Path) -> frozenset[str]:
     return _cached_header(Path(path)).tensors
 
 
-def only_mtp_layers(path: Path) -> bool:
-    """Does this file hold only a model's MTP layers, not the model (``GgufInfo.only_mtp``)?"""
-    return read_info(path).only_mtp
-
-
 def _cached_header(path: Path) -> _Header:
     st = path.stat() if path.is_file() else None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
@@ -207,6 +202,7 @@ class GgufInfo:
     context_length: int
     n_layer: int
     nextn_layers: int  # next-token-prediction (MTP) layers, counted in n_layer too
+    n_embd: int  # the hidden state's width
     kv_bytes_per_token: int  # F16 K and V cache
     recurrent_bytes: int  # one sequence's recurrent state (0: attention only)
     vocab_type: int
@@ -286,6 +282,7 @@ def _info(header: _Header, path: Path, size_bytes: int) -> GgufInfo:
         context_length=int(num("context_length")),
         n_layer=n_layer,
         nextn_layers=int(num("nextn_predict_layers")),
+        n_embd=n_embd,
         kv_bytes_per_token=sum(h * (k_len + v_len) * 2 for h in per_layer),
         recurrent_bytes=_recurrent_bytes(arch, num, n_embd, per_layer),
         vocab_type=vocab_type,

@@ -6,7 +6,8 @@ as everywhere else). The advice comes in two strengths: by name (same model fami
 and the Hub's GGUF metadata), and by header: the first megabytes of both files, read with HTTP Range requests,
 judged by llama.cpp's own pair rule, exactly as the files will be judged once on disk. A draft that fails the rule
 still drafts, as text (``engine.drafters.cross_vocab``); for a target with no draft of its own vocabulary, the catalog's
-small drafts of other families are offered, ranked by size ratio (``size_ratio``).
+small drafts of other families are offered, ranked by size ratio (``size_ratio``). A target converted without its
+MTP layers is offered the side file in its own repo that holds them (``mtp-*.gguf``, unsloth's ``MTP/``) first.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from ..engine.compat import AS_TEXT, compatibility_problems
+from ..engine.drafters.mtp import side_file_problems
 from ..engine.errors import EngineError
 from ..engine.gguf_file import GgufInfo, header_info
 from . import hf_files, hub, size_ratio
@@ -150,16 +152,23 @@ def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | Non
     if ta and da and ta != da:
         lines.append(f"architectures differ ({ta} vs {da}); a draft of another architecture can still share the "
                      "tokenizer, the header check decides")
-    lines.append(f"size: {size_ratio.describe(draft.size, target.size)}"
-                 + ("; the draft is not smaller than the target: drafting will not pay" if draft.size >= target.size
-                    else "; over a third of the target: drafting rarely pays" if draft.size * 3 > target.size
-                    else ""))
+    size = f"size: {size_ratio.describe(draft.size, target.size)}"
+    lines.append(size + ("; the draft is not smaller than the target: drafting will not pay" if draft.size >= target.size
+                         else "; over a third of the target: drafting rarely pays" if draft.size * 3 > target.size
+                         else ""))
     if not read_headers:
         known = bool(tf and df)
         return Advice(True if known else None, False,
                       lines + ["not yet checked against the tokenizer: download and the pair check confirms"],
                       as_text=known and kin == "different")
     t_info, d_info = target_info or remote_info(target, endpoint), remote_info(draft, endpoint)
+    if d_info.only_mtp:  # not a model: the target's own MTP layers, or none of its
+        lines[-1] = size  # (its cost is a layer and the output, not its size)
+        if problems := side_file_problems(t_info, d_info):
+            return Advice(False, True, lines + ["not usable: MTP layers in a file of their own, but "
+                                                + "; ".join(problems) + " (from the files' headers)"])
+        return Advice(True, True, lines + ["the target's MTP layers in a file of their own, checked against its "
+                                           "header (llama.cpp: --spec-type draft-mtp -md FILE)"])
     problems = compatibility_problems(t_info, d_info)
     if problems:
         lines.append(f"{AS_TEXT}: " + "; ".join(problems) + " (llama.cpp's rule, on the files' headers)")
@@ -221,10 +230,27 @@ def judged_drafts(target: GgufChoice, endpoint: str | None = None, info: GgufInf
 
     judged = [judge(hit, c) for hit, c in drafts_for(target, endpoint=endpoint)]
     judged.sort(key=lambda j: j[2].as_text)  # stable: most downloaded first within each kind
+    info = info or remote_info(target, endpoint)
+    if not info.nextn_layers:  # (a model that carries its MTP layers drafts with those)
+        judged = [j for j in map(lambda c: judge(None, c), mtp_side_files(target, endpoint)) if j[2].ok] + judged
     if not any(a.ok and not a.as_text for _, _, a in judged):
         skip = {c.repo for _, c, _ in judged}
         judged += [judge(None, c) for c in other_family_drafts(target, skip, endpoint=endpoint)]
     return judged
+
+
+def mtp_side_files(target: GgufChoice, endpoint: str | None = None) -> list[GgufChoice]:
+    """The files of MTP layers in the target's own repo (by name: ``mtp-``, an ``MTP/`` folder), largest first:
+    unsloth's repos ship the layers a model was converted without beside it. The headers decide (``advise``):
+    Gemma 4's assistants go by the same names."""
+    files = [c for c in list_all_gguf(target.repo, endpoint) if hf_files.side_kind(c.file) == "mtp"]
+    return sorted(files, key=lambda c: -c.size)
+
+
+def ref_tag(c: GgufChoice) -> str:
+    """What names ``c`` after ``repo:`` (as -hf / -hfd take it): its quantization, or for a side file, which a tag
+    alone would not tell from a model of that quantization, its file."""
+    return c.file if hf_files.side_kind(c.file) else c.quantization or c.file
 
 
 def pick_draft_file(files: list[GgufChoice]) -> GgufChoice:

@@ -158,9 +158,9 @@ class ModelsView:
             found = discover.judged_drafts(target, info=info)
         except EngineError as exc:
             return gr.skip(), render.notice(str(exc)), gr.skip(), gr.skip()
-        rows = [(a.mark, c.repo, c.quantization or c.file, c.size, hit.downloads if hit else None, a.lines[-1])
+        rows = [(a.mark, c.repo, discover.ref_tag(c), c.size, hit.downloads if hit else None, a.lines[-1])
                 for hit, c, a in found]
-        good = [(f"{c.repo} — {c.quantization or c.file}, {render.size(c.size)}"
+        good = [(f"{c.repo} — {discover.ref_tag(c)}, {render.size(c.size)}"
                  + (" (drafts as text)" if a.as_text else ""), f"{c.repo}:{c.file}") for _, c, a in found if a.ok]
         return (gr.Dropdown(choices=good, value=None), render.hub_drafts(f"{repo}/{file}", rows, own_drafting(info)),
                 (target.repo, target.file), "target")

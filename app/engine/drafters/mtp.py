@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EngineError
-from ..gguf_file import metadata, only_mtp_layers, read_info
+from ..gguf_file import GgufInfo, read_info
 from ..llama import Context, Model, common_prefix
 from ..llama.heads import HeadContext, HiddenStates, captured
 from ..sampling import Noise, SamplingParams
@@ -146,17 +146,16 @@ class MtpDrafter(Drafter):
         self.ctx.close()
 
 
-def side_file_problems(target: Path, layers: Path) -> list[str]:
-    """Why the MTP layers in the file ``layers`` cannot draft for ``target`` (empty: they can), from the headers.
-    They read the target's hidden states and tokens, so width and vocabulary must match; a file made for another
-    depth of trunk belongs to another model (its drafts would be near guesses: exact, but slow)."""
-    t, d = read_info(target), read_info(layers)
+def side_file_problems(target: GgufInfo, layers: GgufInfo) -> list[str]:
+    """Why the MTP layers of the side file ``layers`` cannot draft for ``target`` (empty: they can), from the two
+    headers. They read the target's hidden states and tokens, so width and vocabulary must match; a file made for
+    another depth of trunk belongs to another model (its drafts would be near guesses: exact, but slow)."""
+    t, d = target, layers
     if t.architecture != d.architecture:
         return [f"it holds the MTP layers of a {d.architecture} model, the target is {t.architecture}"]
-    width = [int(metadata(p).get(f"{t.architecture}.embedding_length", 0)) for p in (target, layers)]
     problems = []
-    if width[0] != width[1]:
-        problems.append(f"they read hidden states of {width[1]:,} values, the target's are {width[0]:,} wide")
+    if t.n_embd != d.n_embd:
+        problems.append(f"they read hidden states of {d.n_embd:,} values, the target's are {t.n_embd:,} wide")
     if t.n_vocab != d.n_vocab:
         problems.append(f"its vocabulary has {d.n_vocab:,} tokens, the target's {t.n_vocab:,}")
     if (trunk := d.n_layer - d.nextn_layers) != t.n_layer - t.nextn_layers:
@@ -172,10 +171,8 @@ class MtpFileDrafter(MtpDrafter):
     # that picks it besides the draft model's, and how the pair check names it
     ARCH, METHOD = "", MtpDrafter.name
     DESCRIBED, READS = "MTP layers in a file of their own", "the target's hidden states"
-    pair_problems = staticmethod(side_file_problems)
-
     def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
-        if problems := side_file_problems(target.model.path, layers.path):
+        if problems := self.pair_problems(target.model.path, layers.path):
             raise EngineError(f"{layers.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
                               + ".")
         self._open(target, layers, target.model.n_embd, p_min, mtp_type=True)
@@ -186,6 +183,10 @@ class MtpFileDrafter(MtpDrafter):
         return ""
 
     @staticmethod
+    def pair_problems(target: Path, head: Path) -> list[str]:
+        return side_file_problems(read_info(target), read_info(head))
+
+    @staticmethod
     def made_for(target: Path, other: Path) -> bool:
         """Is ``other`` a side file of MTP layers that can draft for ``target``?"""
-        return only_mtp_layers(other) and not side_file_problems(target, other)
+        return read_info(other).only_mtp and not MtpFileDrafter.pair_problems(target, other)

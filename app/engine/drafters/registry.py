@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from ..errors import EngineError
-from ..gguf_file import only_mtp_layers, read_info
+from ..gguf_file import read_info
 from ..llama import Context, Model
 from .base import Drafter, NoDrafter
 from .chain import ChainDrafter
@@ -199,9 +199,10 @@ def head_class(draft: Path) -> type[MtpDrafter] | type[DFlashDrafter] | None:
     """The head a draft file is (None: a draft model of its own): by its architecture, for a block draft by the
     heads it carries (DFlash or DSpark), and for a model's MTP layers alone by its tensors (architecture: the
     model's)."""
-    if only_mtp_layers(Path(draft)):
+    info = read_info(Path(draft))
+    if info.only_mtp:
         return MtpFileDrafter
-    cls = HEADS.get(read_info(Path(draft)).architecture)
+    cls = HEADS.get(info.architecture)
     return cls.kind(Path(draft)) if cls else None
 
 
