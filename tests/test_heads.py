@@ -11,7 +11,7 @@ import pytest
 from support.heads import HEADS, run
 from test_exact_sampling import N, compare, samples
 
-from app.engine import Engine, ModelSettings
+from app.engine import Engine, EngineError, ModelSettings
 from app.engine.grammar import Grammar
 from app.prompts import chat_tokens
 
@@ -144,3 +144,11 @@ def test_the_cli_drafts_with_it_under_llama_cpp_names(head, files):
     named, model, plain = (json.loads(r.stdout) for r in runs)
     assert named["drafter"] == model["drafter"] == want.drafter and named["n_drafted"] > 0 and model["n_drafted"] > 0
     assert named["token_ids"] == model["token_ids"] == plain["token_ids"]
+
+
+@pytest.mark.parametrize("head", [name for name, want in EXPECTED.items() if want.spec_type], indirect=True)
+def test_given_as_the_target_it_is_refused_in_words(head, files):
+    """A head is no model: llama.cpp crashes running some as one (a side file of MTP layers) and drafts nonsense
+    with others (a block draft). Given as the target, it is an error that says what it is and where it goes."""
+    with pytest.raises(EngineError, match=r"\.gguf is (an? |Gemma 4).*, not a model: give it as the draft \(--draft\)"):
+        Engine(ModelSettings(files[1], n_ctx=256))

@@ -7,6 +7,7 @@ import pytest
 from support.tiny_gguf import write_model
 
 from app.models import starter
+from app.chat import method_ranking
 from app.chat.method_ranking import recall
 from app.cli import main
 from app.engine.compat import compatibility_problems
@@ -15,6 +16,7 @@ from app.engine.gguf_file import read_info
 from app.engine.llama import Model, devices
 from app.engine.fit import ALL, GIB, Gpu, Load, estimate, recommend_offload
 from app.models.check import _family, check_files, suggest_drafts
+from app.paths import data_dir
 
 VARIANTS = ["draft", "close_draft", "other_text", "other_size", "other_type", "other_bos"]
 
@@ -114,7 +116,20 @@ def test_a_target_without_a_draft_of_its_vocabulary_is_offered_the_drafts_on_dis
     assert "drafted as text" in out
 
 
-def test_check_report_and_cli(models, specchat_home, capsys):
+@pytest.fixture
+def rankings_kept():
+    """What --measure remembers here is put back afterwards: the session's other tests load the same tiny files
+    and would draft with the method measured fastest here (test_cli's cross-vocabulary draft, run after this)."""
+    path = data_dir() / method_ranking.FILE
+    before = path.read_bytes() if path.exists() else None
+    yield
+    if before is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_bytes(before)
+
+
+def test_check_report_and_cli(models, specchat_home, capsys, rankings_kept):
     r = check_files(models["target"], models["other_text"])
     assert not r.compatible and r.fit.ok and r.recommended == (0, 0)
     assert main(["check", "--target", str(models["target"]), "--draft", str(models["other_text"])]) == 0

@@ -12,7 +12,6 @@ from .drafters.mtp import MtpDrafter
 from .drafters.registry import head_class as head_class_of
 from .errors import EngineError
 from .fit import Load, check_fits
-from .gguf_file import read_info
 from .llama import Context, Model, ModelSettings, Projector, default_threads, gpus
 
 DEFAULT_CTX = 4096
@@ -36,9 +35,9 @@ class LoadedPair:
                     raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
             if s.n_checkpoints < 0:
                 raise EngineError(f"Invalid --ctx-checkpoints {s.n_checkpoints}: use 0 (none) or more.")
-        if read_info(target.path).only_mtp:  # (llama.cpp loads it, then crashes running it)
-            raise EngineError(f"{target.path.name} holds only a model's MTP (next-token-prediction) layers, not the "
-                              "model: give it as the draft (--draft) of the model it was made for.")
+        if head := head_class_of(target.path):  # (llama.cpp crashes on some, others draft nonsense as a model)
+            raise EngineError(f"{target.path.name} is {head.DESCRIBED}, not a model: give it as the draft (--draft) "
+                              "of the model it was made for.")
         # Why the draft cannot share the target's token ids (llama.cpp's pair rule); then it drafts as text.
         self.cross_vocab: list[str] = []
         if draft is not None:  # judged from vocabularies alone, before spending time and memory on weights

@@ -18,8 +18,8 @@ from ..engine.llama import ModelSettings, gpus
 from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
 SPEC_TYPE_OF = {m.name: m.spec_types[0] for m in METHODS}  # llama.cpp's name for each method
-NOT_A_MODEL = ("not usable as the target: this file holds only a model's MTP layers (a side file); give it as the "
-               "draft (-md) of the model it was made for")
+NOT_A_MODEL = ("not usable as the target: this file is {}, not a model; give it as the draft (-md) of the model it "
+               "was made for")
 
 
 @dataclass
@@ -129,7 +129,7 @@ def _family(name: str) -> str:
 
 def own_drafting(info: GgufInfo) -> str:
     """What a model drafts with by itself, from its header: its MTP (next-token-prediction) heads ('' if none, or
-    if the file holds only those: ``NOT_A_MODEL``)."""
+    if the file holds only those: not a model, ``NOT_A_MODEL``)."""
     n = info.nextn_layers * (not info.only_mtp)
     return (f"this model can draft for itself: MTP, {n} head{'s' * (n > 1)} (--drafter mtp, its default without a "
             "draft model)") if n else ""
@@ -156,8 +156,8 @@ def describe(r: PairReport) -> list[str]:
             lines.append(f"{role}: {info.path.name}  {info.name}  [{info.architecture}, {info.quantization}, "
                          f"{info.size_bytes / GIB:.2f} GiB{f', {info.n_shards} shards' if info.n_shards > 1 else ''}, "
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
-    if r.target.only_mtp:
-        lines.append(NOT_A_MODEL)
+    if target_head := head_class(r.target.path):
+        lines.append(NOT_A_MODEL.format(target_head.DESCRIBED))
     if own := own_drafting(r.target):
         lines.append(own)
     if r.draft and (head := head_class(r.draft.path)):

@@ -165,9 +165,9 @@ def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | Non
     if d_info.only_mtp:  # not a model: the target's own MTP layers, or none of its
         lines[-1] = size  # (its cost is a layer and the output, not its size)
         if problems := side_file_problems(t_info, d_info):
-            return Advice(False, True, lines + ["not usable: MTP layers in a file of their own, but "
+            return Advice(False, True, lines + ["not usable: a side file of a model's MTP layers, but "
                                                 + "; ".join(problems) + " (from the files' headers)"])
-        return Advice(True, True, lines + ["the target's MTP layers in a file of their own, checked against its "
+        return Advice(True, True, lines + ["the target's MTP layers in a side file, checked against its "
                                            "header (llama.cpp: --spec-type draft-mtp -md FILE)"])
     problems = compatibility_problems(t_info, d_info)
     if problems:

@@ -170,7 +170,7 @@ class MtpFileDrafter(MtpDrafter):
     # As a head given for the draft (-md): known by its tensors, not its architecture (the target's); the method
     # that picks it besides the draft model's, and how the pair check names it
     ARCH, METHOD = "", MtpDrafter.name
-    DESCRIBED, READS = "MTP layers in a file of their own", "the target's hidden states"
+    DESCRIBED, READS = "a side file of a model's MTP layers", "the target's hidden states"
     def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
         if problems := self.pair_problems(target.model.path, layers.path):
             raise EngineError(f"{layers.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
