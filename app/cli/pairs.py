@@ -199,7 +199,8 @@ def _measure(target: Path, draft: Path | None, args) -> str:
                     ngld=args.ngld or 0)
     engine = load_engine(spec, memory=memory_for(target, draft))
     try:
-        methods = [m for m in engine.drafters if m != OFF]
+        head = engine.draft is None and engine.draft_model is not None  # (it answers to "model" and its own name)
+        methods = [m for m in engine.drafters if m != OFF and not (head and m == DRAFT_MODEL)]
         methods += registry.with_lookup(methods)
         print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "
               "greedy, against the same speculation-off runs…", file=sys.stderr, flush=True)
