@@ -53,6 +53,33 @@ def test_a_vocabulary_with_a_token_twice_is_refused_not_aborted(tmp_path):
         Engine(ModelSettings(bad))  # llama.cpp itself would abort the process
 
 
+@pytest.mark.parametrize("kind,said", [
+    ("mmproj", "is a vision projector, not a model: give it beside its model with --mmproj"),
+    ("adapter", "is a LoRA adapter, not a model: merge it into its base model first"),
+    ("imatrix", "is an importance matrix, not a model"),
+])
+def test_a_gguf_that_is_no_model_is_named_for_what_it_is(models, tmp_path, kind, said):
+    """Projectors, LoRA adapters and importance matrices are GGUF files too (general.type; a projector's
+    architecture is clip): as the target or the draft, each is refused saying what it is and what to do with it."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(tmp_path / f"{kind}.gguf"), "clip" if kind == "mmproj" else "llama")
+    w.add_type(kind)
+    w.add_tensor("x.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for settings in ([tmp_path / f"{kind}.gguf"], [models["target"], tmp_path / f"{kind}.gguf"]):
+        with pytest.raises(EngineError, match=f"{kind}.gguf {said}"):
+            Engine(*(ModelSettings(p, n_ctx=128) for p in settings))
+    from app.models.check import check_files, describe
+
+    lines = describe(check_files(models["target"], tmp_path / f"{kind}.gguf"))
+    assert any(line.startswith(f"not usable as the draft: {kind}.gguf {said}") for line in lines), lines
+
+
 def test_compatible_pair_has_no_problems(models):
     t, d = Model(models["target"], vocab_only=True), Model(models["draft"], vocab_only=True)
     assert compatibility_problems(t, d) == []

@@ -12,7 +12,7 @@ from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_class
-from ..engine.pair import DEFAULT_CTX
+from ..engine.pair import DEFAULT_CTX, not_a_model
 from ..engine.gguf_file import GgufInfo, metadata, read_info
 from ..engine.llama import ModelSettings, gpus
 from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
@@ -158,6 +158,8 @@ def describe(r: PairReport) -> list[str]:
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
     if target_head := head_class(r.target.path):
         lines.append(NOT_A_MODEL.format(target_head.DESCRIBED))
+    lines += [f"not usable as the {role}: {info.path.name} is {what}" for role, info in (("target", r.target),
+              ("draft", r.draft)) if info and (what := not_a_model(info.path))]
     if own := own_drafting(r.target):
         lines.append(own)
     if r.draft and (head := head_class(r.draft.path)):
