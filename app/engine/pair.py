@@ -51,7 +51,6 @@ class LoadedPair:
                     raise EngineError(f"Invalid {name} {value}: use a positive number, or 0 for the default.")
             if s.n_checkpoints < 0:
                 raise EngineError(f"Invalid --ctx-checkpoints {s.n_checkpoints}: use 0 (none) or more.")
-        for s in settings:
             if kind := not_a_model(s.path):
                 raise EngineError(f"{s.path.name} is {kind}")
         if head := head_class_of(target.path):  # (llama.cpp crashes on some, others draft nonsense as a model)

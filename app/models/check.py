@@ -129,7 +129,7 @@ def _family(name: str) -> str:
 
 def own_drafting(info: GgufInfo) -> str:
     """What a model drafts with by itself, from its header: its MTP (next-token-prediction) heads ('' if none, or
-    if the file holds only those: not a model, ``NOT_A_MODEL``)."""
+    if the file is a side file that holds only those)."""
     n = info.nextn_layers * (not info.only_mtp)
     return (f"this model can draft for itself: MTP, {n} head{'s' * (n > 1)} (--drafter mtp, its default without a "
             "draft model)") if n else ""

@@ -219,18 +219,17 @@ def other_family_drafts(target: GgufChoice, skip: set[str], limit: int = 3,
 def judged_drafts(target: GgufChoice, endpoint: str | None = None, info: GgufInfo | None = None
                   ) -> list[tuple[RepoHit | None, GgufChoice, Advice]]:
     """Drafts for ``target``, each with its advice from the files' headers (the target's read once, unless given as
-    ``info``): its family's first, those that share its tokens ahead; where none does, the catalog's drafts of other
-    families after them, drafted as text, ranked by size ratio (no ``RepoHit``: they come from the catalog, not a
-    search)."""
+    ``info``): the MTP side files in its own repo that suit it, then its family's, those that share its tokens
+    ahead; where none does, the catalog's drafts of other families after them, drafted as text, ranked by size
+    ratio (no ``RepoHit``: side files and the catalog's come from no search)."""
+
+    info = info or remote_info(target, endpoint)
 
     def judge(hit: RepoHit | None, c: GgufChoice):
-        nonlocal info
-        info = info or remote_info(target, endpoint)
         return hit, c, advise(target, c, {hit.repo: hit} if hit else {}, endpoint, target_info=info)
 
     judged = [judge(hit, c) for hit, c in drafts_for(target, endpoint=endpoint)]
     judged.sort(key=lambda j: j[2].as_text)  # stable: most downloaded first within each kind
-    info = info or remote_info(target, endpoint)
     if not info.nextn_layers:  # (a model that carries its MTP layers drafts with those)
         judged = [j for j in map(lambda c: judge(None, c), mtp_side_files(target, endpoint)) if j[2].ok] + judged
     if not any(a.ok and not a.as_text for _, _, a in judged):

@@ -88,10 +88,10 @@ def _resolve_models(spec: LoadSpec) -> Resolved:
     if not spec.target:
         raise EngineError("Choose models: a pair (e.g. starter) or a target GGUF file with an optional draft.")
     target = Path(spec.target).expanduser()
-    return Resolved(target, Path(spec.draft).expanduser() if spec.draft else find_assistant(target), DraftParams())
+    return Resolved(target, Path(spec.draft).expanduser() if spec.draft else find_head(target), DraftParams())
 
 
-def find_assistant(target: Path) -> Path | None:
+def find_head(target: Path) -> Path | None:
     """The head that drafts for a target given alone, where it was downloaded: beside the target or in its MTP/
     folder (as unsloth's repos ship them). Gemma 4's assistant made for the target's hidden size, or the target's
     MTP layers in a file of their own (a model converted without them). Judged from the headers."""

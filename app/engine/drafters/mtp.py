@@ -171,6 +171,7 @@ class MtpFileDrafter(MtpDrafter):
     # that picks it besides the draft model's, and how the pair check names it
     ARCH, METHOD = "", MtpDrafter.name
     DESCRIBED, READS = "a side file of a model's MTP layers", "the target's hidden states"
+
     def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
         if problems := self.pair_problems(target.model.path, layers.path):
             raise EngineError(f"{layers.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
