@@ -307,10 +307,11 @@ def test_a_catalog_pair_pulls_the_side_file_beside_a_model_of_its_quantization(s
 
 
 def test_the_hub_offers_the_side_file_in_the_targets_repo_before_anything_comes_down(split, tmp_path):
-    """`check -hf` on a model converted without its MTP layer lists, first, the side file beside it that holds
-    them (named by its file: a tag alone would name the model of its quantization), judged from the two headers;
-    one made for another model is left out. The Models tab offers it too. Pulled with -hfd, it drafts as
-    speculation off answers."""
+    """`files` and the Models tab list a repo's models before its side files (the first is picked: never a side
+    file, though it is smaller). `check -hf` on a model converted without its MTP layer lists, first, the side file
+    beside it that holds them (named by its file: a tag alone would name the model of its quantization), judged
+    from the two headers; one made for another model is left out. The Models tab offers it too. Pulled with -hfd,
+    it drafts as speculation off answers."""
     import subprocess
     import sys
 
@@ -326,18 +327,24 @@ def test_the_hub_offers_the_side_file_in_the_targets_repo_before_anything_comes_
                    "MTP/mtp-Qwen-other-Q8_0.gguf": other.read_bytes()}, downloads=5)
     env = child_env(hub.url, tmp_path)
     try:
+        listed = specchat(env, "files", repo).stdout.splitlines()  # models first, side files after, said to be
+        assert [line.split()[-1] for line in listed[:2]] == ["Qwen-tiny-Q4_0.gguf", "Qwen-tiny-Q8_0.gguf"], listed
+        assert all(line.endswith("(side file (mtp): a draft for its model)") for line in listed[2:]) and len(listed) == 4
         r = specchat(env, "check", "-hf", f"{repo}:Q8_0")
         assert r.returncode == 0, r.stderr
         rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  ")]
         assert rows[0][:2] == ["OK", f"{repo}:MTP/mtp-Qwen-tiny-Q4_0.gguf"] and "in the target's repo" in r.stdout
         assert "the target's MTP layers in a side file" in r.stdout and "mtp-Qwen-other" not in r.stdout
         assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").rglob("*.gguf"))
-        script = ("from app.ui.models_tab import ModelsView\n"  # the Models tab's list, from the same search
-                  "drafts, *_ = ModelsView(lambda r: 'tab', lambda: None).suggest_drafts(%r, 'Qwen-tiny-Q8_0.gguf')\n"
-                  "print(drafts.choices)" % repo)
+        script = ("from app.ui.models_tab import ModelsView\n"  # the Models tab: the repo's first file, its drafts
+                  "view = ModelsView(lambda r: 'tab', lambda: None)\n"
+                  "print(view.pick_repo(%r)[2])\n"
+                  "drafts, *_ = view.suggest_drafts(%r, 'Qwen-tiny-Q8_0.gguf')\n"
+                  "print(drafts.choices)" % (repo, repo))
         r = subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[0] == "Qwen-tiny-Q4_0.gguf"  # (the smallest model, not the smaller side file)
         assert f"('{repo} — MTP/mtp-Qwen-tiny-Q4_0.gguf, " in r.stdout and "mtp-Qwen-other" not in r.stdout
         r = specchat(env, "pull", "-hf", f"{repo}:Q8_0", "-hfd", f"{repo}:MTP/mtp-Qwen-tiny-Q4_0.gguf")
         assert r.returncode == 0 and "the target's MTP layers in a side file" in r.stdout + r.stderr, r.stderr

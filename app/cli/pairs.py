@@ -137,7 +137,7 @@ def cmd_search(args) -> int:
 
 
 def cmd_files(args) -> int:
-    from ..models import discover
+    from ..models import discover, hf_files
 
     files = discover.list_gguf(args.repo)
     if args.json:
@@ -145,9 +145,9 @@ def cmd_files(args) -> int:
         return 0
     if not files:
         print(f"{args.repo} has no GGUF model files.")
-    for c in files:
+    for c, note in hf_files.listed(files):
         shards = f"  ({len(c.shards)} files)" if len(c.shards) > 1 else ""
-        print(f"{c.quantization or '?':8s} {c.size / 1e9:8.2f} GB  {c.file}{shards}")
+        print(f"{c.quantization or '?':8s} {c.size / 1e9:8.2f} GB  {c.file}{shards}" + (f"  ({note})" if note else ""))
     return 0
 
 

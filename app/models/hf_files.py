@@ -70,6 +70,13 @@ def models(choices: list[GgufChoice]) -> list[GgufChoice]:
     return [c for c in choices if not _NOT_A_MODEL.search(c.file.rsplit("/", 1)[-1])]
 
 
+def listed(choices: list[GgufChoice]) -> list[tuple[GgufChoice, str]]:
+    """A repo's files as a person picks among them: its models first, then its side files, each with a note ('' for
+    a model): a side file is a draft for its model, never the model itself."""
+    notes = [(c, f"side file ({kind}): a draft for its model" if (kind := side_kind(c.file)) else "") for c in choices]
+    return sorted(notes, key=lambda n: bool(n[1]))  # (stable: smallest first within each)
+
+
 def side_kind(path: str) -> str:
     """The kind of side file ``path`` is ('' for a model): as llama.cpp tells them (``kind-`` in the file name, in
     lower case: ``Qwen3.6-27B-MTP-Q4_K_M.gguf`` and ``…-IQ3_XXS-mtp.gguf`` are models that carry MTP layers), or a

@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from ..models import discover, downloads, hub
+from ..models import discover, downloads, hf_files, hub
 from ..models.catalog import get_pair, load_catalog
 from ..engine import EngineError
 from ..models.check import check_files, describe, own_drafting
@@ -141,9 +141,11 @@ class ModelsView:
             files = discover.list_gguf(repo)
         except EngineError as exc:
             return gr.Dropdown(choices=[], value=None), repo, "", render.notice(str(exc))
+        listed = hf_files.listed(files)  # (models first: the first is picked)
         choices = [(f"{c.quantization or '?'} — {render.size(c.size)} — {c.file}"
-                    + (f" ({len(c.shards)} files)" if len(c.shards) > 1 else ""), c.file) for c in files]
-        first = files[0].file if files else None
+                    + (f" ({len(c.shards)} files)" if len(c.shards) > 1 else "") + (f" — {note}" if note else ""),
+                    c.file) for c, note in listed]
+        first = listed[0][0].file if listed else None
         note = "" if files else render.notice(f"{repo} has no GGUF model files.", "info")
         return gr.Dropdown(choices=choices, value=first), repo, first or "", note
 
