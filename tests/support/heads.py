@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from app.engine import Done, DraftParams, Engine, GenerationParams, SamplingParams
+from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings, SamplingParams
 
 from .tiny_block import write_block_pair, write_dspark_pair
 from .tiny_eagle3 import write_eagle3_pair
@@ -51,3 +51,13 @@ def run(engine: Engine, ids, drafter: str, max_tokens: int = 200, temperature: f
     events = list(engine.generate(ids, params, drafter))
     assert isinstance(events[-1], Done)
     return events[-1]
+
+
+def drafted(target: Path, file: Path, drafter: str) -> int:
+    """How many tokens a pair loaded afresh drafts in a short answer (closed after): that it still loads and drafts
+    after refusals."""
+    e = Engine(ModelSettings(target, n_ctx=256), ModelSettings(file, n_ctx=256))
+    try:
+        return run(e, [1, 300, 301], drafter, max_tokens=8).stats.n_drafted
+    finally:
+        e.close()
