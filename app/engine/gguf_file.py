@@ -44,6 +44,21 @@ def tensor_names(path: Path) -> frozenset[str]:
     return _cached_header(Path(path)).tensors
 
 
+# GGUF files that are not models (general.type), and what to do with each instead
+_OTHER_FILES = {
+    "mmproj": "a vision projector, not a model: give it beside its model with --mmproj.",
+    "adapter": "a LoRA adapter, not a model: merge it into its base model first (llama.cpp's llama-export-lora).",
+    "imatrix": "an importance matrix, not a model: llama-quantize reads it (--imatrix) to quantize a model.",
+}
+
+
+def not_a_model(path: Path) -> str:
+    """What a GGUF file that is not a model is, with what to do instead ('': a model, or a head)."""
+    kv = metadata(path)
+    kind = "mmproj" if kv.get("general.architecture") == "clip" else str(kv.get("general.type", "model"))
+    return _OTHER_FILES.get(kind, "")
+
+
 def _cached_header(path: Path) -> _Header:
     st = path.stat() if path.is_file() else None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns) if st else None
@@ -259,7 +274,7 @@ def _info(header: _Header, path: Path, size_bytes: int) -> GgufInfo:
     def num(key: str, default=0):  # a number, or a per-layer array for some models (e.g. head counts)
         return kv.get(f"{arch}.{key}", default)
 
-    n_layer = int(num("block_count"))
+    n_layer, nextn = int(num("block_count")), int(num("nextn_predict_layers"))
     n_embd, n_head = int(num("embedding_length")), num("attention.head_count", 1)
     n_head_kv = num("attention.head_count_kv", n_head)
     per_layer = [int(x) for x in n_head_kv] if hasattr(n_head_kv, "__len__") else [int(n_head_kv)] * n_layer
@@ -281,7 +296,7 @@ def _info(header: _Header, path: Path, size_bytes: int) -> GgufInfo:
         n_shards=int(kv.get("split.count", 1)),
         context_length=int(num("context_length")),
         n_layer=n_layer,
-        nextn_layers=int(num("nextn_predict_layers")),
+        nextn_layers=nextn,
         n_embd=n_embd,
         kv_bytes_per_token=sum(h * (k_len + v_len) * 2 for h in per_layer),
         recurrent_bytes=_recurrent_bytes(arch, num, n_embd, per_layer),
@@ -292,8 +307,8 @@ def _info(header: _Header, path: Path, size_bytes: int) -> GgufInfo:
         add_bos=bool(kv.get("tokenizer.ggml.add_bos_token", add_bos)),
         add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
         has_chat_template="tokenizer.chat_template" in kv,
-        only_mtp=(int(num("nextn_predict_layers")) > 0 and int(kv.get("split.count", 1)) <= 1  # (a split model's
-                  and "blk.0.attn_norm.weight" not in header.tensors),                  # first shard may hold none)
+        only_mtp=(nextn > 0 and int(kv.get("split.count", 1)) <= 1  # (a split model's first shard may hold none)
+                  and "blk.0.attn_norm.weight" not in header.tensors),
     )
 
 

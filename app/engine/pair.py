@@ -12,7 +12,7 @@ from .drafters.mtp import MtpDrafter
 from .drafters.registry import head_class as head_class_of
 from .errors import EngineError
 from .fit import Load, check_fits
-from .gguf_file import metadata
+from .gguf_file import not_a_model
 from .llama import Context, Model, ModelSettings, Projector, default_threads, gpus
 
 DEFAULT_CTX = 4096
@@ -22,21 +22,6 @@ DEFAULT_CTX = 4096
 class Loaded:
     model: Model
     ctx: Context
-
-
-# GGUF files that are not models (general.type), and what to do with each instead
-_OTHER_FILES = {
-    "mmproj": "a vision projector, not a model: give it beside its model with --mmproj.",
-    "adapter": "a LoRA adapter, not a model: merge it into its base model first (llama.cpp's llama-export-lora).",
-    "imatrix": "an importance matrix, not a model: llama-quantize reads it (--imatrix) to quantize a model.",
-}
-
-
-def not_a_model(path: Path) -> str:
-    """What a GGUF file that is not a model is, with what to do instead ('': a model, or a head)."""
-    kv = metadata(path)
-    kind = "mmproj" if kv.get("general.architecture") == "clip" else str(kv.get("general.type", "model"))
-    return _OTHER_FILES.get(kind, "")
 
 
 class LoadedPair:

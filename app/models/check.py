@@ -12,8 +12,8 @@ from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_class
-from ..engine.pair import DEFAULT_CTX, not_a_model
-from ..engine.gguf_file import GgufInfo, metadata, read_info
+from ..engine.pair import DEFAULT_CTX
+from ..engine.gguf_file import GgufInfo, metadata, not_a_model, read_info
 from ..engine.llama import ModelSettings, gpus
 from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 

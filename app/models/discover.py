@@ -231,7 +231,7 @@ def judged_drafts(target: GgufChoice, endpoint: str | None = None, info: GgufInf
     judged = [judge(hit, c) for hit, c in drafts_for(target, endpoint=endpoint)]
     judged.sort(key=lambda j: j[2].as_text)  # stable: most downloaded first within each kind
     if not info.nextn_layers:  # (a model that carries its MTP layers drafts with those)
-        judged = [j for j in map(lambda c: judge(None, c), mtp_side_files(target, endpoint)) if j[2].ok] + judged
+        judged = [j for c in mtp_side_files(target, endpoint) if (j := judge(None, c))[2].ok] + judged
     if not any(a.ok and not a.as_text for _, _, a in judged):
         skip = {c.repo for _, c, _ in judged}
         judged += [judge(None, c) for c in other_family_drafts(target, skip, endpoint=endpoint)]
