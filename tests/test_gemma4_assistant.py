@@ -79,3 +79,30 @@ def test_a_gemma4_target_given_alone_drafts_with_the_assistant_downloaded_beside
     assert found.returncode == 0 and off.returncode == 0, found.stderr + off.stderr
     found, off = json.loads(found.stdout), json.loads(off.stdout)
     assert found["drafter"] == "assistant" and found["n_drafted"] > 0 and found["token_ids"] == off["token_ids"]
+
+
+def test_the_hub_offers_the_assistant_in_the_targets_repo_as_what_it_is(pair, tmp_path):
+    """Gemma 4's assistant ships in the target's own repo, as unsloth's MTP/ folder holds it: `check -hf` offers it
+    first, named as the assistant (not as a draft model that shares the tokenizer) and judged from the two headers
+    as the engine judges it before loading; one made for another Gemma 4 size is left out. Nothing comes down."""
+    from support.fake_hub import FakeHub, child_env
+    from test_hub import no_traffic_beyond_loopback, specchat
+
+    (tmp_path / "other").mkdir()
+    _, other_size = write_gemma4_pair(tmp_path / "other", a_target_embd=48, a_hd=16)
+    repo = "tests/gemma-4-tiny-GGUF"
+    hub = FakeHub()
+    hub.add(repo, {"gemma-4-tiny-Q8_0.gguf": pair[0].read_bytes(), "MTP/mtp-gemma-4-tiny-Q8_0.gguf": pair[1].read_bytes(),
+                   "MTP/mtp-gemma-4-other-Q8_0.gguf": other_size.read_bytes()}, downloads=5)
+    env = child_env(hub.url, tmp_path)
+    try:
+        r = specchat(env, "check", "-hf", f"{repo}:Q8_0")
+        assert r.returncode == 0, r.stderr
+        rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  ")]
+        assert rows[0][:2] == ["OK", f"{repo}:MTP/mtp-gemma-4-tiny-Q8_0.gguf"], r.stdout
+        assert "compatible: the draft is Gemma 4's assistant, drafting from the target's own cache" in r.stdout
+        assert "the tokenizers match" not in r.stdout and "mtp-gemma-4-other" not in r.stdout
+        assert not any((tmp_path / "hub").rglob("*.gguf"))
+        no_traffic_beyond_loopback(env)
+    finally:
+        hub.close()

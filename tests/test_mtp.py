@@ -330,7 +330,8 @@ def test_the_hub_offers_the_side_file_in_the_targets_repo_before_anything_comes_
         assert r.returncode == 0, r.stderr
         rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  ")]
         assert rows[0][:2] == ["OK", f"{repo}:MTP/mtp-Qwen-tiny-Q4_0.gguf"] and "in the target's repo" in r.stdout
-        assert "the target's MTP layers in a side file" in r.stdout and "mtp-Qwen-other" not in r.stdout
+        assert "compatible: the draft is a side file of a model's MTP layers" in r.stdout
+        assert "mtp-Qwen-other" not in r.stdout
         assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").rglob("*.gguf"))
         script = ("from app.ui.models_tab import ModelsView\n"  # the Models tab: the repo's first file, its drafts
                   "view = ModelsView(lambda r: 'tab', lambda: None)\n"
@@ -343,7 +344,7 @@ def test_the_hub_offers_the_side_file_in_the_targets_repo_before_anything_comes_
         assert r.stdout.splitlines()[0] == "Qwen-tiny-Q4_0.gguf"  # (the smallest model, not the smaller side file)
         assert f"('{repo} — MTP/mtp-Qwen-tiny-Q4_0.gguf, " in r.stdout and "mtp-Qwen-other" not in r.stdout
         r = specchat(env, "pull", "-hf", f"{repo}:Q8_0", "-hfd", f"{repo}:MTP/mtp-Qwen-tiny-Q4_0.gguf")
-        assert r.returncode == 0 and "the target's MTP layers in a side file" in r.stdout + r.stderr, r.stderr
+        assert r.returncode == 0 and "the draft is a side file of a model's MTP layers" in r.stdout + r.stderr, r.stderr
         target, side = cached(env, repo, "Qwen-tiny-Q8_0.gguf"), cached(env, repo, "MTP/mtp-Qwen-tiny-Q4_0.gguf")
         runs = [json.loads(specchat(env, "generate", "-m", target, *extra, "--prompt", "the cat", "-n", "24",
                                     "--temp", "0", "--json").stdout) for extra in (["-md", side], ["--drafter", "none"])]

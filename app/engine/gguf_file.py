@@ -232,6 +232,10 @@ class GgufInfo:
     # but the trunk's tensors are missing (llama.cpp's own test: no ``blk.0.attn_norm.weight``). llama.cpp loads it
     # as a model, and crashes running it as one.
     only_mtp: bool = False
+    # The header itself, for what a drafter's own checks read (a block draft's settings, which head a file is):
+    # the same checks then run on a file on disk and on a header fetched from the Hub
+    kv: dict = field(default_factory=dict, repr=False, compare=False)
+    tensors: frozenset = field(default=frozenset(), repr=False, compare=False)
 
     @property
     def bos_named(self) -> bool:
@@ -309,6 +313,8 @@ def _info(header: _Header, path: Path, size_bytes: int) -> GgufInfo:
         has_chat_template="tokenizer.chat_template" in kv,
         only_mtp=(nextn > 0 and int(kv.get("split.count", 1)) <= 1  # (a split model's first shard may hold none)
                   and "blk.0.attn_norm.weight" not in header.tensors),
+        kv=kv,
+        tensors=header.tensors,
     )
 
 

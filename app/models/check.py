@@ -138,14 +138,19 @@ def own_drafting(info: GgufInfo) -> str:
 def head_note(r: PairReport, head) -> str:
     """A head as the draft (Gemma 4's assistant, EAGLE-3, a block draft: the registry's ``HEADS``): it drafts from the
     target's own state, so it suits only some targets (the engine checks the sizes when it loads)."""
-    if problem := head.target_problem(r.target.architecture):
-        return f"not usable: the draft is {head.DESCRIBED}, {problem}"
-    if problems := r.problems or head.pair_problems(r.target.path, r.draft.path):
-        return f"not usable: the draft is {head.DESCRIBED}, but " + "; ".join(problems)
-    spec_type = SPEC_TYPE_OF[head.METHOD]
-    needs = f"; it needs {needs}" if (needs := head.needs(r.draft.path)) else ""
-    return (f"compatible: the draft is {head.DESCRIBED}, drafting from {head.READS} (llama.cpp: --spec-type "
-            f"{spec_type} -md FILE){needs}")
+    return head_verdict(head, r.target, r.draft, r.problems)[1]
+
+
+def head_verdict(head, target: GgufInfo, draft: GgufInfo, problems: list[str] = ()) -> tuple[bool, str]:
+    """Can the head ``draft`` (of class ``head``) draft for ``target``, judged from the two headers (on disk, or
+    fetched from the Hub) as the engine judges it before loading, and the line that says so."""
+    if problem := head.target_problem(target.architecture):
+        return False, f"not usable: the draft is {head.DESCRIBED}, {problem}"
+    if problems := list(problems) or head.pair_problems(target, draft):
+        return False, f"not usable: the draft is {head.DESCRIBED}, but " + "; ".join(problems)
+    needs = f"; it needs {needs}" if (needs := head.needs(draft)) else ""
+    return True, (f"compatible: the draft is {head.DESCRIBED}, drafting from {head.READS} (llama.cpp: --spec-type "
+                  f"{SPEC_TYPE_OF[head.METHOD]} -md FILE){needs}")
 
 
 def describe(r: PairReport) -> list[str]:

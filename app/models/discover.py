@@ -18,11 +18,12 @@ from huggingface_hub import HfApi
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from ..engine.compat import AS_TEXT, compatibility_problems
-from ..engine.drafters.mtp import side_file_problems
+from ..engine.drafters.registry import head_of
 from ..engine.errors import EngineError
 from ..engine.gguf_file import GgufInfo, header_info
 from . import hf_files, hub, size_ratio
 from .catalog import load_catalog
+from .check import head_verdict
 from .hf_files import GgufChoice
 
 HEADER_FIRST_READ = 1 << 20  # most GGUF headers fit; a 150k-token vocabulary needs a few MB
@@ -162,13 +163,10 @@ def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | Non
                       lines + ["not yet checked against the tokenizer: download and the pair check confirms"],
                       as_text=known and kin == "different")
     t_info, d_info = target_info or remote_info(target, endpoint), remote_info(draft, endpoint)
-    if d_info.only_mtp:  # not a model: the target's own MTP layers, or none of its
-        lines[-1] = size  # (its cost is a layer and the output, not its size)
-        if problems := side_file_problems(t_info, d_info):
-            return Advice(False, True, lines + ["not usable: a side file of a model's MTP layers, but "
-                                                + "; ".join(problems) + " (from the files' headers)"])
-        return Advice(True, True, lines + ["the target's MTP layers in a side file, checked against its "
-                                           "header (llama.cpp: --spec-type draft-mtp -md FILE)"])
+    if head := head_of(d_info):  # not a model: MTP layers, an assistant, a block draft... of the target, or not
+        lines[-1] = size  # (its cost is a layer or a few and the output, not its size)
+        ok, verdict = head_verdict(head, t_info, d_info)
+        return Advice(ok, True, lines + [verdict + " (from the files' headers)"])
     problems = compatibility_problems(t_info, d_info)
     if problems:
         lines.append(f"{AS_TEXT}: " + "; ".join(problems) + " (llama.cpp's rule, on the files' headers)")

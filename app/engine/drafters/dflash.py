@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import EngineError
-from ..gguf_file import metadata, tensor_names
+from ..gguf_file import GgufInfo, read_info
 from ..llama import Context, Model
 from ..llama.backend import missing_ext
 from ..llama.block import BlockContext
@@ -54,22 +53,22 @@ class BlockSettings:
     selector_top_k: int  # DFlash2: the candidates per row its selector scores (0: DFlash)
 
     @classmethod
-    def of(cls, path: Path) -> BlockSettings:
-        kv = metadata(path)
+    def of(cls, kv: dict) -> BlockSettings:
+        """From the draft's metadata."""
         return cls(tuple(int(x) for x in kv.get(f"{ARCH}.target_layers", ())), int(kv.get(f"{ARCH}.block_size", 16)),
                    bool(kv.get(f"{ARCH}.sample_from_anchor", True)), bool(kv.get(f"{ARCH}.attention.causal", False)),
                    bool(kv.get(f"{ARCH}.has_confidence_head", True)), int(kv.get(f"{ARCH}.selector_top_k", 0)))
 
 
-def block_problems(target: Path, draft: Path) -> list[str]:
+def block_problems(target: GgufInfo, draft: GgufInfo) -> list[str]:
     """Why ``draft`` cannot draft for ``target`` (empty: it can), from the two headers; each would abort llama.cpp
     or draft garbage."""
-    t, d = metadata(target), metadata(draft)
+    t, d = target.kv, draft.kv
     arch = str(t.get("general.architecture"))
     if arch not in LAYER_INPUT_ARCHS:
         return [f"llama.cpp exposes the layer inputs a block draft reads only for {', '.join(LAYER_INPUT_ARCHS)} "
                 f"targets, not {arch}"]
-    s = BlockSettings.of(draft)
+    s = BlockSettings.of(d)
     hidden, width = int(t.get(f"{arch}.embedding_length", 0)), int(d.get(f"{ARCH}.embedding_length", 0))
     n_layer = int(t.get(f"{arch}.block_count", 0)) - int(t.get(f"{arch}.nextn_predict_layers", 0))
     problems = []
@@ -87,9 +86,9 @@ def block_problems(target: Path, draft: Path) -> list[str]:
     return problems
 
 
-def block_needs(draft: Path) -> str:
+def block_needs(draft: GgufInfo) -> str:
     """What a block draft needs of its target, in words (the pair check shows it)."""
-    s, width = BlockSettings.of(draft), int(metadata(draft).get(f"{ARCH}.embedding_length", 0))
+    s, width = BlockSettings.of(draft.kv), int(draft.kv.get(f"{ARCH}.embedding_length", 0))
     selector = f", walked by a selector over each row's top {s.selector_top_k} (DFlash2)" if s.selector_top_k else ""
     return (f"a target of hidden size {width} whose layers {list(s.layers)} it reads (the target keeps their "
             f"inputs), with its vocabulary; blocks of {s.block_size} positions{selector}")
@@ -109,9 +108,9 @@ class DFlashDrafter(Drafter):
     AFTER_FORCED = False  # drafts from the target's features: never after tokens it has not evaluated
 
     @classmethod
-    def kind(cls, path: Path) -> type[DFlashDrafter]:
+    def kind(cls, info: GgufInfo) -> type[DFlashDrafter]:
         """The block drafter this file is: a Markov head makes it DSpark (as llama.cpp tells them apart)."""
-        return DSparkDrafter if MARKOV_HEAD in tensor_names(path) else DFlashDrafter
+        return DSparkDrafter if MARKOV_HEAD in info.tensors else DFlashDrafter
 
     needs = staticmethod(block_needs)
     pair_problems = staticmethod(block_problems)
@@ -127,8 +126,8 @@ class DFlashDrafter(Drafter):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which a block draft needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        s = self.settings = BlockSettings.of(draft.path)
-        if problems := block_problems(target.model.path, draft.path):
+        s = self.settings = BlockSettings.of(read_info(draft.path).kv)
+        if problems := block_problems(read_info(target.model.path), read_info(draft.path)):
             raise EngineError(f"{draft.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
                               + ".")
         self.target, self.model, self.p_min = target, draft, p_min

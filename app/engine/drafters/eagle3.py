@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import EngineError
-from ..gguf_file import metadata
+from ..gguf_file import GgufInfo, metadata, read_info
 from ..llama import Context, Model
 from ..llama.backend import missing_ext
 from ..llama.heads import LAYER_INPUT_FUNCTIONS, LayerInputs, captured
@@ -29,21 +29,23 @@ LAYER_INPUT_ARCHS = ("llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen3
                      "nemotron_h")
 
 
-def target_layers(head: Model) -> tuple[int, ...]:
-    return tuple(int(x) for x in metadata(head.path).get(f"{ARCH}.target_layers", ()))
+def target_layers(kv: dict) -> tuple[int, ...]:
+    """The target layers whose inputs the head reads, from its metadata."""
+    return tuple(int(x) for x in kv.get(f"{ARCH}.target_layers", ()))
 
 
-def eagle3_problems(target: Model, head: Model) -> list[str]:
-    """Why ``head`` cannot draft for ``target`` (empty: it can); each would abort llama.cpp or draft garbage."""
-    if target.arch not in LAYER_INPUT_ARCHS:
+def eagle3_problems(target: GgufInfo, head: GgufInfo) -> list[str]:
+    """Why ``head`` cannot draft for ``target`` (empty: it can), from the two headers; each would abort llama.cpp or
+    draft garbage."""
+    if target.architecture not in LAYER_INPUT_ARCHS:
         return [f"llama.cpp exposes the layer inputs an EAGLE-3 head reads only for {', '.join(LAYER_INPUT_ARCHS)} "
-                f"targets, not {target.arch}"]
+                f"targets, not {target.architecture}"]
     problems = []
-    hidden = int(metadata(head.path).get(f"{ARCH}.target_hidden_size", 0))
+    hidden = int(head.kv.get(f"{ARCH}.target_hidden_size", 0))
     if hidden != target.n_embd:
         problems.append(f"it was trained on a target with hidden size {hidden}, this one has {target.n_embd} "
                         "(a head for another model)")
-    layers = target_layers(head)
+    layers = target_layers(head.kv)
     if len(layers) != 3 or max(layers, default=0) >= target.n_layer:
         problems.append(f"it reads layers {list(layers)}, the target has {target.n_layer}")
     if head.n_vocab != target.n_vocab:
@@ -64,6 +66,8 @@ class Eagle3Drafter(MtpDrafter):
         """Why a target of this architecture cannot have such a head, as a clause ('' if it can)."""
         return "" if arch in LAYER_INPUT_ARCHS else (
             f"and llama.cpp exposes the layers it reads only for {', '.join(LAYER_INPUT_ARCHS)} targets, not {arch}")
+
+    pair_problems = staticmethod(eagle3_problems)
     SHIFT = -1  # the row for the token at p sits at p - 1 (with g at p - 1)
     # llama.cpp's EAGLE-3 graph computes logits for every row and hands out the first ones: the row whose output is
     # read must come alone
@@ -74,11 +78,11 @@ class Eagle3Drafter(MtpDrafter):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which an EAGLE-3 head needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        if problems := eagle3_problems(target.model, head):
+        if problems := eagle3_problems(read_info(target.model.path), read_info(head.path)):
             raise EngineError(f"{head.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
                               + ".")
         self._open(target, head, head.n_embd, p_min, mtp_type=False)
-        self.capture = captured(target, LayerInputs, target_layers(head))
+        self.capture = captured(target, LayerInputs, target_layers(metadata(head.path)))
         self._n_feat = 3 * target.model.n_embd
 
     def _states(self, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ..errors import EngineError
-from ..gguf_file import metadata
+from ..gguf_file import GgufInfo, read_info
 from ..llama import Context, Model
 from ..llama.heads import HiddenStates, captured
 from ..sampling import Noise, SamplingParams
@@ -31,13 +31,13 @@ ARCH = "gemma4-assistant"
 TARGET_ARCH = "gemma4"
 
 
-def assistant_problems(target: Model, assistant: Model) -> list[str]:
-    """Why ``assistant`` cannot draft for ``target`` (empty: it can). Each of these would crash llama.cpp or give
-    garbage drafts, so nothing is created before they are checked."""
+def assistant_problems(target: GgufInfo, assistant: GgufInfo) -> list[str]:
+    """Why ``assistant`` cannot draft for ``target`` (empty: it can), from the two headers. Each of these would crash
+    llama.cpp or give garbage drafts, so nothing is created before they are checked."""
     name = assistant.path.name
-    if target.arch != TARGET_ARCH:
-        return [f"{name} is Gemma 4's assistant: it drafts only for a Gemma 4 target, not {target.arch}"]
-    t, a = metadata(target.path), metadata(assistant.path)
+    if target.architecture != TARGET_ARCH:
+        return [f"{name} is Gemma 4's assistant: it drafts only for a Gemma 4 target, not {target.architecture}"]
+    t, a = target.kv, assistant.kv
     problems = []
     if int(a.get(f"{ARCH}.embedding_length_out", 0)) != target.n_embd:
         problems.append(f"it expects a target hidden size of {a.get(f'{ARCH}.embedding_length_out')}, the target "
@@ -77,10 +77,12 @@ class AssistantDrafter(MtpDrafter):
         """Is the file whose metadata is ``other`` an assistant for the target whose metadata is ``target``?"""
         return (target.get("general.architecture") == TARGET_ARCH and other.get("general.architecture") == ARCH
                 and other.get(f"{ARCH}.embedding_length_out") == target.get(f"{TARGET_ARCH}.embedding_length"))
+
+    pair_problems = staticmethod(assistant_problems)
     N_BATCH = 1  # one row per step
 
     def __init__(self, target: Context, assistant: Model, p_min: float = 0.0):
-        if problems := assistant_problems(target.model, assistant):
+        if problems := assistant_problems(read_info(target.model.path), read_info(assistant.path)):
             raise EngineError(f"{assistant.path.name} cannot draft for {target.model.path.name}: "
                               + "; ".join(problems) + ".")
         self._open(target, assistant, target.model.n_embd, p_min, mtp_type=True)

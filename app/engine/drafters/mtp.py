@@ -52,19 +52,20 @@ class MtpDrafter(Drafter):
         self.capture = captured(target, HiddenStates)
 
     @classmethod
-    def kind(cls, path) -> type[MtpDrafter]:
+    def kind(cls, info: GgufInfo) -> type[MtpDrafter]:
         """The drafter a head file of this class's architecture is (one class per architecture)."""
         return cls
 
     @staticmethod
-    def needs(head: Path) -> str:
+    def needs(head: GgufInfo) -> str:
         """What this head needs of its target beyond its architecture, in words ('': nothing to add)."""
         return ""
 
     @staticmethod
-    def pair_problems(target: Path, head: Path) -> list[str]:
+    def pair_problems(target: GgufInfo, head: GgufInfo) -> list[str]:
         """Why this head cannot draft for ``target``, from the two headers (the engine checks more when it loads)."""
-        return []
+        return [f"its vocabulary has {head.n_vocab:,} tokens, the target's {target.n_vocab:,}"] if (
+            head.n_vocab and head.n_vocab != target.n_vocab) else []
 
     def _open(self, target: Context, model: Model, n_embd: int, p_min: float, mtp_type: bool) -> None:
         """A context for ``model``'s drafting layers on the target's, whose rows carry a token and an ``n_embd``-wide
@@ -173,7 +174,7 @@ class MtpFileDrafter(MtpDrafter):
     DESCRIBED, READS = "a side file of a model's MTP layers", "the target's hidden states"
 
     def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
-        if problems := self.pair_problems(target.model.path, layers.path):
+        if problems := side_file_problems(read_info(target.model.path), read_info(layers.path)):
             raise EngineError(f"{layers.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
                               + ".")
         self._open(target, layers, target.model.n_embd, p_min, mtp_type=True)
@@ -183,11 +184,10 @@ class MtpFileDrafter(MtpDrafter):
     def target_problem(arch: str) -> str:
         return ""
 
-    @staticmethod
-    def pair_problems(target: Path, head: Path) -> list[str]:
-        return side_file_problems(read_info(target), read_info(head))
+    pair_problems = staticmethod(side_file_problems)
 
     @staticmethod
     def made_for(target: Path, other: Path) -> bool:
         """Is ``other`` a side file of MTP layers that can draft for ``target``?"""
-        return read_info(other).only_mtp and not MtpFileDrafter.pair_problems(target, other)
+        layers = read_info(other)
+        return layers.only_mtp and not side_file_problems(read_info(target), layers)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from ..errors import EngineError
-from ..gguf_file import read_info
+from ..gguf_file import GgufInfo, read_info
 from ..llama import Context, Model
 from .base import Drafter, NoDrafter
 from .chain import ChainDrafter
@@ -196,14 +196,18 @@ def default_method(has_draft: bool, has_mtp_layers: bool) -> str:
 
 
 def head_class(draft: Path) -> type[MtpDrafter] | type[DFlashDrafter] | None:
-    """The head a draft file is (None: a draft model of its own): by its architecture, for a block draft by the
-    heads it carries (DFlash or DSpark), and for a model's MTP layers alone by its tensors (architecture: the
+    """The head a draft file is (None: a draft model of its own): see ``head_of``."""
+    return head_of(read_info(Path(draft)))
+
+
+def head_of(info: GgufInfo) -> type[MtpDrafter] | type[DFlashDrafter] | None:
+    """The head a GGUF's header says it is (None: a draft model of its own): by its architecture, for a block draft
+    by the heads it carries (DFlash or DSpark), and for a model's MTP layers alone by its tensors (architecture: the
     model's)."""
-    info = read_info(Path(draft))
     if info.only_mtp:
         return MtpFileDrafter
     cls = HEADS.get(info.architecture)
-    return cls.kind(Path(draft)) if cls else None
+    return cls.kind(info) if cls else None
 
 
 def needs_draft_file(name: str, draft: Path | None) -> bool:
