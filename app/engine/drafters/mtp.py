@@ -64,8 +64,7 @@ class MtpDrafter(Drafter):
     @staticmethod
     def pair_problems(target: GgufInfo, head: GgufInfo) -> list[str]:
         """Why this head cannot draft for ``target``, from the two headers (the engine checks more when it loads)."""
-        return [f"its vocabulary has {head.n_vocab:,} tokens, the target's {target.n_vocab:,}"] if (
-            head.n_vocab and head.n_vocab != target.n_vocab) else []
+        return []
 
     def _open(self, target: Context, model: Model, n_embd: int, p_min: float, mtp_type: bool) -> None:
         """A context for ``model``'s drafting layers on the target's, whose rows carry a token and an ``n_embd``-wide
