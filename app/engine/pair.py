@@ -12,7 +12,7 @@ from .drafters.mtp import MtpDrafter
 from .drafters.registry import head_class as head_class_of
 from .errors import EngineError
 from .fit import Load, check_fits
-from .gguf_file import not_a_model
+from .gguf_file import not_a_model, read_info
 from .llama import Context, Model, ModelSettings, Projector, default_threads, gpus
 
 DEFAULT_CTX = 4096
@@ -51,9 +51,11 @@ class LoadedPair:
                 t_vocab.close()
                 d_vocab.close()
         head_class = head_class_of(draft.path) if draft is not None else None
-        if head_class and self.cross_vocab:
-            raise EngineError(f"{draft.path.name} cannot draft for {target.path.name}: "
-                              + "; ".join(self.cross_vocab) + ".")
+        # A head drafts from the target's own state: one made for another model would crash llama.cpp or draft
+        # garbage, so the two headers are checked before either is loaded (as the pair check and the Hub judge them)
+        if head_class and (problems := self.cross_vocab or head_class.pair_problems(read_info(target.path),
+                                                                                   read_info(draft.path))):
+            raise EngineError(f"{draft.path.name} cannot draft for {target.path.name}: " + "; ".join(problems) + ".")
         self.head: Drafter | None = None
         self._mtp: MtpDrafter | None = None  # the target's own MTP layers' drafter, made on first use
         self.projector: Projector | None = None  # the target's vision projector (--mmproj)

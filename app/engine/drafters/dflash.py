@@ -126,10 +126,7 @@ class DFlashDrafter(Drafter):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which a block draft needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        s = self.settings = BlockSettings.of(read_info(draft.path).kv)
-        if problems := block_problems(read_info(target.model.path), read_info(draft.path)):
-            raise EngineError(f"{draft.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
-                              + ".")
+        s = self.settings = BlockSettings.of(read_info(draft.path).kv)  # (the pair checked it fits: pair_problems)
         self.target, self.model, self.p_min = target, draft, p_min
         self.anchor_drafts = isinstance(self, DSparkDrafter) and s.sample_from_anchor  # the anchor's row drafts
         self.max_block = s.block_size if self.anchor_drafts else s.block_size - 1  # tokens one block can draft

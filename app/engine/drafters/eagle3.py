@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import EngineError
-from ..gguf_file import GgufInfo, metadata, read_info
+from ..gguf_file import GgufInfo, metadata
 from ..llama import Context, Model
 from ..llama.backend import missing_ext
 from ..llama.heads import LAYER_INPUT_FUNCTIONS, LayerInputs, captured
@@ -78,9 +78,6 @@ class Eagle3Drafter(MtpDrafter):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which an EAGLE-3 head needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        if problems := eagle3_problems(read_info(target.model.path), read_info(head.path)):
-            raise EngineError(f"{head.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
-                              + ".")
         self._open(target, head, head.n_embd, p_min, mtp_type=False)
         self.capture = captured(target, LayerInputs, target_layers(metadata(head.path)))
         self._n_feat = 3 * target.model.n_embd

@@ -19,8 +19,7 @@ import time
 
 import numpy as np
 
-from ..errors import EngineError
-from ..gguf_file import GgufInfo, read_info
+from ..gguf_file import GgufInfo
 from ..llama import Context, Model
 from ..llama.heads import HiddenStates, captured
 from ..sampling import Noise, SamplingParams
@@ -82,9 +81,6 @@ class AssistantDrafter(MtpDrafter):
     N_BATCH = 1  # one row per step
 
     def __init__(self, target: Context, assistant: Model, p_min: float = 0.0):
-        if problems := assistant_problems(read_info(target.model.path), read_info(assistant.path)):
-            raise EngineError(f"{assistant.path.name} cannot draft for {target.model.path.name}: "
-                              + "; ".join(problems) + ".")
         self._open(target, assistant, target.model.n_embd, p_min, mtp_type=True)
         self.capture = captured(target, HiddenStates)
 

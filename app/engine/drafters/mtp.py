@@ -63,7 +63,8 @@ class MtpDrafter(Drafter):
 
     @staticmethod
     def pair_problems(target: GgufInfo, head: GgufInfo) -> list[str]:
-        """Why this head cannot draft for ``target``, from the two headers (the engine checks more when it loads)."""
+        """Why this head cannot draft for ``target``, from the two headers: the engine refuses it before loading
+        either file (``Pair``), and the pair check and the Hub's advice say the same (every head class has one)."""
         return []
 
     def _open(self, target: Context, model: Model, n_embd: int, p_min: float, mtp_type: bool) -> None:
@@ -173,9 +174,6 @@ class MtpFileDrafter(MtpDrafter):
     DESCRIBED, READS = "a side file of a model's MTP layers", "the target's hidden states"
 
     def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
-        if problems := side_file_problems(read_info(target.model.path), read_info(layers.path)):
-            raise EngineError(f"{layers.path.name} cannot draft for {target.model.path.name}: " + "; ".join(problems)
-                              + ".")
         self._open(target, layers, target.model.n_embd, p_min, mtp_type=True)
         self.capture = captured(target, HiddenStates)
 
