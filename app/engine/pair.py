@@ -9,7 +9,7 @@ from .compat import compatibility_problems
 from .draft_control import MAX_DRAFT
 from .drafters import Drafter
 from .drafters.mtp import MtpDrafter
-from .drafters.registry import head_class as head_class_of
+from .drafters.registry import head_of
 from .errors import EngineError
 from .fit import Load, check_fits
 from .gguf_file import not_a_model, read_info
@@ -38,7 +38,8 @@ class LoadedPair:
                 raise EngineError(f"Invalid --ctx-checkpoints {s.n_checkpoints}: use 0 (none) or more.")
             if kind := not_a_model(s.path):
                 raise EngineError(f"{s.path.name} is {kind}")
-        if head := head_class_of(target.path):  # (llama.cpp crashes on some, others draft nonsense as a model)
+        t_info, d_info = read_info(target.path), read_info(draft.path) if draft is not None else None
+        if head := head_of(t_info):  # (llama.cpp crashes on some, others draft nonsense as a model)
             raise EngineError(f"{target.path.name} is {head.DESCRIBED}, not a model: give it as the draft (--draft) "
                               "of the model it was made for.")
         # Why the draft cannot share the target's token ids (llama.cpp's pair rule); then it drafts as text.
@@ -50,11 +51,10 @@ class LoadedPair:
             finally:
                 t_vocab.close()
                 d_vocab.close()
-        head_class = head_class_of(draft.path) if draft is not None else None
+        head_class = head_of(d_info) if d_info is not None else None
         # A head drafts from the target's own state: one made for another model would crash llama.cpp or draft
         # garbage, so the two headers are checked before either is loaded (as the pair check and the Hub judge them)
-        if head_class and (problems := self.cross_vocab or head_class.pair_problems(read_info(target.path),
-                                                                                   read_info(draft.path))):
+        if head_class and (problems := self.cross_vocab or head_class.pair_problems(t_info, d_info)):
             raise EngineError(f"{draft.path.name} cannot draft for {target.path.name}: " + "; ".join(problems) + ".")
         self.head: Drafter | None = None
         self._mtp: MtpDrafter | None = None  # the target's own MTP layers' drafter, made on first use

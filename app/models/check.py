@@ -11,7 +11,7 @@ from .catalog import load_catalog, local_path, status
 from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
-from ..engine.drafters.registry import head_class
+from ..engine.drafters.registry import head_of
 from ..engine.pair import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, metadata, not_a_model, read_info
 from ..engine.llama import ModelSettings, gpus
@@ -135,15 +135,10 @@ def own_drafting(info: GgufInfo) -> str:
             "draft model)") if n else ""
 
 
-def head_note(r: PairReport, head) -> str:
-    """A head as the draft (Gemma 4's assistant, EAGLE-3, a block draft: the registry's ``HEADS``): it drafts from the
-    target's own state, so it suits only some targets (the engine checks the sizes when it loads)."""
-    return head_verdict(head, r.target, r.draft, r.problems)[1]
-
-
 def head_verdict(head, target: GgufInfo, draft: GgufInfo, problems: list[str] = ()) -> tuple[bool, str]:
-    """Can the head ``draft`` (of class ``head``) draft for ``target``, judged from the two headers (on disk, or
-    fetched from the Hub) as the engine judges it before loading, and the line that says so."""
+    """Can the head ``draft`` (of class ``head``: Gemma 4's assistant, EAGLE-3, a block draft, a side file) draft for
+    ``target``? A head drafts from the target's own state, so it suits only some targets: judged from the two headers
+    (on disk, or fetched from the Hub) as the engine judges it before loading, with the line that says so."""
     if problem := head.target_problem(target.architecture):
         return False, f"not usable: the draft is {head.DESCRIBED}, {problem}"
     if problems := list(problems) or head.pair_problems(target, draft):
@@ -161,14 +156,14 @@ def describe(r: PairReport) -> list[str]:
             lines.append(f"{role}: {info.path.name}  {info.name}  [{info.architecture}, {info.quantization}, "
                          f"{info.size_bytes / GIB:.2f} GiB{f', {info.n_shards} shards' if info.n_shards > 1 else ''}, "
                          f"vocab {info.n_vocab:,}, trained context {info.context_length:,}]")
-    if target_head := head_class(r.target.path):
+    if target_head := head_of(r.target):
         lines.append(NOT_A_MODEL.format(target_head.DESCRIBED))
     lines += [f"not usable as the {role}: {info.path.name} is {what}" for role, info in (("target", r.target),
               ("draft", r.draft)) if info and (what := not_a_model(info.path))]
     if own := own_drafting(r.target):
         lines.append(own)
-    if r.draft and (head := head_class(r.draft.path)):
-        lines.append(head_note(r, head))
+    if r.draft and (head := head_of(r.draft)):
+        lines.append(head_verdict(head, r.target, r.draft, r.problems)[1])
     elif r.draft:
         lines.append("compatible: the draft shares the target's tokenizer" if r.compatible else
                      f"{AS_TEXT}: " + "; ".join(r.problems))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EngineError
-from ..gguf_file import GgufInfo, read_info
+from ..gguf_file import GgufInfo, metadata
 from ..llama import Context, Model
 from ..llama.backend import missing_ext
 from ..llama.block import BlockContext
@@ -126,7 +126,7 @@ class DFlashDrafter(Drafter):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which a block draft needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        s = self.settings = BlockSettings.of(read_info(draft.path).kv)  # (the pair checked it fits: pair_problems)
+        s = self.settings = BlockSettings.of(metadata(draft.path))  # (the pair checked it fits: pair_problems)
         self.target, self.model, self.p_min = target, draft, p_min
         self.anchor_drafts = isinstance(self, DSparkDrafter) and s.sample_from_anchor  # the anchor's row drafts
         self.max_block = s.block_size if self.anchor_drafts else s.block_size - 1  # tokens one block can draft
