@@ -49,9 +49,11 @@ Adaptive mode decides token by token, from measurements of this generation:
   (committing the tokens, the text, whoever reads the events). Both are timed and added to each round's cost (the
   second to a plain step's too): left out, they favoured short drafts, which pay them more often (on the starter
   pair, rounds of 3 tokens chosen at 97% acceptance made 70 tokens/s where rounds of 12 made 81).
-- The model can be wrong where the round has costs it does not see (a draft model call whose first token is
-  judged not worth drafting, the draft catching up after rounds off), so the measured rate of the rounds that
-  called the draft model is checked against plain decoding's, and speculation goes off when it is lower.
+- The model can be wrong where the round has costs it does not see (a draft model call that --draft-p-min ends
+  before its first token, a host slower on one of the two models than the timings say), so the rounds that called
+  the draft model are checked: speculation goes off where they made tokens more slowly than plain decoding and took
+  longer than the costs say such rounds take. A loss to rejections is left to the acceptance the plan learns: checked
+  by the rate alone, the hard first lines of an answer turned drafting off for the rest of it.
 """
 from __future__ import annotations
 
@@ -117,6 +119,14 @@ class DraftLength:
     # Short measuring drafts the drafter itself ends before their first token (--draft-p-min: a base model unsure at
     # the start of a letter) each cost a draft call and learn nothing: after this many in a row, judge as usual
     EMPTY_MEASURES = 2
+    # How much longer than the costs say the rounds that drafted may take before a loss is laid to costs the model
+    # does not see (_measured_loss) rather than to the host's noise
+    UNSEEN = 0.1
+    # The cap is the longest draft length whose estimated rate is within FLAT of the best (_plan). Near its best the
+    # rate hardly changes with the length, so the estimates' noise picked among them: a rejection at a sure token
+    # and a slow batch set the starter's cap at 3 for 25 rounds of sure tokens (and only batches of up to 4 were
+    # timed again), where rounds of 12 made 10% more
+    FLAT = 0.02
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
                  measured: Measured | None = None, signal_grows: bool = False):
@@ -147,7 +157,9 @@ class DraftLength:
         self._t_draft, self._t_catch_up, self._probe_loss = m.t_draft, m.t_catch_up, m.probe_loss
         self._first_extra, self._between = m.first_extra, m.between
         self._verify = m.verify
-        self._spec = [0.0, 0.0, 0.0]  # rounds that called a draft model (decayed): count, tokens made, seconds
+        # rounds that called a draft model (decayed): count, tokens made, seconds, and what the costs said they would
+        # take (_measured_loss)
+        self._spec = [0.0, 0.0, 0.0, 0.0]
         self._pace = [0.0, 0.0]  # every round (decayed): tokens made, seconds (a growing signal's bar: _min_acceptance)
         self._off_rounds = 0
         self._failed_probes = 0  # probes in a row after which speculation stayed off
@@ -385,9 +397,22 @@ class DraftLength:
         return min(plain, self._pace[1] / self._pace[0]) if at_pace and self._pace[0] else plain
 
     def _measured_loss(self) -> bool:
-        """Have the rounds that drafted made tokens more slowly than plain decoding does?"""
-        rounds, tokens, seconds = self._spec
-        return rounds >= 6 and tokens / seconds < 1.0 / self._verify_time(1)
+        """Have the rounds that drafted made tokens more slowly than plain decoding does, and taken more than UNSEEN
+        longer than the costs say such rounds take? The check is for costs the model does not see; a loss to
+        rejections it sees, in the acceptance it plans by. (Judged by the rate alone, a hard first stretch of an
+        answer turned drafting off, and the probes, each catching the draft up on the tokens made since, never
+        turned it back on: the starter's "why is the sky blue" answer made 0.94x of plain where drafting on made
+        1.08x.)"""
+        rounds, tokens, seconds, modelled = self._spec
+        return (rounds >= 6 and tokens / seconds < 1.0 / self._verify_time(1)
+                and seconds > modelled * (1.0 + self.UNSEEN))
+
+    def _modelled(self, n_drafted: int, n_evals: int) -> float:
+        """Seconds the costs say a round of ``n_evals`` draft calls and ``n_drafted`` tokens takes (_measured_loss).
+        A round that drafted nothing is a plain step: its draft call, ended before a first token by --draft-p-min,
+        is a cost the plan does not see."""
+        drafting = n_evals * self._t_draft.value + self._first_extra.value if n_drafted else 0.0
+        return drafting + self._verify_time(n_drafted + 1)
 
     def _best_k(self, acceptance: float | None = None) -> int:
         return self._best(acceptance)[0]
@@ -399,10 +424,10 @@ class DraftLength:
         return self._best_at(self.acceptance() if acceptance is None else acceptance)
 
     def _best_at(self, acceptance: float, sure: float = 1.0, sure_next: float | None = None,
-                 margin: float | None = None) -> tuple[int, float]:
+                 margin: float | None = None, flat: float = 0.0) -> tuple[int, float]:
         return best_draft_length(lambda n: self._verify_time(n) + self._between.value, self._draft_time,
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), min(acceptance, 0.999),
-                                 self.PAY_MARGIN if margin is None else margin, sure, sure_next)
+                                 self.PAY_MARGIN if margin is None else margin, sure, sure_next, flat)
 
     def _plan(self) -> tuple[int, float]:
         """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end
@@ -443,7 +468,7 @@ class DraftLength:
             count = {b: m.first[b] + sum(m.after[a][b] for a in sure) for b in sure}  # sure tokens seen, per bucket
             acceptance = sum(count[b] * rates[b] for b in sure) / sum(count.values())
             k, rate = self._best_at(acceptance, sum(drafted[b] for b in sure) / sum(drafted),
-                                    sum(m.after[a][b] for a in sure for b in sure) / after, margin)
+                                    sum(m.after[a][b] for a in sure for b in sure) / after, margin, self.FLAT)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
         return best_k, floor
@@ -473,6 +498,7 @@ class DraftLength:
                forced: list[bool] | None = None, between_s: float | None = None) -> None:
         """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's)."""
         d = DECAY
+        modelled = self._modelled(n_drafted, n_evals) if self._costs_timed() else draft_s + verify_s
         self._bars = self._fit = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
@@ -529,13 +555,16 @@ class DraftLength:
         # The rounds that judge whether drafting loses (_measured_loss): a draft model's (a model-free drafter's
         # lookups cost next to nothing), but not a long look, a timing that drafts past where rounds end: counted, the
         # starter's first answer went off after two looks verified 16 tokens for 6 and 1 accepted. A probe that made
-        # its tokens faster than plain decoding, catching up included, starts the record again: the rounds that lost
-        # were another spell's, and without the looks' to dilute them one probe could not outweigh them.
+        # its tokens faster than plain decoding starts the record again: the rounds that lost were another spell's,
+        # and without the looks' to dilute them one probe could not outweigh them. Its catching up on the tokens made
+        # while off is left out: that is the price of having been off, paid once, not a cost of drafting on.
         if n_evals and not self._looking:
-            r = self._spec
-            if self._probing and (n_accepted + 1) * self._verify_time(1) > draft_s + verify_s:
-                r = [0.0, 0.0, 0.0]
-            self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + draft_s + verify_s]
+            r, spent = self._spec, draft_s + verify_s
+            if self._probing:
+                spent -= max(first_s - self._t_draft.value - self._first_extra.value, 0.0)
+                if (n_accepted + 1) * self._verify_time(1) > spent:
+                    r = [0.0] * 4
+            self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + spent, d * r[3] + modelled]
         self._pace = [d * self._pace[0] + n_accepted + 1, d * self._pace[1] + draft_s + verify_s + (between_s or 0.0)]
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)

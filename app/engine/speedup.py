@@ -29,18 +29,23 @@ def round_shape(k: int, acceptance: float, sure: float = 1.0, sure_next: float |
 
 def best_draft_length(verify: Callable[[float], float], draft: Callable[[float], float], lengths: range,
                       acceptance: float = 1.0, margin: float = 0.0, sure: float = 1.0,
-                      sure_next: float | None = None) -> tuple[int, float]:
+                      sure_next: float | None = None, flat: float = 0.0) -> tuple[int, float]:
     """The draft length among ``lengths`` that makes tokens fastest (0: plain decoding), and that rate in tokens
     per second. ``verify(n)``: seconds of a target batch of n tokens; ``draft(k)``: seconds drafting k tokens (both
     asked of expected, fractional sizes where ``sure`` < 1); ``margin``: how much faster than plain decoding
-    (0.03: 3%) a draft length must be to be chosen; ``acceptance``, ``sure`` and ``sure_next`` as in round_shape."""
+    (0.03: 3%) a draft length must be to be chosen; ``acceptance``, ``sure`` and ``sure_next`` as in round_shape;
+    ``flat``: take the longest length whose rate is within this share of the best (0.02: 2%) instead."""
     plain = 1.0 / verify(1)
     best_k, best_rate = 0, plain
+    rates = {}
     for k in lengths:
         tokens, calls, verified = round_shape(k, acceptance, sure, sure_next)
-        rate = tokens / (draft(calls) + verify(1.0 + verified))
+        rate = rates[k] = tokens / (draft(calls) + verify(1.0 + verified))
         if rate > best_rate and rate > plain * (1.0 + margin):
             best_k, best_rate = k, rate
+    if best_k and flat:
+        best_k = max(k for k, rate in rates.items() if rate >= best_rate * (1.0 - flat))
+        best_rate = rates[best_k]
     return best_k, best_rate
 
 
