@@ -70,13 +70,13 @@ def main() -> int:
                                   "per_round": o["mean_accepted_per_round"]})
             x = results[name][-1]
             print(f"repeat {r + 1} {name}: {x['speedup']:.3f}x of plain (worst prompt {x['min']:.2f}x), ceiling "
-                  f"{x['ceiling']:.2f}x, reached {x['reached']:.0%}, {x['per_round']:.2f} accepted a round, "
+                  f"{x['ceiling']:.3f}x, reached {x['reached']:.1%}, {x['per_round']:.2f} accepted a round, "
                   f"identical {x['identical']}", flush=True)
     print("\nmedians over the repeats:")
     for name, rows in results.items():
         med = {k: statistics.median(x[k] for x in rows) for k in ("speedup", "ceiling", "reached")}
-        print(f"{name:7} {med['speedup']:.3f}x of plain, ceiling {med['ceiling']:.2f}x, share of the ceiling "
-              f"{med['reached']:.0%}, outputs identical in every run: {all(x['identical'] for x in rows)}")
+        print(f"{name:7} {med['speedup']:.3f}x of plain, ceiling {med['ceiling']:.3f}x, share of the ceiling "
+              f"{med['reached']:.1%}, outputs identical in every run: {all(x['identical'] for x in rows)}")
     return 0
 
 
