@@ -52,6 +52,8 @@ def test_where_the_rate_hardly_changes_with_the_length_the_longest_is_taken():
     assert best_k < k == 12 and best_rate * 0.98 <= rate < best_rate
     assert best_draft_length(verify, draft, range(1, 13), acceptance=0.9, flat=0.02)[0] < 12  # (not where it does)
     assert best_draft_length(verify, draft, range(1, 13), acceptance=0.5, flat=0.02)[0] == 0  # nor where none pays
+    just_under = best_rate * verify(1) * 0.999 - 1  # a margin the best length passes and the longer ones do not
+    assert best_draft_length(verify, draft, range(1, 13), 1 - 1 / 70, just_under, flat=0.02)[0] == best_k
 
 
 def test_the_ceiling_says_what_the_pair_can_reach_and_why():

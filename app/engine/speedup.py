@@ -43,8 +43,8 @@ def best_draft_length(verify: Callable[[float], float], draft: Callable[[float],
         rate = rates[k] = tokens / (draft(calls) + verify(1.0 + verified))
         if rate > best_rate and rate > plain * (1.0 + margin):
             best_k, best_rate = k, rate
-    if best_k and flat:
-        best_k = max(k for k, rate in rates.items() if rate >= best_rate * (1.0 - flat))
+    if best_k and flat:  # (and still past the margin)
+        best_k = max(k for k, rate in rates.items() if rate >= max(best_rate * (1.0 - flat), plain * (1.0 + margin)))
         best_rate = rates[best_k]
     return best_k, best_rate
 
