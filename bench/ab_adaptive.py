@@ -13,7 +13,8 @@ instead (draft up to --draft-max tokens, each while the draft's logit gap is at 
 in hindsight on a replay (``replay_adaptive.py -v``), run for real, tells what the host leaves of the replay's share.
 
     python bench/ab_adaptive.py [--other CHECKOUT]... [--fixed GAP]... [--repeats 3] [-n 128]
-                                [--prompts tests/prompts/heldout.jsonl] [specchat bench's model options; default the starter]
+                                [--prompts tests/prompts/heldout.jsonl] [specchat bench's model options]
+    (the model options default to --pair starter)
 """
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from app.cli.bench import _run, encode_prompt, load_prompts  # noqa: E402
 from app.cli.main import build_engine, build_parser  # noqa: E402
 from app.engine import OFF, Costs, DraftParams, GenerationParams, SamplingParams, loop  # noqa: E402
 from app.engine.drafters import ModelDrafter  # noqa: E402
+from replay_adaptive import FixedRule as ReplayedRule  # noqa: E402
 
 
 def sibling(module: str, path: Path):
@@ -55,24 +58,16 @@ class Controller:
         engine._measured = self.measured
 
 
-class FixedRule:
-    """Draft up to draft_max tokens a round, each while its signal is at least ``gap`` (the controller's interface)."""
+class FixedRule(ReplayedRule):
+    """The replay's fixed rule as the loop meets a controller: made per answer from its DraftParams (up to
+    draft_max tokens), told of each round (``record``), asked the prices of a chain's members (none here)."""
 
     def __init__(self, gap: float):
-        self.gap = gap
+        super().__init__(gap, 0)
 
     def __call__(self, params, *args):
-        self.draft_max = params.draft_max
+        self.k_max = params.draft_max
         return self
-
-    def next(self) -> int:
-        return self.draft_max
-
-    def take(self, signal: float) -> bool:
-        return signal >= self.gap
-
-    def look_further(self) -> bool:
-        return True
 
     def prices(self) -> tuple[float, float]:
         return 0.0, 0.0
@@ -96,12 +91,12 @@ def main() -> int:
     ap.add_argument("--prompts", type=Path, default=ROOT / "tests/prompts/heldout.jsonl")
     ap.add_argument("-v", "--verbose", action="store_true", help="each prompt's speedups too")
     a, rest = ap.parse_known_args()
+    if not a.other and not a.fixed:
+        ap.error("give --other CHECKOUT or --fixed GAP")
     args = build_parser().parse_args(["bench", *(rest or ["--pair", "starter"]), "--adaptive",
                                       "--prompts", str(a.prompts)])
     engine, drafter, dp = build_engine(args)
     engine._memory = None  # (a profile kept from a launch would be one controller's: each starts from its priors)
-    if not a.other and not a.fixed:
-        ap.error("give --other CHECKOUT or --fixed GAP")
     controllers = [Controller("this", loop.DraftLength, ModelDrafter)]
     for i, checkout in enumerate(a.other):
         other = checkout.resolve() / "app/engine"
