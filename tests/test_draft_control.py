@@ -2,7 +2,7 @@
 import time
 from bisect import bisect_right
 
-from app.engine.draft_control import DECAY, DraftLength, DraftParams, Estimate, Measured
+from app.engine.draft_control import DraftLength, DraftParams, Measured
 from app.engine.drafters import ModelDrafter
 from app.engine.drafters.ngram import NgramSimple
 
@@ -589,7 +589,7 @@ def test_where_drafting_was_mostly_off_a_rounds_first_token_is_judged_by_every_d
         m.between.add(0.0004)
         m.t_catch_up.add(0.0115)
         for n, t in verify_s.items():
-            m.verify.setdefault(n, Estimate(DECAY)).add(t)
+            m.verify.add(n, t)
     m.draft_timed_at = time.monotonic()
     c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m)
     for _ in range(2):  # the answer's opening measures: two sure tokens, both accepted

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 
 from .drafters.ngram import NgramParams
 from .errors import EngineError
-from .measured import DECAY, Estimate, Measured
+from .measured import DECAY, Measured
 from .speedup import best_draft_length
 
 MAX_DRAFT = 64  # the target's batch holds draft_max + 1 outputs; keeps the logits buffer small
@@ -173,7 +173,6 @@ class DraftLength:
         self._empty = 0  # rounds that called the draft model and drafted nothing, since one drafted
         self._called_last = False  # the last round called the draft model (this answer's)
         self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
-        self._fit: tuple[float, float, float] | None = None  # _line, this round
 
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self) -> int:
@@ -233,7 +232,7 @@ class DraftLength:
         if not self._probe_loss.known:
             return 0.0
         trust = 1.0 if self._probe_loss.n else 0.5  # (one timing only: a new shape's first call may have paid extra)
-        return trust * max(self._probe_loss.value, 0.0) / (self.PROBE_BUDGET * self._verify_time(1))
+        return trust * max(self._probe_loss.value, 0.0) / (self.PROBE_BUDGET * self._verify.time(1))
 
     def _long_look_due(self) -> bool:
         """Time one long verification batch? When acceptance is plainly high and a guess says a long batch could
@@ -271,7 +270,7 @@ class DraftLength:
         batch was timed, no guess: the measured costs say."""
         if self._long_batch_timed():
             return self._best_k(0.999) > 0
-        plain, slope = self._verify_time(1) + self._between.value, self.LONG_BATCH_GUESS * self._slope()
+        plain, slope = self._verify.time(1) + self._between.value, self.LONG_BATCH_GUESS * self._verify.slope()
         k, _ = best_draft_length(lambda n: plain + slope * (n - 1), self._draft_time,
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999, self.PAY_MARGIN)
         return k > 0
@@ -319,7 +318,7 @@ class DraftLength:
         if not self._costs_timed():
             return 0.5, 0.0
         token = self._token_time(at_pace=True)
-        return self._slope() / token, self._t_draft.value / token
+        return self._verify.slope() / token, self._t_draft.value / token
 
     def _explore(self, bucket: int) -> bool:
         """Draft a token the estimates say to stop at, one time in EXPLORE_EVERY, while its signal bucket has
@@ -341,38 +340,6 @@ class DraftLength:
         """Enough timings to trust the costs: several draft tokens, and two batch sizes seen more than once."""
         return self._t_draft.n >= self.SETTLED and sum(e.n >= 3 for e in self._verify.values()) >= 2
 
-    def _line(self) -> tuple[float, float, float]:
-        """Verification time against batch size: a least-squares line through the batch sizes seen (2 tokens or
-        more; the plain step too while only one such size was seen), each weighted by how often (up to 10).
-        Returns (mean size, mean seconds, seconds per extra token). Computed once a round (``update`` clears it)."""
-        if self._fit is None:
-            self._fit = self._fit_line()
-        return self._fit
-
-    def _fit_line(self) -> tuple[float, float, float]:
-        batches = [n for n in self._verify if n > 1]
-        sizes = batches if len(batches) >= 2 else list(self._verify)
-        pts = [(n, self._verify[n].value, max(1, min(self._verify[n].n, 10))) for n in sizes]
-        w = sum(k for *_, k in pts)
-        mn = sum(n * k for n, _, k in pts) / w
-        mt = sum(t * k for _, t, k in pts) / w
-        var = sum(k * (n - mn) ** 2 for n, _, k in pts) / w
-        if var > 1e-9:
-            return mn, mt, max(sum(k * (n - mn) * (t - mt) for n, t, k in pts) / w / var, 0.0)
-        return mn, mt, 0.1 * mt / max(mn, 1.0)  # one batch size seen so far: assume +10% per extra token
-
-    def _slope(self) -> float:
-        """Seconds each extra token adds to a verification batch."""
-        return self._line()[2]
-
-    def _verify_time(self, n: int) -> float:
-        if n == 1 and 1 in self._verify:
-            return self._verify[1].value  # a plain step: measured, never read off the batches' line
-        if n in self._verify and self._verify[n].n >= 3:
-            return self._verify[n].value  # this size measured: no line needed
-        mn, mt, slope = self._line()
-        return max(1e-6, mt + slope * (n - mn))
-
     def _min_acceptance(self, draft_step: bool) -> float:
         """A draft token pays when, reached and accepted, it saves a plain decoding step (the target's cost for one
         token) at the price of one more position in the verification batch, and of a draft step if ``draft_step``.
@@ -382,7 +349,7 @@ class DraftLength:
             if not self._costs_timed():
                 self._bars = (0.5, 0.5)
             else:
-                slope, token = self._slope(), self._token_time(at_pace=self._grows)
+                slope, token = self._verify.slope(), self._token_time(at_pace=self._grows)
                 self._bars = tuple(min(max((slope + step) / token, 0.05), 0.98) for step in (0.0, self._t_draft.value))
         return self._bars[draft_step]
 
@@ -393,7 +360,7 @@ class DraftLength:
     def _token_time(self, at_pace: bool) -> float:
         """What an accepted token spares: a plain step, or at the answer's pace (the rounds' seconds per token
         lately) where that is less."""
-        plain = self._verify_time(1)
+        plain = self._verify.time(1)
         return min(plain, self._pace[1] / self._pace[0]) if at_pace and self._pace[0] else plain
 
     def _measured_loss(self) -> bool:
@@ -404,7 +371,7 @@ class DraftLength:
         turned it back on: the starter's "why is the sky blue" answer made 0.94x of plain where drafting on made
         1.08x.)"""
         rounds, tokens, seconds, modelled = self._spec
-        return (rounds >= 6 and tokens / seconds < 1.0 / self._verify_time(1)
+        return (rounds >= 6 and tokens / seconds < 1.0 / self._verify.time(1)
                 and seconds > modelled * (1.0 + self.UNSEEN))
 
     def _modelled(self, n_drafted: int, n_evals: int) -> float:
@@ -412,7 +379,7 @@ class DraftLength:
         A round that drafted nothing is a plain step: its draft call, ended before a first token by --draft-p-min,
         is a cost the plan does not see."""
         drafting = n_evals * self._t_draft.value + self._first_extra.value if n_drafted else 0.0
-        return drafting + self._verify_time(n_drafted + 1)
+        return drafting + self._verify.time(n_drafted + 1)
 
     def _best_k(self, acceptance: float | None = None) -> int:
         return self._best(acceptance)[0]
@@ -425,7 +392,7 @@ class DraftLength:
 
     def _best_at(self, acceptance: float, sure: float = 1.0, sure_next: float | None = None,
                  margin: float | None = None, flat: float = 0.0) -> tuple[int, float]:
-        return best_draft_length(lambda n: self._verify_time(n) + self._between.value, self._draft_time,
+        return best_draft_length(lambda n: self._verify.time(n) + self._between.value, self._draft_time,
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), min(acceptance, 0.999),
                                  self.PAY_MARGIN if margin is None else margin, sure, sure_next, flat)
 
@@ -481,7 +448,7 @@ class DraftLength:
         """Seconds per token drafting saves at best (every draft token accepted), by the measured costs. A draft
         model that was off pays about its catch-up cost for every token made meanwhile when it drafts again: where
         that is more than drafting can save, turning it back on does not pay even if it stays on as long."""
-        return self._verify_time(1) + self._between.value - 1.0 / self._best(0.999)[1]
+        return self._verify.time(1) + self._between.value - 1.0 / self._best(0.999)[1]
 
     # --- feedback -------------------------------------------------------------------------------------------
     def record(self, draft, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
@@ -499,7 +466,7 @@ class DraftLength:
         """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's)."""
         d = DECAY
         modelled = self._modelled(n_drafted, n_evals) if self._costs_timed() else draft_s + verify_s
-        self._bars = self._fit = None
+        self._bars = None
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
                 if signal is None:  # a token a grammar forced: not the drafter's to judge
@@ -551,7 +518,7 @@ class DraftLength:
             self._between.add(between_s)
         if self._measuring and not self._looking and 1 in self._verify:  # what this probe lost (or won) against
             # plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short probe costs)
-            self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify_time(1))
+            self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify.time(1))
         # The rounds that judge whether drafting loses (_measured_loss): a draft model's (a model-free drafter's
         # lookups cost next to nothing), but not a long look, a timing that drafts past where rounds end: counted, the
         # starter's first answer went off after two looks verified 16 tokens for 6 and 1 accepted. A probe that made
@@ -562,11 +529,11 @@ class DraftLength:
             r, spent = self._spec, draft_s + verify_s
             if self._probing:
                 spent -= max(first_s - self._t_draft.value - self._first_extra.value, 0.0)
-                if (n_accepted + 1) * self._verify_time(1) > spent:
+                if (n_accepted + 1) * self._verify.time(1) > spent:
                     r = [0.0] * 4
             self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + spent, d * r[3] + modelled]
         self._pace = [d * self._pace[0] + n_accepted + 1, d * self._pace[1] + draft_s + verify_s + (between_s or 0.0)]
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
         self._empty = 0 if n_drafted else self._empty + (n_evals > 0)
-        self._verify.setdefault(n_drafted + 1, Estimate(d)).add(verify_s)
+        self._verify.add(n_drafted + 1, verify_s)

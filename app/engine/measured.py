@@ -33,7 +33,7 @@ class Measured:
         self.probe_loss = Estimate(DECAY)  # seconds a measuring round lost against plain steps
         self.first_extra = Estimate(DECAY)  # seconds a draft model's first call of a round takes beyond t_draft
         self.between = Estimate(DECAY)  # seconds between two rounds, outside drafting and verifying
-        self.verify: dict[int, Estimate] = {}  # a verification batch of n tokens -> its seconds
+        self.verify = Batches()  # a verification batch of n tokens -> its seconds
         self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
         self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
         self.accepted = self.judged = 0.0  # draft tokens accepted and judged, decayed, over the last answers
@@ -115,3 +115,47 @@ class Estimate:
             self.value = statistics.median(self._first)
         else:
             self.value += (1.0 - self.decay) * (t - self.value)
+
+
+class Batches(dict):
+    """The target's verification batches timed: n tokens -> ``Estimate`` of its seconds; and read off them, what a
+    batch of any size takes (``time``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._fit: tuple[float, float, float] | None = None  # _line, since the last timing
+
+    def add(self, n: int, seconds: float) -> None:
+        self.setdefault(n, Estimate(DECAY)).add(seconds)
+        self._fit = None
+
+    def time(self, n: int) -> float:
+        """Seconds a batch of n tokens takes: a plain step as measured, never read off the batches' line; a size
+        timed a few times as timed; any other off the line."""
+        if n == 1 and 1 in self:
+            return self[1].value
+        if n in self and self[n].n >= 3:
+            return self[n].value
+        mn, mt, slope = self._line()
+        return max(1e-6, mt + slope * (n - mn))
+
+    def slope(self) -> float:
+        """Seconds each extra token adds to a verification batch."""
+        return self._line()[2]
+
+    def _line(self) -> tuple[float, float, float]:
+        """Verification time against batch size: a least-squares line through the batch sizes seen (2 tokens or
+        more; the plain step too while only one such size was seen), each weighted by how often (up to 10).
+        Returns (mean size, mean seconds, seconds per extra token)."""
+        if self._fit is None:
+            batches = [n for n in self if n > 1]
+            sizes = batches if len(batches) >= 2 else list(self)
+            pts = [(n, self[n].value, max(1, min(self[n].n, 10))) for n in sizes]
+            w = sum(k for *_, k in pts)
+            mn = sum(n * k for n, _, k in pts) / w
+            mt = sum(t * k for _, t, k in pts) / w
+            var = sum(k * (n - mn) ** 2 for n, _, k in pts) / w
+            slope = (max(sum(k * (n - mn) * (t - mt) for n, t, k in pts) / w / var, 0.0) if var > 1e-9
+                     else 0.1 * mt / max(mn, 1.0))  # (one batch size seen so far: assume +10% per extra token)
+            self._fit = mn, mt, slope
+        return self._fit
