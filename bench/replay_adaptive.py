@@ -11,7 +11,8 @@ checkout given over that recording: every round drafts along the chain as ``Mode
 controller takes, looks further, stops), the target accepts up to the first token off its answer, and each
 operation costs its recorded time times seeded noise (--sigma). Answers follow one another with one ``Measured``,
 as in ``specchat bench``. The same recording replayed by two checkouts compares their controllers on the same
-text and costs; --draft-scale scales the draft's costs, to try a spell the host was not in.
+text and costs; --draft-scale scales the draft's costs, to try a spell the host was not in, and --spell replays the
+answers after such a spell has passed (whatever the controller carried from it, it carries into them).
 
 It prints the ceiling (every draft token accepted, at the recorded costs), the speedup of each seed's replay and
 their median share of the ceiling; with -v, each answer's speedup and a reference the controller cannot know in
@@ -21,12 +22,13 @@ measured runs (``specchat bench``, ``perf_adaptive_pairs.py``); this is for deci
     python bench/replay_adaptive.py record OUT.json [--pair starter | -m T.gguf -md D.gguf] [--prompts P] [-n 128]
                                                     [-t THREADS]
     python bench/replay_adaptive.py replay OUT.json [--code CHECKOUT] [--seeds 7] [--sigma 0.05]
-                                                    [--draft-scale 1.0] [-v] [--trace N]
+                                                    [--draft-scale 1.0] [--spell S] [-v] [--trace N]
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import math
 import random
@@ -129,9 +131,16 @@ class Recording:
         r = json.loads(path.read_text())
         self.answers, self.p_min = r["answers"], r["draft_p_min"]
         self.verify = {int(n): s for n, s in r["verify_s"].items()}
-        self.t_draft = r["draft_s"] * draft_scale
-        self.catch = sorted((int(n), s * draft_scale) for n, s in r["catch_up_s"].items())
-        self.first_extra = r.get("first_extra_s", 0.0) * draft_scale  # a round's first call, after a batch
+        self._draft = r["draft_s"], r["catch_up_s"], r.get("first_extra_s", 0.0)
+        self.scale_draft(draft_scale)
+
+    def scale_draft(self, scale: float) -> None:
+        """The draft's costs: as recorded times ``scale`` (a spell the host was not in)."""
+        step, catch, first_extra = self._draft
+        self.draft_scale = scale
+        self.t_draft = step * scale
+        self.catch = sorted((int(n), s * scale) for n, s in catch.items())
+        self.first_extra = first_extra * scale  # a round's first call, after a batch
 
     def batch(self, n: int) -> float:
         """A verification batch of n tokens: as timed, or linear between the sizes timed."""
@@ -172,7 +181,7 @@ class FixedRule:
     def look_further(self) -> bool:
         return True
 
-    def update(self, *args) -> None:
+    def update(self, *args, **kwargs) -> None:
         pass
 
 
@@ -180,58 +189,96 @@ def draft_along(rec: Recording, chain: list, n_max: int, n_first: int, gate, cos
     """``ModelDrafter.propose``, greedy, along a recorded chain (gated where ``gate`` is given): the tokens taken,
     their signals, the draft calls made, the first call's seconds (catching up on ``n_first`` tokens) and all the
     calls' seconds, each at ``cost(recorded seconds)``."""
-    first_s, evals, tokens, signals = cost(rec.catch_up(n_first)), 1, [], []
+    first_s, evals, tokens, signals, unsure = cost(rec.catch_up(n_first)), 1, [], [], False
     for i, (token, passes, gap) in enumerate(chain[:n_max]):
         if not passes or (gate is not None and not gate.take(gap)):
+            unsure = not passes
             break  # (the call that showed this token is paid)
         tokens.append(token)
         signals.append(gap)
         if i + 1 == n_max or (gate is not None and not gate.look_further()):
             break
         evals += 1
-    return tokens, signals, evals, first_s, first_s + sum(cost(rec.t_draft) for _ in range(evals - 1))
+    return tokens, signals, evals, first_s, first_s + sum(cost(rec.t_draft) for _ in range(evals - 1)), unsure
 
 
-def run(rec: Recording, make_control, cost) -> tuple[float, list[float]]:
+def takes_keyword(fn, name: str) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
+class Clock:
+    """The replay's time, for the controller's timers (``Measured.MEMORY_S``): the seconds its rounds took, and the
+    plain runs beside them (as ``specchat bench`` interleaves them)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def install(self, dc) -> None:
+        """Be the clock of the checkout's ``draft_control`` (``dc``) and of the modules it times with."""
+        for module in (dc, sys.modules.get("app.engine.measured")):
+            if module is not None and hasattr(module, "time"):
+                module.time = self
+
+
+def run(rec: Recording, make_control, cost, clock: Clock | None = None) -> tuple[float, list[float]]:
     """One pass over the recorded answers, a control from ``make_control()`` per answer, each operation at
-    ``cost(recorded seconds)``; returns the speedup over plain decoding at the same costs, overall and per answer."""
+    ``cost(recorded seconds)``; returns the speedup over plain decoding at the same costs, overall and per answer.
+    ``clock``, where given, advances by every round's seconds and each answer's plain run."""
+    clock = clock or Clock()
     on = off = 0.0
     per = []
     for a in rec.answers:
         answer, chains = a["answer"], a["chains"]
         control = make_control()
+        told = takes_keyword(control.update, "unsure")  # (older checkouts' controllers are not told)
         pos, cached, seconds, first_round = 0, 0, 0.0, True  # cached: answer tokens the draft context holds
         while pos + 1 < len(answer):
             n_max = min(control.next(), len(answer) - 1 - pos)
-            tokens, signals, evals, first_s, n_first, draft_s = [], [], 0, 0.0, 0, 0.0
+            tokens, signals, evals, first_s, n_first, draft_s, unsure = [], [], 0, 0.0, 0, 0.0, False
             if n_max > 0:
                 n_first = max(pos + 1 - cached, 1)  # catch_up: the tokens made since, or the last one again
-                tokens, signals, evals, first_s, draft_s = draft_along(rec, chains[pos], n_max, n_first, control, cost)
+                tokens, signals, evals, first_s, draft_s, unsure = draft_along(rec, chains[pos], n_max, n_first,
+                                                                               control, cost)
             accepted = next((i for i, t in enumerate(tokens) if t != answer[pos + 1 + i]), len(tokens))
             if evals:  # the draft context keeps what it decoded that the target accepted
                 cached = pos + 1 + min(accepted, evals - 1)
             verify_s, between_s = cost(rec.verify[len(tokens) + 1]), cost(BETWEEN_S)
             control.update(len(tokens), accepted, draft_s, verify_s, signals or None, evals, first_s, n_first,
-                           None, None if first_round else between_s)
+                           None, None if first_round else between_s, **({"unsure": True} if unsure and told else {}))
             seconds += draft_s + verify_s + between_s
+            clock.now += draft_s + verify_s + between_s
             pos, first_round = pos + accepted + 1, False
         plain = sum(cost(rec.verify[1]) + cost(BETWEEN_S) for _ in range(len(answer) - 1))
+        clock.now += plain
         per.append(plain / seconds)
         on, off = on + seconds, off + plain
     return off / on, per
 
 
-def replay(rec: Recording, dc, drafter, seed: int, sigma: float, trace: int | None = None) -> tuple[float, list[float]]:
+def replay(rec: Recording, dc, drafter, seed: int, sigma: float, trace: int | None = None,
+           spell: float | None = None) -> tuple[float, list[float]]:
     """The checkout's adaptive controller over the recording, one ``Measured`` for every answer, each operation's
-    time with seeded log-normal noise; the rounds of answer ``trace`` (its index) printed."""
+    time with seeded log-normal noise; the rounds of answer ``trace`` (its index) printed. With ``spell``, the
+    answers are first replayed with the draft's costs times ``spell``, and what follows that spell is returned."""
     rng = random.Random(seed)
     measured = dc.Measured()
     params = dc.DraftParams(draft_max=CHAIN, draft_p_min=rec.p_min, adaptive=True)
     answer = iter(range(len(rec.answers)))
     kinds = {trace: traced(dc.DraftLength)}
+    cost = lambda s: s * math.exp(rng.gauss(0.0, sigma))  # noqa: E731
+    clock = Clock()
+    clock.install(dc)
+    if spell is not None:
+        scale = rec.draft_scale
+        rec.scale_draft(scale * spell)
+        run(rec, lambda: dc.DraftLength(params, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured), cost, clock)
+        rec.scale_draft(scale)
     return run(rec, lambda: kinds.get(next(answer), dc.DraftLength)(params, drafter.SIGNAL_EDGES,
-                                                                     drafter.SIGNAL_PRIOR, measured),
-               lambda s: s * math.exp(rng.gauss(0.0, sigma)))
+                                                                     drafter.SIGNAL_PRIOR, measured), cost, clock)
 
 
 def traced(control: type) -> type:
@@ -243,12 +290,12 @@ def traced(control: type) -> type:
             self.asked = super().next()
             return self.asked
 
-        def update(self, n_drafted, n_accepted, draft_s, verify_s, signals=None, *rest) -> None:
+        def update(self, n_drafted, n_accepted, draft_s, verify_s, signals=None, *rest, **kw) -> None:
             flag = lambda name: getattr(self, name, False)  # noqa: E731
             kind = "probe" if flag("_probing") else "look" if flag("_looking") else "measure" * flag("_measuring")
             print(f"  {self.asked:2} asked, {n_drafted:2} drafted, {n_accepted:2} accepted, "
                   f"{(draft_s + verify_s) * 1e3:6.1f} ms {kind:7} " + " ".join(f"{g:.1f}" for g in signals or []))
-            super().update(n_drafted, n_accepted, draft_s, verify_s, signals, *rest)
+            super().update(n_drafted, n_accepted, draft_s, verify_s, signals, *rest, **kw)
     return Traced
 
 
@@ -275,6 +322,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=7)
     p.add_argument("--sigma", type=float, default=0.05, help="log-normal noise on every operation's time")
     p.add_argument("--draft-scale", type=float, default=1.0, help="scale the draft's costs (another spell)")
+    p.add_argument("--spell", type=float, metavar="S",
+                   help="replay the answers after a spell: first with the draft's costs x S, one Measured throughout")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--trace", type=int, metavar="N", help="print each round of answer N (from 0) in the first seed")
     a, rest = ap.parse_known_args()
@@ -290,7 +339,8 @@ def main() -> int:
     ceiling = rec.ceiling()
     if a.trace is not None:
         print(f"answer {a.trace} ({rec.answers[a.trace]['category']}), seed 0: each round")
-    runs = [replay(rec, dc, drafter, seed, a.sigma, a.trace if seed == 0 else None) for seed in range(a.seeds)]
+    runs = [replay(rec, dc, drafter, seed, a.sigma, a.trace if seed == 0 else None, a.spell)
+            for seed in range(a.seeds)]
     speedups = sorted(s for s, _ in runs)
     median = statistics.median(speedups)
     print(f"{a.code}: ceiling {ceiling:.3f}x; adaptive {' '.join(f'{s:.3f}' for s in speedups)}x; "

@@ -56,13 +56,15 @@ class RecordedModel:
     def propose(self, history, n_max, sp, rng, gate=None, stop=None):
         pos = len(history) - self.n_prompt - 1
         n_first = max(pos + 1 - self.cached, 1)  # (catch_up: the tokens made since, or the last one again)
-        tokens, signals, evals, first_s, spent = draft_along(self.rec, self.chains[pos], n_max, n_first, gate,
-                                                              self.cost)
+        tokens, signals, evals, first_s, spent, unsure = draft_along(self.rec, self.chains[pos], n_max, n_first,
+                                                                      gate, self.cost)
         decoded = tokens[: evals - 1]  # (its context keeps what it decoded, up to a wrong token)
         held = next((j for j, t in enumerate(decoded) if t != self.answer[pos + 1 + j]), len(decoded))
         self.cached, self.spent = pos + 1 + held, self.spent + spent
-        return self.Draft(tokens=tokens, signals=signals if gate else None, n_evals=evals, first_s=first_s,
-                          n_first=n_first)
+        draft = self.Draft(tokens=tokens, signals=signals if gate else None, n_evals=evals, first_s=first_s,
+                           n_first=n_first)
+        draft.unsure = unsure  # (a field older checkouts' Draft lacks: they ignore it)
+        return draft
 
     def accept(self, n_accepted):
         pass

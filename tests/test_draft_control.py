@@ -672,3 +672,51 @@ def test_a_launch_starts_from_how_the_last_launchs_tokens_fared():
         return sum(run_with_signals(c, 10, near_tie_accepted=True))  # near-ties drafted in its first 10 rounds
 
     assert first_answer(relaunched) >= 1.5 * first_answer(Measured())
+
+
+def test_rounds_the_drafter_ends_before_a_first_token_are_priced():
+    """With --draft-p-min a draft model too unsure of a round's first token ends the round there, having paid a draft
+    call for nothing. Such ends count where the plan learns how often a round's first token is sure (as the least
+    sure bucket's tokens), so it prices them: here the draft (0.6 of a target step) ends so in nine rounds of ten,
+    and drafting, though every token it drafts is accepted, loses. Unpriced, only the measured loss turned it off,
+    and each probe that won turned it back on (0.96x of plain)."""
+    c = DraftLength(ADAPTIVE, ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR)
+    t_draft, tries, tokens, seconds = 0.006, 0, 0, 0.0
+    for r in range(600):
+        k = c.next()
+        tries += k > 0
+        if k and tries % 10:
+            c.update(0, 0, t_draft, verify(1), n_evals=1, first_s=t_draft, n_first=1, unsure=True)
+            made, spent = 1, t_draft + verify(1)
+        else:
+            signals, calls = propose(c, k, lambda j: 3.0)
+            n = len(signals)
+            c.update(n, n, t_draft * calls, verify(n + 1), signals=signals or None, n_evals=calls,
+                     first_s=t_draft if calls else 0.0, n_first=2 if calls else 0)
+            made, spent = n + 1, t_draft * calls + verify(n + 1)
+        if r >= 300:
+            tokens, seconds = tokens + made, seconds + spent
+    assert tokens / seconds * verify(1) > 0.97
+
+
+def test_a_probes_catching_up_is_not_taken_for_a_rounds_first_call():
+    """What a round's first call costs beyond the others is first timed where the round catches up on little. On
+    Gemma 3 270M by its own Q4_K_M, --draft-p-min ended the first drafts before their first token, so the first
+    round of two calls was a probe catching up on 46 tokens: taken for the first call's cost, 138 ms made drafting
+    look hopeless at any acceptance. Here the probe that first drafts two tokens catches up on 17 (48 ms more than a
+    draft step); from then on the draft's tokens are all accepted, at 0.3 of a target step each: drafting turns on."""
+    c = DraftLength(ADAPTIVE)
+    t_draft, asked, since = 0.003, [], 1  # since: tokens made since the draft last drafted
+    for r in range(300):
+        k = c.next()
+        asked.append(k)
+        if k and (r < 10 or not any(asked[-20:-1]) and len(asked) < 60):  # (until it went off a while)
+            c.update(0, 0, t_draft, verify(1), n_evals=1, first_s=t_draft, n_first=since)
+        elif k:
+            first_s = t_draft * since  # (catching up on the tokens made since it last drafted)
+            c.update(k, k, first_s + t_draft * (k - 1), verify(k + 1), n_evals=k, first_s=first_s, n_first=since)
+        else:
+            c.update(0, 0, 0.0, verify(1))
+        since = 2 if k else since + 1
+    assert sum(k > 0 for k in asked[200:]) > 90
+

@@ -44,6 +44,9 @@ Adaptive mode decides token by token, from measurements of this generation:
 - Costs outlive the answer (``Measured``, kept by the engine per drafter and thread count): while the draft was
   timed less than MEMORY_S ago, the next answer starts from them instead of measuring again, so a pair that
   cannot pay starts with speculation off and a pair that pays drafts from its first round.
+- With --draft-p-min a draft model ends a round before a token it is too unsure of; before the first, the round
+  pays a draft call for nothing. Such ends count as the least sure bucket's tokens where the plan learns how sure
+  a round's tokens come, so it prices them.
 - A round costs more than its draft calls and its verification: the draft's first call catches up on the tokens
   made since the last round (its time beyond a marginal draft call), and the loop's own work between rounds
   (committing the tokens, the text, whoever reads the events). Both are timed and added to each round's cost (the
@@ -289,12 +292,7 @@ class DraftLength:
     def take(self, signal: float) -> bool:
         """Propose this drafted token, whose confidence signal is ``signal``?"""
         i = bisect_right(self._edges, signal)
-        if self._edges:
-            m, last = self._measured, self._last_bucket
-            row = m.first if last is None else m.after[last]
-            row[:] = [n * self.TOKEN_DECAY for n in row]
-            row[i] += 1.0
-            self._last_bucket = i
+        self._count_shape(i)
         acc, seen = self._buckets[i]
         reach = self._reach * acc / seen
         forced = self._measuring and not self._looking  # (a long look ends at unsure tokens, at its own floor)
@@ -305,6 +303,15 @@ class DraftLength:
             self._explored = True
         self._reach = reach
         return True
+
+    def _count_shape(self, bucket: int) -> None:
+        """Count a draft token of this signal bucket where the plan learns how sure a round's tokens come (_plan)."""
+        if self._edges:
+            m, last = self._measured, self._last_bucket
+            row = m.first if last is None else m.after[last]
+            row[:] = [n * self.TOKEN_DECAY for n in row]
+            row[bucket] += 1.0
+            self._last_bucket = bucket
 
     def look_further(self) -> bool:
         """Draft one more token after those taken?"""
@@ -458,15 +465,19 @@ class DraftLength:
         # (a chain's other member's tokens are not the sized drafter's to judge, as a grammar's forced ones)
         signals, forced = (draft.signals, draft.forced) if draft.sized else (None, [True] * n_drafted)
         self.update(n_drafted, n_accepted, draft_s, verify_s, signals, draft.n_evals, draft.first_s,
-                    draft.n_first, forced, between_s)
+                    draft.n_first, forced, between_s, draft.unsure and signals is not None)
 
     def update(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
                signals: list[float] | None = None, n_evals: int = 0, first_s: float = 0.0, n_first: int = 0,
-               forced: list[bool] | None = None, between_s: float | None = None) -> None:
-        """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's)."""
+               forced: list[bool] | None = None, between_s: float | None = None, unsure: bool = False) -> None:
+        """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's);
+        ``unsure``: the drafter ended the round itself, at a token it was too unsure to draft (--draft-p-min)."""
         d = DECAY
         modelled = self._modelled(n_drafted, n_evals) if self._costs_timed() else draft_s + verify_s
         self._bars = None
+        if unsure:  # (where the plan sees how sure tokens come, as the least sure bucket's: a round that ends there
+            # before a first token pays a draft call for nothing, which the plan prices only so)
+            self._count_shape(0)
         if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
             for i, signal in enumerate(signals[: n_accepted + 1]):
                 if signal is None:  # a token a grammar forced: not the drafter's to judge
@@ -508,10 +519,13 @@ class DraftLength:
         # times no marginal call to compare its first with). After rounds off, the first call also catches up on
         # every token made meanwhile (t_catch_up, a probe's cost), so it only bounds the steady cost from above: it
         # counts where it is not above the estimate. Counted in whole, those catch-ups took this from 4-7 ms to 22 ms
-        # on the starter within 8 answers, and drafting looked too costly to turn back on.
+        # on the starter within 8 answers, and drafting looked too costly to turn back on; nor is one the first
+        # timing (where a round catches up on more than the two tokens a round after a drafting round does): on
+        # Gemma 3 270M by its own Q4_K_M, whose first drafts --draft-p-min ended before a first token, a probe's catch
+        # up on 46 tokens set it at 138 ms, and drafting looked hopeless at any acceptance.
         if n_evals > 1:
             extra = max(first_s - (draft_s - first_s) / (n_evals - 1), 0.0)
-            if self._called_last or not self._first_extra.known or extra <= self._first_extra.value:
+            if self._called_last or n_first <= 2 or extra <= self._first_extra.value:
                 self._first_extra.add(extra)
         self._called_last = n_evals > 0
         if between_s is not None:

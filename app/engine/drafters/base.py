@@ -24,6 +24,7 @@ class Draft:
     forced: list[bool] = field(default_factory=list)  # per token, under a grammar: forced by it, not drafted
     source: str = ""  # which drafter of several made it (a chain's member), for Stats
     sized: bool = True  # made by the drafter whose drafts the adaptive controller sizes (not another chain member)
+    unsure: bool = False  # it ends where the drafter was too unsure to draft the token it computed (--draft-p-min)
 
 
 class Gate(Protocol):

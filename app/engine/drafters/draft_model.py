@@ -55,6 +55,7 @@ def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: 
     if sp.greedy:
         tok, confident, gap = draft_pick(logits, p_min)
         if not confident:
+            draft.unsure = True
             return None
         if gate:
             if not gate.take(gap):
@@ -63,6 +64,7 @@ def next_draft_token(draft: Draft, logits: np.ndarray, sp: SamplingParams, rng: 
     else:
         q = distribution(logits, sp)
         if p_min > 0.0 and q.max() < p_min:
+            draft.unsure = True
             return None
         tok = sample(q, rng, len(draft.tokens))  # (drawn with the numbers the target draws this position with)
     draft.tokens.append(tok)
