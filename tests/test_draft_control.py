@@ -720,3 +720,26 @@ def test_a_probes_catching_up_is_not_taken_for_a_rounds_first_call():
         since = 2 if k else since + 1
     assert sum(k > 0 for k in asked[200:]) > 90
 
+
+def test_costs_carried_from_a_slow_spell_are_checked_when_the_next_answer_starts():
+    """Only rounds that draft time the draft, so costs timed on a slow spell that turned drafting off outlived it, and
+    the answers after it started off (replayed on the starter: 1.00x of plain after a spell of draft costs at 1.5x,
+    1.16-1.25x without the spell). An answer whose carried costs say drafting cannot pay even at full acceptance
+    opens with a short draft, RECHECK_S after the draft was last timed; where it drafts more than UNSEEN faster
+    than they say, the draft's costs are timed afresh, and here drafting pays again. Where they hold, the round
+    changes nothing, and it counts as a timing: the next answers within RECHECK_S do not check."""
+    def answer(measured: Measured, t_draft: float) -> list[int]:
+        return feed(DraftLength(ADAPTIVE, measured=measured), 60, lambda k: k, t_draft=t_draft)
+
+    spell = Measured()
+    answer(spell, 0.011)  # (a draft token as costly as a target step: it cannot pay)
+    spell.draft_timed_at -= DraftLength.RECHECK_S
+    after = answer(spell, 0.003)
+    assert after[0] == 2 and all(after[-20:])
+
+    held = Measured()
+    answer(held, 0.011)
+    assert not any(answer(held, 0.011))  # (timed just now)
+    held.draft_timed_at -= DraftLength.RECHECK_S
+    assert answer(held, 0.011) == [2] + [0] * 59
+    assert not any(answer(held, 0.011))

@@ -43,7 +43,10 @@ Adaptive mode decides token by token, from measurements of this generation:
   Q4_K_M: 17-21 ms from the line against 14.6 measured), and drafting that lost looked like a win.
 - Costs outlive the answer (``Measured``, kept by the engine per drafter and thread count): while the draft was
   timed less than MEMORY_S ago, the next answer starts from them instead of measuring again, so a pair that
-  cannot pay starts with speculation off and a pair that pays drafts from its first round.
+  cannot pay starts with speculation off and a pair that pays drafts from its first round. While drafting is off,
+  nothing times the draft: an answer that starts off so opens with a short draft (at most every RECHECK_S), which
+  catches up on one token, having just read the prompt; where it drafts faster than the costs say, they were a
+  spell's, and the draft's are timed afresh (_costs_moved).
 - With --draft-p-min a draft model ends a round before a token it is too unsure of; before the first, the round
   pays a draft call for nothing. Such ends count as the least sure bucket's tokens where the plan learns how sure
   a round's tokens come, so it prices them.
@@ -130,6 +133,7 @@ class DraftLength:
     # and a slow batch set the starter's cap at 3 for 25 rounds of sure tokens (and only batches of up to 4 were
     # timed again), where rounds of 12 made 10% more
     FLAT = 0.02
+    RECHECK_S = 20.0  # see _costs_moved
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
                  measured: Measured | None = None, signal_grows: bool = False):
@@ -157,8 +161,8 @@ class DraftLength:
         # accepted draft tokens and those examined by the target (decayed), from the last answers' at first
         scale = min(1.0, self.PRIOR_WEIGHT / m.judged) if m.judged else 0.0
         self._succ, self._seen = m.accepted * scale, m.judged * scale
-        self._t_draft, self._t_catch_up, self._probe_loss = m.t_draft, m.t_catch_up, m.probe_loss
-        self._first_extra, self._between = m.first_extra, m.between
+        self._draft_costs()
+        self._between = m.between
         self._verify = m.verify
         # rounds that called a draft model (decayed): count, tokens made, seconds, and what the costs said they would
         # take (_measured_loss)
@@ -167,6 +171,7 @@ class DraftLength:
         self._off_rounds = 0
         self._failed_probes = 0  # probes in a row after which speculation stayed off
         self._measuring = False  # this round drafts what next() said, to measure
+        self._rechecking = False  # ...and it is an answer's first, where the carried costs said it cannot pay
         self._looking = False  # ...and it is a long look (_long_look_due)
         self._probing = False  # ...and it is a probe, after rounds off
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
@@ -184,6 +189,10 @@ class DraftLength:
         was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
+        if (not self._rounds and self._known and not self._best_k(0.999)
+                and time.monotonic() - self._measured.draft_timed_at >= self.RECHECK_S):
+            self._rechecking = True  # (_costs_moved: at little cost, the draft having just read the prompt)
+            return self._measure(self._short)
         if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
             return 0  # plain steps: what drafting must beat (the second replaces the first, a new shape's timing)
         if not self._costs_timed():
@@ -261,9 +270,29 @@ class DraftLength:
         """A draft model that cannot pay even at full acceptance and by the optimistic guess of _could_pay, by
         costs timed twice. A probe would only learn that again, and would first catch the draft model up on every
         token made since it last drafted: on Gemma 3 270M drafted by its own Q4_K_M, 2.1 ms a token against a 13 ms
-        plain step, so probes lose a sixth of the time off however rare they are. Its costs are timed again in a
-        later answer (Measured.MEMORY_S)."""
+        plain step, so probes lose a sixth of the time off however rare they are. Each later answer opens with a short
+        draft that checks the costs again (_costs_moved)."""
         return self._measured.calls_model and self._t_draft.n > 0 and not self._could_pay()
+
+    def _costs_moved(self, draft_s: float, n_evals: int) -> bool:
+        """Did an answer's first round, a short draft where the carried costs said drafting cannot pay even at full
+        acceptance, draft more than UNSEEN faster than they say? Then they are a spell's that has passed, and the
+        draft's costs are timed afresh: only rounds that draft time them, so a slow spell that turned drafting off
+        kept it off, answer after answer, until its timings were MEMORY_S old (replayed on the starter: every answer
+        after a spell of draft costs at 1.5x made 1.00x of plain, and 1.16-1.25x without the spell before them).
+        Such a round costs little, the draft having just read the prompt (its first call catches up on one token),
+        and where the costs held it changes nothing: counted, a few sure tokens at a base model's opening turned
+        drafting on for Gemma 3 270M by its own Q4_K_M, at the edge of paying, and each answer lost 1-5%. It comes
+        at most every RECHECK_S (the draft timed then), which on a pair that cannot pay is one short draft in a few
+        answers."""
+        return (n_evals > 1 and self._t_draft.n > 0
+                and draft_s < (1.0 - self.UNSEEN) * self._draft_time(n_evals))
+
+    def _draft_costs(self) -> None:
+        """Read the draft's costs from the ``Measured`` (again, once it forgot them)."""
+        m = self._measured
+        self._t_draft, self._t_catch_up, self._probe_loss, self._first_extra = (m.t_draft, m.t_catch_up,
+                                                                               m.probe_loss, m.first_extra)
 
     def _could_pay(self) -> bool:
         """Could drafting pay at full acceptance if a long batch's extra positions cost only LONG_BATCH_GUESS of
@@ -473,6 +502,14 @@ class DraftLength:
         """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's);
         ``unsure``: the drafter ended the round itself, at a token it was too unsure to draft (--draft-p-min)."""
         d = DECAY
+        rechecking, self._rechecking = self._rechecking, False
+        if rechecking:  # (_costs_moved)
+            if not self._costs_moved(draft_s, n_evals):
+                self._rounds += 1
+                self._measured.draft_timed_at = time.monotonic()  # (as timed: they are where they were)
+                return
+            self._measured.forget_draft_costs()
+            self._draft_costs()
         modelled = self._modelled(n_drafted, n_evals) if self._costs_timed() else draft_s + verify_s
         self._bars = None
         if unsure:  # (where the plan sees how sure tokens come, as the least sure bucket's: a round that ends there
@@ -530,8 +567,9 @@ class DraftLength:
         self._called_last = n_evals > 0
         if between_s is not None:
             self._between.add(between_s)
-        if self._measuring and not self._looking and 1 in self._verify:  # what this probe lost (or won) against
-            # plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short probe costs)
+        if self._measuring and not self._looking and not rechecking and 1 in self._verify:  # what this probe
+            # lost (or won) against plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short
+            # probe costs, nor an answer's first round of what one costs after rounds off: it catches up on nothing)
             self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify.time(1))
         # The rounds that judge whether drafting loses (_measured_loss): a draft model's (a model-free drafter's
         # lookups cost next to nothing), but not a long look, a timing that drafts past where rounds end: counted, the

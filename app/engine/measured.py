@@ -28,10 +28,7 @@ class Measured:
     BUCKET_DECAY = 0.99  # weight of the past in a signal bucket's counts, per token of its own (about the last 100)
 
     def __init__(self):
-        self.t_draft = Estimate(DECAY)  # seconds to draft one more token
-        self.t_catch_up = Estimate(DECAY)  # seconds per token a draft model's first call spends catching up
-        self.probe_loss = Estimate(DECAY)  # seconds a measuring round lost against plain steps
-        self.first_extra = Estimate(DECAY)  # seconds a draft model's first call of a round takes beyond t_draft
+        self.forget_draft_costs()
         self.between = Estimate(DECAY)  # seconds between two rounds, outside drafting and verifying
         self.verify = Batches()  # a verification batch of n tokens -> its seconds
         self.draft_timed_at = -float("inf")  # time.monotonic() of the last draft timing
@@ -44,6 +41,14 @@ class Measured:
         # ...and the draft tokens accepted and judged, each bucket's decayed per token of its own (BUCKET_DECAY): how
         # sure tokens fare is the pair's more than the text's, so an answer starts from them (DraftLength.CARRIED)
         self.buckets: list[list[float]] = []
+
+    def forget_draft_costs(self) -> None:
+        """What drafting costs, to be timed afresh: while drafting is off, plain steps keep timing the target, and
+        nothing times the draft, so its costs outlive a spell that turned drafting off (DraftLength._costs_moved)."""
+        self.t_draft = Estimate(DECAY)  # seconds to draft one more token
+        self.t_catch_up = Estimate(DECAY)  # seconds per token a draft model's first call spends catching up
+        self.probe_loss = Estimate(DECAY)  # seconds a measuring round lost against plain steps
+        self.first_extra = Estimate(DECAY)  # seconds a draft model's first call of a round takes beyond t_draft
 
     def per_bucket(self, n: int) -> None:
         """Size the per-bucket tables for a drafter with n signal buckets (empty until the first answer)."""
