@@ -592,8 +592,8 @@ def test_where_drafting_was_mostly_off_a_rounds_first_token_is_judged_by_every_d
             m.verify.add(n, t)
     m.draft_timed_at = time.monotonic()
     c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR, m)
-    for _ in range(2):  # the answer's opening measures: two sure tokens, both accepted
-        assert c.next() == 2
+    for _ in range(2):  # the answer's opening: two sure tokens, both accepted
+        assert c.next() >= 2
         signals, calls = propose(c, 2, lambda j: 3.0)
         c.update(2, 2, 0.0037 + 0.0139 * calls, verify_s[3], signals=signals, n_evals=calls, first_s=0.0176,
                  n_first=2)
@@ -743,3 +743,13 @@ def test_costs_carried_from_a_slow_spell_are_checked_when_the_next_answer_starts
     held.draft_timed_at -= DraftLength.RECHECK_S
     assert answer(held, 0.011) == [2] + [0] * 59
     assert not any(answer(held, 0.011))
+
+
+def test_an_answer_whose_carried_costs_and_acceptance_pay_drafts_at_length_from_its_first_round():
+    """Two short measuring drafts opened every answer, also where what the last answers measured already said to
+    draft at length: each paid a round's fixed costs (a verification, a first call) for 3 tokens where the plan's
+    rounds make up to 13 (replayed on the starter's held-out answers: 92.3% of the ceiling with them, 93.5%
+    without). They stay where the carried estimates say not to draft: there they are the cheapest look."""
+    m = Measured()
+    feed(DraftLength(ADAPTIVE, measured=m), 30, lambda k: k, t_draft=0.002)
+    assert feed(DraftLength(ADAPTIVE, measured=m), 3, lambda k: k, t_draft=0.002)[0] == ADAPTIVE.draft_max
