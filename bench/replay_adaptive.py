@@ -172,7 +172,7 @@ class FixedRule:
     def __init__(self, gap: float, k_max: int):
         self.gap, self.k_max = gap, k_max
 
-    def next(self) -> int:
+    def next(self, room: int | None = None) -> int:
         return self.k_max
 
     def take(self, signal: float) -> bool:
@@ -207,6 +207,11 @@ def takes_keyword(fn, name: str) -> bool:
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
+def ask(control, room: int) -> int:
+    """``control.next``, told the answer's room where the checkout's takes it (older ones do not)."""
+    return control.next(room) if inspect.signature(control.next).parameters else control.next()
+
+
 class Clock:
     """The replay's time, for the controller's timers (``Measured.MEMORY_S``): the seconds its rounds took, and the
     plain runs beside them (as ``specchat bench`` interleaves them)."""
@@ -237,7 +242,7 @@ def run(rec: Recording, make_control, cost, clock: Clock | None = None) -> tuple
         told = takes_keyword(control.update, "unsure")  # (older checkouts' controllers are not told)
         pos, cached, seconds, first_round = 0, 0, 0.0, True  # cached: answer tokens the draft context holds
         while pos + 1 < len(answer):
-            n_max = min(control.next(), len(answer) - 1 - pos)
+            n_max = min(ask(control, len(answer) - 1 - pos), len(answer) - 1 - pos)
             tokens, signals, evals, first_s, n_first, draft_s, unsure = [], [], 0, 0.0, 0, 0.0, False
             if n_max > 0:
                 n_first = max(pos + 1 - cached, 1)  # catch_up: the tokens made since, or the last one again
@@ -286,8 +291,8 @@ def traced(control: type) -> type:
     accepted, the round's milliseconds, what kind of round (a measure, a long look, a probe: the controller's own
     flags, where the checkout has them) and the drafted tokens' signals."""
     class Traced(control):
-        def next(self) -> int:
-            self.asked = super().next()
+        def next(self, *room) -> int:
+            self.asked = ask(super(), *room) if room else super().next()
             return self.asked
 
         def update(self, n_drafted, n_accepted, draft_s, verify_s, signals=None, *rest, **kw) -> None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_adaptive import BETWEEN_S, Recording, draft_along  # noqa: E402
+from replay_adaptive import BETWEEN_S, Recording, ask, draft_along  # noqa: E402
 from replay_ngram import load_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ def replay(rec: Recording, code, name: str, params, seed: int, sigma: float) -> 
             room = len(answer) - 1 - pos
             model.spent = 0.0
             t0 = time.perf_counter()
-            draft = drafter.draft_round(prompt + answer[: pos + 1], min(control.next(), room), min(room, LIMIT),
+            draft = drafter.draft_round(prompt + answer[: pos + 1], min(ask(control, room), room), min(room, LIMIT),
                                         None, None, control)
             draft_s = time.perf_counter() - t0 + model.spent  # (a lookup's own time, and the model's calls)
             k = len(draft.tokens)

@@ -753,3 +753,30 @@ def test_an_answer_whose_carried_costs_and_acceptance_pay_drafts_at_length_from_
     m = Measured()
     feed(DraftLength(ADAPTIVE, measured=m), 30, lambda k: k, t_draft=0.002)
     assert feed(DraftLength(ADAPTIVE, measured=m), 3, lambda k: k, t_draft=0.002)[0] == ADAPTIVE.draft_max
+
+
+def test_drafting_comes_back_after_rounds_off_where_it_repays_catching_up_before_the_answer_ends():
+    """A plan that says to draft again while drafting is off has learned nothing of the text, only the host's
+    timings drifting, and drafting again first catches the draft model up on every token made meanwhile (in a real
+    run the starter's first answer went back on after 91 rounds off, 20 tokens from its end: a round of 448 ms, 20
+    plain steps). It does so only where what drafting saves a token repays that before the answer runs out of room."""
+    import copy
+
+    m = Measured()
+    for _ in range(5):
+        m.t_draft.add(0.006)
+        m.first_extra.add(0.001)
+        m.between.add(0.0)
+        m.t_catch_up.add(0.006)
+        m.verify.add(1, 0.008)
+        m.verify.add(9, 0.026)
+    m.accepted = m.judged = 50.0
+    m.calls_model, m.draft_timed_at = True, time.monotonic()
+    c = DraftLength(ADAPTIVE, measured=m)
+    for i in range(60):  # a plain step at 8 ms: drafting cannot pay; then the host slows to 14 ms a step
+        if copy.deepcopy(c).next(1000):
+            break
+        assert c.next(1000) == 0
+        c.update(0, 0, 0.0, 0.008 if i < 20 else 0.014)
+    assert 20 < i < 60  # (on again by the plan alone, the answer having room)
+    assert copy.deepcopy(c).next(3) == 0

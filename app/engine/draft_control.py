@@ -183,8 +183,8 @@ class DraftLength:
         self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
 
     # --- decisions ------------------------------------------------------------------------------------------
-    def next(self) -> int:
-        """The most tokens to draft this round."""
+    def next(self, room: int | None = None) -> int:
+        """The most tokens to draft this round; ``room``: how many more the answer may make (max_tokens)."""
         self._reach, self._last_bucket, self._explored = 1.0, None, False
         was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
@@ -204,16 +204,15 @@ class DraftLength:
             return self._measure(min(self.p.draft_max, self.LONG_LOOK))
         # Drafting could pay: learn the acceptance before drafting at length. Not once rounds went off: a draft model
         # would first catch up on each token made since (the starter on a slow spell, 57 rounds into an answer: two
-        # such drafts took 271 ms, 17 plain steps, and it stayed off). A probe does that, priced. Nor where what the
-        # last answers measured says to draft at length already: there each paid a round's fixed costs for 3 tokens
-        # where the plan's rounds make up to 13 (the starter's held-out answers replayed: 92.3% of the ceiling, and
-        # 93.5% without them).
-        best, self._floor = self._plan()
+        # such drafts took 271 ms, 17 plain steps, and it stayed off). A probe does that, priced. Nor where the last
+        # answers' estimates say to draft at length: each paid a round's fixed costs for 3 tokens (the starter's
+        # held-out answers replayed: 92.3% of the ceiling, and 93.5% without them).
+        best, self._floor, rate = self._plan()
         if (self._examined < 4 and not self._off_rounds and self._empty < self.EMPTY_MEASURES and self._best_k(0.999)
                 and not (self._known and best)):
             return self._measure(self._short)
-        k = best if not self._measured_loss() else 0  # (a pair that cannot pay even when every token is accepted
-        # goes off here after one short draft)
+        k = best if not self._measured_loss() and self._repays(rate, room) else 0  # (a pair that cannot pay even
+        # when every token is accepted goes off here after one short draft)
         if k == 0:
             self._off_rounds += 1
             if was_probe and self._measured.calls_model and self._settled():
@@ -241,6 +240,16 @@ class DraftLength:
             self._off_rounds = 0
             self._failed_probes = 0
         return k
+
+    def _repays(self, rate: float, room: int | None) -> bool:
+        """Drafting again after rounds off first catches a draft model up on every token made meanwhile: does
+        drafting at ``rate`` (tokens per second) repay that before the answer runs out of ``room``? (A plan that
+        changes its mind while off learned nothing of the text, only the host's timings drifting: a real run's first
+        answer went back on 20 tokens from its end, catching up on 91 tokens in 448 ms.) A probe, priced, still may."""
+        if not (self._off_rounds and self._measured.calls_model and rate and room):
+            return True
+        gain = self._verify.time(1) + self._between.value - 1.0 / rate  # (seconds a token)
+        return gain * room > self._off_rounds * self._t_catch_up.value
 
     def _priced_wait(self) -> float:
         """Rounds off between two probes so that probes lose at most PROBE_BUDGET of the time spent off: a pair
@@ -280,15 +289,10 @@ class DraftLength:
 
     def _costs_moved(self, draft_s: float, n_evals: int) -> bool:
         """Did an answer's first round, a short draft where the carried costs said drafting cannot pay even at full
-        acceptance, draft more than UNSEEN faster than they say? Then they are a spell's that has passed, and the
-        draft's costs are timed afresh: only rounds that draft time them, so a slow spell that turned drafting off
-        kept it off, answer after answer, until its timings were MEMORY_S old (replayed on the starter: every answer
-        after a spell of draft costs at 1.5x made 1.00x of plain, and 1.16-1.25x without the spell before them).
-        Such a round costs little, the draft having just read the prompt (its first call catches up on one token),
-        and where the costs held it changes nothing: counted, a few sure tokens at a base model's opening turned
-        drafting on for Gemma 3 270M by its own Q4_K_M, at the edge of paying, and each answer lost 1-5%. It comes
-        at most every RECHECK_S (the draft timed then), which on a pair that cannot pay is one short draft in a few
-        answers."""
+        acceptance, draft more than UNSEEN faster than they say? Then they were a spell's (the module's docstring;
+        replayed on the starter, every answer after a spell of draft costs at 1.5x made 1.00x of plain, 1.16-1.25x
+        without it). Where they held, the round changes nothing: counted, a few sure tokens at a base model's opening
+        turned Gemma 3 270M by its own Q4_K_M on, at the edge of paying, and each answer lost 1-5%."""
         return (n_evals > 1 and self._t_draft.n > 0
                 and draft_s < (1.0 - self.UNSEEN) * self._draft_time(n_evals))
 
@@ -436,9 +440,9 @@ class DraftLength:
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), min(acceptance, 0.999),
                                  self.PAY_MARGIN if margin is None else margin, sure, sure_next, flat)
 
-    def _plan(self) -> tuple[int, float]:
+    def _plan(self) -> tuple[int, float, float]:
         """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end
-        the round.) A round ends at the first draft token not worth proposing (take), so it verifies the sure ones:
+        the round, the tokens per second it makes.) A round ends at the first draft token not worth proposing (take), so it verifies the sure ones:
         judged as if every round drafted its full length, by the acceptance of all draft tokens alike, the starter
         on a slow spell (a draft token at half a target step) went off at 93-98% acceptance where its rounds, ending
         before near-ties, made 1.13x of plain. So a round is valued as what it is, for each choice of the buckets
@@ -448,13 +452,15 @@ class DraftLength:
         proposes every token: its acceptance, all sure."""
         if self._grows:  # (a floor refused whole rounds that its low buckets open and its sure tokens follow: each
             # token's worth ends a round, take)
-            return (self.p.draft_max if self._best_k(0.999) else 0), 0.0
+            k, rate = self._best(0.999)
+            return (self.p.draft_max if k else 0), 0.0, rate
         m = self._measured
         rounds = sum(m.first)
         if not self._edges or rounds < self.SURE_SAMPLES:
-            return self._best_k(), 0.0
+            k, rate = self._best()
+            return k, 0.0, rate
         if not self._best_k(0.999):
-            return 0, 0.0  # (no round pays where a full one, every token accepted, does not)
+            return 0, 0.0, 0.0  # (no round pays where a full one, every token accepted, does not)
         bar = self._min_acceptance(draft_step=False)
         # (the margin is to turn drafting on: a round that follows one that called the draft model catches up on
         # nothing, and drafts while it promises no loss. With the margin both ways, the starter on a slow spell went
@@ -478,7 +484,7 @@ class DraftLength:
                                     sum(m.after[a][b] for a in sure for b in sure) / after, margin, self.FLAT)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
-        return best_k, floor
+        return best_k, floor, best_rate
 
     def _draft_time(self, k: int) -> float:
         """Seconds drafting k tokens: k draft calls, the first catching up on the tokens made since the last round."""
@@ -561,9 +567,8 @@ class DraftLength:
         # every token made meanwhile (t_catch_up, a probe's cost), so it only bounds the steady cost from above: it
         # counts where it is not above the estimate. Counted in whole, those catch-ups took this from 4-7 ms to 22 ms
         # on the starter within 8 answers, and drafting looked too costly to turn back on; nor is one the first
-        # timing (where a round catches up on more than the two tokens a round after a drafting round does): on
-        # Gemma 3 270M by its own Q4_K_M, whose first drafts --draft-p-min ended before a first token, a probe's catch
-        # up on 46 tokens set it at 138 ms, and drafting looked hopeless at any acceptance.
+        # timing (a round catching up on more than two tokens): on Gemma 3 270M by its own Q4_K_M a probe's catching
+        # up on 46 tokens was, at 138 ms, and drafting looked hopeless at any acceptance.
         if n_evals > 1:
             extra = max(first_s - (draft_s - first_s) / (n_evals - 1), 0.0)
             if self._called_last or n_first <= 2 or extra <= self._first_extra.value:

@@ -102,7 +102,7 @@ def speculative_generate(
             limit = 0 if replaying else min(MAX_DRAFT, target.n_batch - 1, room)  # (one batch verifies a draft)
             t0 = time.perf_counter()
             rng.at = len(out.history)  # the next token's position: where this round's draws are keyed
-            draft = drafter.draft_round(out.history, 0 if replaying else min(control.next(), room), limit, sp, rng,
+            draft = drafter.draft_round(out.history, 0 if replaying else min(control.next(room), room), limit, sp, rng,
                                         gate)
             k = _usable(draft, limit, params.draft.draft_min, target.model)
             t1 = time.perf_counter()
