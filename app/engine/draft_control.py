@@ -441,15 +441,15 @@ class DraftLength:
                                  self.PAY_MARGIN if margin is None else margin, sure, sure_next, flat)
 
     def _plan(self) -> tuple[int, float, float]:
-        """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end
-        the round, the tokens per second it makes.) A round ends at the first draft token not worth proposing (take), so it verifies the sure ones:
-        judged as if every round drafted its full length, by the acceptance of all draft tokens alike, the starter
-        on a slow spell (a draft token at half a target step) went off at 93-98% acceptance where its rounds, ending
-        before near-ties, made 1.13x of plain. So a round is valued as what it is, for each choice of the buckets
-        whose tokens it proposes (the surest first): how often a round's first draft token falls in them (as often as
-        any draft token does), how often one that follows such a token does (unsure spots come in runs), and take's
-        estimate of their acceptance; the fastest choice sets this round's floor. A drafter without signal buckets
-        proposes every token: its acceptance, all sure."""
+        """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end the
+        round, the tokens per second that makes.) A round ends at the first draft token not worth proposing (take), so
+        it verifies the sure ones: judged as if every round drafted its full length, by the acceptance of all draft
+        tokens alike, the starter on a slow spell (a draft token at half a target step) went off at 93-98% acceptance
+        where its rounds, ending before near-ties, made 1.13x of plain. So a round is valued as what it is, for each
+        choice of the buckets whose tokens it proposes (the surest first): how often a round's first draft token falls
+        in them (as often as any draft token does), how often one that follows such a token does (unsure spots come in
+        runs), and take's estimate of their acceptance; the fastest choice sets this round's floor. A drafter without
+        signal buckets proposes every token: its acceptance, all sure."""
         if self._grows:  # (a floor refused whole rounds that its low buckets open and its sure tokens follow: each
             # token's worth ends a round, take)
             k, rate = self._best(0.999)
