@@ -188,7 +188,7 @@ class FixedRule:
 def draft_along(rec: Recording, chain: list, n_max: int, n_first: int, gate, cost) -> tuple:
     """``ModelDrafter.propose``, greedy, along a recorded chain (gated where ``gate`` is given): the tokens taken,
     their signals, the draft calls made, the first call's seconds (catching up on ``n_first`` tokens) and all the
-    calls' seconds, each at ``cost(recorded seconds)``."""
+    calls' seconds, each at ``cost(recorded seconds)``, and whether it ended at a token --draft-p-min turned down."""
     first_s, evals, tokens, signals, unsure = cost(rec.catch_up(n_first)), 1, [], [], False
     for i, (token, passes, gap) in enumerate(chain[:n_max]):
         if not passes or (gate is not None and not gate.take(gap)):
@@ -242,7 +242,8 @@ def run(rec: Recording, make_control, cost, clock: Clock | None = None) -> tuple
         told = takes_keyword(control.update, "unsure")  # (older checkouts' controllers are not told)
         pos, cached, seconds, first_round = 0, 0, 0.0, True  # cached: answer tokens the draft context holds
         while pos + 1 < len(answer):
-            n_max = min(ask(control, len(answer) - 1 - pos), len(answer) - 1 - pos)
+            room = len(answer) - 1 - pos
+            n_max = min(ask(control, room), room)
             tokens, signals, evals, first_s, n_first, draft_s, unsure = [], [], 0, 0.0, 0, 0.0, False
             if n_max > 0:
                 n_first = max(pos + 1 - cached, 1)  # catch_up: the tokens made since, or the last one again

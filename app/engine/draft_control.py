@@ -248,8 +248,7 @@ class DraftLength:
         answer went back on 20 tokens from its end, catching up on 91 tokens in 448 ms.) A probe, priced, still may."""
         if not (self._off_rounds and self._measured.calls_model and rate and room):
             return True
-        gain = self._verify.time(1) + self._between.value - 1.0 / rate  # (seconds a token)
-        return gain * room > self._off_rounds * self._t_catch_up.value
+        return self._best_saving(rate) * room > self._off_rounds * self._t_catch_up.value
 
     def _priced_wait(self) -> float:
         """Rounds off between two probes so that probes lose at most PROBE_BUDGET of the time spent off: a pair
@@ -490,11 +489,12 @@ class DraftLength:
         """Seconds drafting k tokens: k draft calls, the first catching up on the tokens made since the last round."""
         return k * self._t_draft.value + (self._first_extra.value if k else 0.0)
 
-    def _best_saving(self) -> float:
-        """Seconds per token drafting saves at best (every draft token accepted), by the measured costs. A draft
-        model that was off pays about its catch-up cost for every token made meanwhile when it drafts again: where
-        that is more than drafting can save, turning it back on does not pay even if it stays on as long."""
-        return self._verify.time(1) + self._between.value - 1.0 / self._best(0.999)[1]
+    def _best_saving(self, rate: float | None = None) -> float:
+        """Seconds per token drafting saves at ``rate`` (tokens per second; by default the best, every draft token
+        accepted), by the measured costs. A draft model that was off pays about its catch-up cost for every token
+        made meanwhile when it drafts again: where that is more than drafting can save, turning it back on does not
+        pay even if it stays on as long."""
+        return self._verify.time(1) + self._between.value - 1.0 / (rate or self._best(0.999)[1])
 
     # --- feedback -------------------------------------------------------------------------------------------
     def record(self, draft, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
