@@ -63,11 +63,10 @@ Adaptive mode decides token by token, from measurements of this generation:
 """
 from __future__ import annotations
 
-import statistics
 import time
-from bisect import bisect_right
 from dataclasses import dataclass, field
 
+from .acceptance import Acceptance
 from .drafters.ngram import NgramParams
 from .errors import EngineError
 from .measured import DECAY, Measured
@@ -102,12 +101,6 @@ class DraftLength:
     # ...when a draft model's catching up on every token made since it last drafted costs more per token than
     # drafting can save (settled costs). Model-free drafters probe for free.
     PROBE_EVERY_WHEN_COSTLY = 192
-    TOKEN_DECAY = 0.98  # weight of the past in the acceptance, per draft token judged (about the last 50)
-    PRIOR_WEIGHT = 8.0  # the drafter's prior acceptance per signal bucket counts as this many observations
-    # ...and what the last answers measured of a bucket as at most this many more. Restarting at the priors each
-    # answer, the sure buckets read 0.96-0.97 on the starter, whose target accepted 99% of them: its rounds were
-    # valued under the margin and a slow spell stayed off in half the runs
-    CARRIED = 32.0
     SETTLED = 4  # draft-token timings before a pair may be judged too costly to probe often
     PROBE_EVERY_UNSETTLED = 4  # ...and until then, probes come this often
     EXPLORE, EXPLORE_EVERY = 6, 3  # see _explore
@@ -143,24 +136,11 @@ class DraftLength:
         self._known = m.fresh()  # costs from earlier answers: no measuring rounds at the start of this one
         self._measured = m
         self._short = min(max(self.MEASURE_DRAFT, params.draft_min), params.draft_max)  # a measuring round's draft
-        self._edges = signal_edges
-        w = self.PRIOR_WEIGHT
-        self._buckets = [[prior[min(i, len(prior) - 1)] * w, w] for i in range(len(signal_edges) + 1)]
-        m.per_bucket(len(self._buckets))
-        for counts, (acc, judged) in zip(self._buckets, m.buckets):  # the last answers', worth CARRIED tokens at most
-            scale = min(1.0, self.CARRIED / judged) if judged else 0.0
-            counts[0] += acc * scale
-            counts[1] += judged * scale
-        self._last_bucket: int | None = None  # of the draft token before this one in the round (None: the first)
-        self._prior = statistics.fmean(prior)  # the acceptance of a token not drafted yet, before any is judged
-        self._outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
+        self._accepts = Acceptance(signal_edges, prior, m)  # what the target accepts, per signal bucket
         self._reach = 1.0  # P(the next draft token is verified at all) within the current round
         self._floor = 0.0  # a signal bucket whose acceptance is below this ends the round (_plan)
         self._explored = False  # this round proposed a token only to judge its bucket (_explore): it ends there
-        self._refused = [0] * len(self._buckets)  # per bucket: tokens the estimates said not to draft
-        # accepted draft tokens and those examined by the target (decayed), from the last answers' at first
-        scale = min(1.0, self.PRIOR_WEIGHT / m.judged) if m.judged else 0.0
-        self._succ, self._seen = m.accepted * scale, m.judged * scale
+        self._refused = [0] * (len(signal_edges) + 1)  # per bucket: tokens the estimates said not to draft
         self._draft_costs()
         self._between = m.between
         self._verify = m.verify
@@ -185,7 +165,8 @@ class DraftLength:
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self, room: int | None = None) -> int:
         """The most tokens to draft this round; ``room``: how many more the answer may make (max_tokens)."""
-        self._reach, self._last_bucket, self._explored = 1.0, None, False
+        self._reach, self._explored = 1.0, False
+        self._accepts.start_round()
         was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
@@ -327,34 +308,24 @@ class DraftLength:
     # nothing at that price.)
     def take(self, signal: float) -> bool:
         """Propose this drafted token, whose confidence signal is ``signal``?"""
-        i = bisect_right(self._edges, signal)
-        self._count_shape(i)
-        acc, seen = self._buckets[i]
-        reach = self._reach * acc / seen
+        i = self._accepts.bucket(signal)
+        self._accepts.count_shape(i)
+        rate = self._accepts.rate(i)
+        reach = self._reach * rate
         forced = self._measuring and not self._looking  # (a long look ends at unsure tokens, at its own floor)
-        if not forced and (reach < self._min_acceptance(draft_step=False) or acc / seen < self._floor):
+        if not forced and (reach < self._min_acceptance(draft_step=False) or rate < self._floor):
             # (a growing signal's bucket that pays, cut by the round's reach: the bucket is judged in other rounds)
-            if (self._grows and acc / seen >= self._min_acceptance(draft_step=False)) or not self._explore(i):
+            if (self._grows and rate >= self._min_acceptance(draft_step=False)) or not self._explore(i):
                 return False
             self._explored = True
         self._reach = reach
         return True
 
-    def _count_shape(self, bucket: int) -> None:
-        """Count a draft token of this signal bucket where the plan learns how sure a round's tokens come (_plan)."""
-        if self._edges:
-            m, last = self._measured, self._last_bucket
-            row = m.first if last is None else m.after[last]
-            row[:] = [n * self.TOKEN_DECAY for n in row]
-            row[bucket] += 1.0
-            self._last_bucket = bucket
-
     def look_further(self) -> bool:
         """Draft one more token after those taken?"""
         if self._explored:
             return False
-        next_acceptance = self.acceptance() if self._seen else self._prior
-        return self._measuring or self._reach * next_acceptance >= self._min_acceptance(draft_step=True)
+        return self._measuring or self._reach * self._accepts.unseen() >= self._min_acceptance(draft_step=True)
 
     def prices(self) -> tuple[float, float]:
         """What one more verified position and one more draft step cost, in accepted tokens' worth (Gate.prices)."""
@@ -370,14 +341,14 @@ class DraftLength:
         corrected. A bucket the target does reject costs a few tries. The round ends at the explored token (take,
         look_further): the tokens after it lie past where the estimates end the round, and drafted on, a near-tie
         explored as a round's first token cost the starter 15 draft calls and a 16-token batch for nothing."""
-        accepted, judged = self._outcomes[bucket]
+        accepted, judged = self._accepts.outcomes[bucket]
         if judged >= self.EXPLORE and accepted < judged * max(self._min_acceptance(draft_step=False), self._floor):
             return False
         self._refused[bucket] += 1
         return self._refused[bucket] % self.EXPLORE_EVERY == 0
 
     def acceptance(self) -> float:
-        return self._succ / self._seen if self._seen else 0.0
+        return self._accepts.overall()
 
     def _settled(self) -> bool:
         """Enough timings to trust the costs: several draft tokens, and two batch sizes seen more than once."""
@@ -453,34 +424,18 @@ class DraftLength:
             # token's worth ends a round, take)
             k, rate = self._best(0.999)
             return (self.p.draft_max if k else 0), 0.0, rate
-        m = self._measured
-        rounds = sum(m.first)
-        if not self._edges or rounds < self.SURE_SAMPLES:
+        if not self._accepts.edges or self._accepts.rounds_seen() < self.SURE_SAMPLES:
             k, rate = self._best()
             return k, 0.0, rate
         if not self._best_k(0.999):
             return 0, 0.0, 0.0  # (no round pays where a full one, every token accepted, does not)
-        bar = self._min_acceptance(draft_step=False)
         # (the margin is to turn drafting on: a round that follows one that called the draft model catches up on
         # nothing, and drafts while it promises no loss. With the margin both ways, the starter on a slow spell went
         # off on estimates a few percent under it, where its rounds made 1.15-1.2x)
         margin = 0.0 if self._called_last else self.PAY_MARGIN
-        rates = [acc / seen for acc, seen in self._buckets]
-        # How often a round's first token is sure, read off every draft token seen: the first tokens alone are few
-        # where drafting was mostly off, and those few come from the short drafts that open each answer, whose first
-        # token is unsure more often (the starter on a slow spell: 53-59% sure by them, 91% of its answers' tokens)
-        drafted = [f + sum(col) for f, col in zip(m.first, zip(*m.after))]  # per bucket
         best_k, best_rate, floor = 0, 0.0, 1.0
-        for q in sorted({r for r in rates if r >= bar}, reverse=True):
-            sure = [b for b, r in enumerate(rates) if r >= q]
-            first = sum(m.first[b] for b in sure)
-            after = sum(sum(m.after[b]) for b in sure)  # tokens drafted after a sure one
-            if not first or not after:
-                continue
-            count = {b: m.first[b] + sum(m.after[a][b] for a in sure) for b in sure}  # sure tokens seen, per bucket
-            acceptance = sum(count[b] * rates[b] for b in sure) / sum(count.values())
-            k, rate = self._best_at(acceptance, sum(drafted[b] for b in sure) / sum(drafted),
-                                    sum(m.after[a][b] for a in sure for b in sure) / after, margin, self.FLAT)
+        for q, acceptance, sure, sure_next in self._accepts.round_shapes(self._min_acceptance(draft_step=False)):
+            k, rate = self._best_at(acceptance, sure, sure_next, margin, self.FLAT)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
         return best_k, floor, best_rate
@@ -524,17 +479,9 @@ class DraftLength:
         self._bars = None
         if unsure:  # (where the plan sees how sure tokens come, as the least sure bucket's: a round that ends there
             # before a first token pays a draft call for nothing, which the plan prices only so)
-            self._count_shape(0)
-        if signals:  # tokens before the first rejection were accepted, that one was not, later ones unseen
-            for i, signal in enumerate(signals[: n_accepted + 1]):
-                if signal is None:  # a token a grammar forced: not the drafter's to judge
-                    continue
-                b = bisect_right(self._edges, signal)
-                carried = self._measured.buckets[b]
-                carried[:] = [n * Measured.BUCKET_DECAY for n in carried]
-                for counts in (self._buckets[b], self._outcomes[b], carried):
-                    counts[0] += i < n_accepted
-                    counts[1] += 1
+            self._accepts.count_shape(0)
+        if signals:
+            self._accepts.judge(signals, n_accepted)
         # Acceptance is the drafter's: tokens a grammar forced are judged too, but say nothing of it (counted in,
         # the grammar's runs, 90% accepted, would set how far the drafter drafts through free text).
         examined = n_accepted + (1 if n_accepted < n_drafted else 0)
@@ -542,11 +489,8 @@ class DraftLength:
         own = n_drafted - sum(forced)
         own_accepted = n_accepted - sum(forced[:n_accepted])
         examined -= sum(forced[:examined])
-        if own:  # (forgotten per token judged: a short round is not worth a long one)
-            w = self.TOKEN_DECAY ** examined
-            self._succ = w * self._succ + own_accepted
-            self._seen = w * self._seen + examined
-            self._measured.accepted, self._measured.judged = self._succ, self._seen
+        if own:
+            self._accepts.judge_all(examined, own_accepted)
             self._examined += examined
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
         # a round's first tell that marginal cost; the first also catches up on the tokens made since the last

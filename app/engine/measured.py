@@ -21,7 +21,7 @@ class AcceptanceMemory(Protocol):
 class Measured:
     """What a round costs with one drafter on this pair, and how often its tokens were accepted lately: kept from
     one answer to the next, so each does not pay again to learn it. The acceptance is only a prior (the text
-    decides it too), worth DraftLength.PRIOR_WEIGHT tokens, so that a few rejections at the start of an answer do
+    decides it too), worth Acceptance.PRIOR_WEIGHT tokens, so that a few rejections at the start of an answer do
     not turn a pair that pays off for the whole answer."""
 
     MEMORY_S = 300.0  # how long timings of the draft are trusted without a new one (the host's speed drifts)
@@ -35,11 +35,11 @@ class Measured:
         self.calls_model = False  # the drafter runs a model (a draft model, a head), not a lookup
         self.accepted = self.judged = 0.0  # draft tokens accepted and judged, decayed, over the last answers
         # Per signal bucket, decayed: a round's first draft tokens (per round), and the tokens drafted after one of
-        # each bucket (per token in that row): how sure draft tokens come, in runs (DraftLength._plan)
+        # each bucket (per token in that row): how sure draft tokens come, in runs (Acceptance.round_shapes)
         self.first: list[float] = []
         self.after: list[list[float]] = []
         # ...and the draft tokens accepted and judged, each bucket's decayed per token of its own (BUCKET_DECAY): how
-        # sure tokens fare is the pair's more than the text's, so an answer starts from them (DraftLength.CARRIED)
+        # sure tokens fare is the pair's more than the text's, so an answer starts from them (Acceptance.CARRIED)
         self.buckets: list[list[float]] = []
 
     def forget_draft_costs(self) -> None:
@@ -65,7 +65,7 @@ class Measured:
 
     def adopt(self, profile: dict) -> bool:
         """Start from a ``profile`` kept from an earlier launch (an answer weighs it as it weighs the last answers':
-        DraftLength.CARRIED). Whatever does not have its shape, or holds a negative count, is left out: False."""
+        Acceptance.CARRIED). Whatever does not have its shape, or holds a negative count, is left out: False."""
         try:
             first = [float(x) for x in profile["first"]]
             after = [[float(x) for x in row] for row in profile["after"]]
