@@ -535,6 +535,24 @@ def test_a_long_look_drafts_only_tokens_it_expects_accepted():
     assert looks and all(n == 1 for n in looks)
 
 
+def test_a_long_look_ends_where_it_is_no_longer_likely_accepted_whole():
+    """Each token of a look counts only while those before it are accepted: past where that is likely, each costs a
+    draft call and a position for little. Here every token after the second is of a signal bucket expected accepted
+    9 times in 10 (above the look's floor, each alone): the look ends once the round's reach is under it, after 4 (a
+    replay of the starter's first held-out answer: a look went on through such tokens and verified 17 for 6)."""
+    c = DraftLength(DraftParams(draft_max=16, adaptive=True), ModelDrafter.SIGNAL_EDGES, ModelDrafter.SIGNAL_PRIOR)
+    looks = []
+    for _ in range(12):
+        k = c.next()
+        looking = c._looking
+        signals, _ = propose(c, k, lambda j: 3.0 if j < 2 else 0.2)
+        if looking:
+            looks.append(len(signals))
+        c.update(len(signals), len(signals), 0.002 * len(signals), verify(len(signals) + 1), signals=signals,
+                 n_evals=len(signals), first_s=0.002 if signals else 0.0)
+    assert looks and all(3 <= n <= 4 for n in looks)
+
+
 def test_a_token_drafted_to_judge_its_bucket_ends_the_round():
     """Now and then a round drafts a token the estimates say to stop at, to judge its signal bucket again
     (_explore); what follows it lies past where the round should end. Here every other round opens with a near-tie
