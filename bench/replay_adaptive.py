@@ -309,7 +309,7 @@ def hindsight(rec: Recording) -> tuple[float, float | None, int]:
     """(speedup, gap threshold, cap) of the best fixed rule (FixedRule), or of never drafting (G None), chosen
     knowing the whole recording, at its costs without noise."""
     best: tuple[float, float | None, int] = (1.0, None, 0)
-    for g in (0.0, 0.25, 0.5, 1.0, 2.0):
+    for g in (0.0, 0.1, 0.15, 0.25, 0.3, 0.5, 1.0, 2.0):  # (the draft model's signal bucket edges among them)
         for k_max in (4, 8, 12, 16):
             speedup, _ = run(rec, lambda: FixedRule(g, k_max), lambda s: s)
             if speedup > best[0]:
