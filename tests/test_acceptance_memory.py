@@ -82,10 +82,14 @@ def test_a_profile_of_the_wrong_shape_is_left_out():
             "accepted": 4.0, "judged": 5.0}
     bad = [{**good, "after": [[0.5], [1.0, 0.0]]}, {**good, "buckets": [[3.0, 2.0], [3.0, 3.0]]},
            {**good, "first": [-1.0, 2.0]}, {**good, "first": [math.nan, 2.0]}, {**good, "accepted": 6.0},
-           {**good, "first": "ab"}, {**good, "judged": None}, {k: v for k, v in good.items() if k != "after"}, {}]
+           {**good, "first": "ab"}, {**good, "judged": None}, {k: v for k, v in good.items() if k != "after"}, {},
+           {**good, "long_batch": [0.9]}, {**good, "long_batch": [-0.1, 0.05]}, {**good, "long_batch": [0.9, 0.0]},
+           {**good, "long_batch": [math.nan, 0.05]}, {**good, "long_batch": "ab"}]
     for profile in bad:
-        assert not m.adopt(profile) and m.judged == 0.0 and m.first == [0.0, 0.0]
+        assert not m.adopt(profile) and m.judged == 0.0 and m.first == [0.0, 0.0] and m.kept_long_batch is None
     assert m.adopt(json.loads(json.dumps(good))) and m.profile() == good
+    timed = {**good, "long_batch": [0.9, 0.05]}  # what a long batch's positions weighed, at what plain step
+    assert m.adopt(json.loads(json.dumps(timed))) and m.profile() == timed and m.kept_long_batch == (0.9, 0.05)
 
 
 def test_bench_says_when_adaptive_drafting_started_from_a_kept_profile(pair_files, tmp_path):

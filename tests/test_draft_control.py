@@ -798,3 +798,34 @@ def test_drafting_comes_back_after_rounds_off_where_it_repays_catching_up_before
         c.update(0, 0, 0.0, 0.008 if i < 20 else 0.014)
     assert 20 < i < 60  # (on again by the plan alone, the answer having room)
     assert copy.deepcopy(c).next(3) == 0
+
+
+def test_a_launch_that_timed_long_batches_tells_the_next_whether_a_long_look_could_pay():
+    """Gemma 3 270M F16 drafted by its own Q4_K_M, as measured (2026-11-29): a plain step 50 ms, each more position
+    of a verification batch 47 ms (its output layer of 262,144 rows is most of a position's work), a draft token
+    27 ms. Short batches alone cannot say what a long one's positions cost, so each launch's first answer looked
+    twice at 8 tokens (and probed, catching the draft up on the tokens made since: 0.85-0.88x of plain). What a long
+    batch's positions weighed against a plain step is kept with the profile (``Measured.long_batch``) and, where
+    the plain step is about as fast (this host, not another or a GPU), decides it without a look."""
+    import json
+
+    def answer(measured: Measured) -> list[int]:
+        c, asked = DraftLength(ADAPTIVE, measured=measured), []
+        for _ in range(128):
+            k = c.next()
+            asked.append(k)
+            c.update(k, k, 0.027 * k + (0.01 if k else 0.0), 0.050 + 0.047 * k, n_evals=k,
+                     first_s=0.037 if k else 0.0, n_first=1 if k else 0)
+        return asked
+
+    first = Measured()
+    assert max(answer(first)) == 8  # guessed: it looks
+    share, plain = first.long_batch()
+    assert abs(share - 0.94) < 0.01 and plain == 0.050
+    relaunched = Measured()
+    assert relaunched.adopt(json.loads(json.dumps(first.profile())))
+    asked = answer(relaunched)
+    assert max(asked) <= 2 and sum(asked) <= 6  # measuring rounds (and a probe soon after: the costs unsettled)
+    elsewhere = Measured()
+    elsewhere.kept_long_batch = (share, plain / 10)  # kept at another speed (a GPU's): guessed again
+    assert max(answer(elsewhere)) == 8

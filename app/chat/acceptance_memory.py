@@ -1,7 +1,9 @@
 """How each drafter's tokens fared on a pair (``measured.Measured.profile``), kept across launches: the first
 answer after loading the pair again starts from what earlier launches learned, not from the drafter's priors. On
 the starter pair at two threads, learning from priors alone, the first answer of a launch stayed near plain decoding
-(0.96x in replays) where the next ones made 1.2-1.3x. Costs are not kept: they are the host's, and move with it."""
+(0.96x in replays) where the next ones made 1.2-1.3x. Costs are not kept: they are the host's, and move with it;
+but for what a long verification batch's positions weigh against a plain step (``Measured.long_batch``), the
+target's kernels' more than the host's speed."""
 from __future__ import annotations
 
 import time

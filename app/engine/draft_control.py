@@ -106,6 +106,7 @@ class DraftLength:
     EXPLORE, EXPLORE_EVERY = 6, 3  # see _explore
     LONG_LOOK, LONG_LOOKS, LONG_LOOK_ACCEPTANCE = 16, 2, 0.8  # see _long_look_due
     LONG_BATCH_GUESS = 0.3  # see _could_pay
+    KEPT_SPAN = 2.5  # ...and how far a plain step may be from that of a long batch kept from an earlier launch
     PLAIN_SAMPLES = 2  # plain steps timed before judging (they cost nothing against plain decoding)
     SURE_SAMPLES = 4  # rounds whose draft tokens' signals were seen before rounds are valued by them (_plan)
     PROBE_BUDGET = 0.02  # the share of the time spent off that probes may lose, by their measured losses
@@ -289,10 +290,17 @@ class DraftLength:
         what the short ones measured each (on the starter pair they cost half)? If not, a long look cannot change
         the verdict (on Gemma 3 270M drafted by its own Q4_K_M, a draft token costs 0.8 of a target step: each
         extra position would have to cost under a fifth of what it measured), and neither can a probe. Once a long
-        batch was timed, no guess: the measured costs say."""
+        batch was timed, no guess: the measured costs say; and where one was timed in an earlier launch, at about
+        this plain step's speed (a host, not another: a GPU's), what its positions weighed against a plain step
+        then. (Guessed, Gemma's first answer of each launch looked twice and probed, each probe catching the draft
+        up on the 35-48 tokens made since: 0.85-0.88x of plain, where the next answers made 0.97-1.0x.)"""
         if self._long_batch_timed():
             return self._best_k(0.999) > 0
         plain, slope = self._verify.time(1) + self._between.value, self.LONG_BATCH_GUESS * self._verify.slope()
+        if kept := self._measured.kept_long_batch:
+            share, kept_plain = kept
+            if 1.0 / self.KEPT_SPAN <= self._verify.time(1) / kept_plain <= self.KEPT_SPAN:
+                slope = share * self._verify.time(1)
         k, _ = best_draft_length(lambda n: plain + slope * (n - 1), self._draft_time,
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999, self.PAY_MARGIN)
         return k > 0
