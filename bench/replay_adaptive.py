@@ -22,7 +22,7 @@ measured runs (``specchat bench``, ``perf_adaptive_pairs.py``); this is for deci
     python bench/replay_adaptive.py record OUT.json [--pair starter | -m T.gguf -md D.gguf] [--prompts P] [-n 128]
                                                     [-t THREADS]
     python bench/replay_adaptive.py replay OUT.json [--code CHECKOUT] [--seeds 7] [--sigma 0.05]
-                                                    [--draft-scale 1.0] [--spell S] [-v] [--trace N]
+                                                    [--draft-scale 1.0] [--spell S] [--relaunch] [-v] [--trace N]
 """
 from __future__ import annotations
 
@@ -266,12 +266,18 @@ def run(rec: Recording, make_control, cost, clock: Clock | None = None) -> tuple
 
 
 def replay(rec: Recording, dc, drafter, seed: int, sigma: float, trace: int | None = None,
-           spell: float | None = None) -> tuple[float, list[float]]:
+           spell: float | None = None, relaunch: bool = False, measured=None) -> tuple[float, list[float]]:
     """The checkout's adaptive controller over the recording, one ``Measured`` for every answer, each operation's
     time with seeded log-normal noise; the rounds of answer ``trace`` (its index) printed. With ``spell``, the
-    answers are first replayed with the draft's costs times ``spell``, and what follows that spell is returned."""
+    answers are first replayed with the draft's costs times ``spell``, and what follows that spell is returned; with
+    ``relaunch``, what follows a launch that answered them all: a fresh ``Measured`` from that launch's kept
+    profile, as the app's next launch starts (``Measured.adopt``)."""
     rng = random.Random(seed)
-    measured = dc.Measured()
+    measured = measured or dc.Measured()
+    if relaunch:
+        replay(rec, dc, drafter, seed + 1000, sigma, spell=spell, measured=(first := dc.Measured()))
+        measured.adopt(json.loads(json.dumps(first.profile())))
+        spell = None
     params = dc.DraftParams(draft_max=CHAIN, draft_p_min=rec.p_min, adaptive=True)
     answer = iter(range(len(rec.answers)))
     kinds = {trace: traced(dc.DraftLength)}
@@ -330,6 +336,8 @@ def main() -> int:
     p.add_argument("--draft-scale", type=float, default=1.0, help="scale the draft's costs (another spell)")
     p.add_argument("--spell", type=float, metavar="S",
                    help="replay the answers after a spell: first with the draft's costs x S, one Measured throughout")
+    p.add_argument("--relaunch", action="store_true",
+                   help="replay the answers in a second launch, from what the first kept (the app's next launch)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--trace", type=int, metavar="N", help="print each round of answer N (from 0) in the first seed")
     a, rest = ap.parse_known_args()
@@ -345,7 +353,7 @@ def main() -> int:
     ceiling = rec.ceiling()
     if a.trace is not None:
         print(f"answer {a.trace} ({rec.answers[a.trace]['category']}), seed 0: each round")
-    runs = [replay(rec, dc, drafter, seed, a.sigma, a.trace if seed == 0 else None, a.spell)
+    runs = [replay(rec, dc, drafter, seed, a.sigma, a.trace if seed == 0 else None, a.spell, a.relaunch)
             for seed in range(a.seeds)]
     speedups = sorted(s for s, _ in runs)
     median = statistics.median(speedups)
