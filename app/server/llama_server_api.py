@@ -14,7 +14,6 @@ Tokenizing and rendering a template are CPU work: they run on a worker thread, l
 from __future__ import annotations
 
 import asyncio
-import json
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
