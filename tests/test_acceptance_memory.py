@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.chat.acceptance_memory import FILE, memory_for
+from app.chat.method_ranking import pair_key
 from app.engine import Done, DraftParams, Engine, GenerationParams, ModelSettings
 from app.engine.measured import Measured
 from app.paths import data_dir
@@ -44,7 +45,8 @@ def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learne
     finally:
         first.close()
     entry = json.loads((data_dir() / FILE).read_text())
-    assert any(e.get("model", {}).get("profile") == json.loads(json.dumps(kept)) for e in entry.values())
+    assert any(e.get("model", {}).get("profile") == json.loads(json.dumps({**kept, "offload": [0, 0]}))
+               for e in entry.values())  # (with the layers each model offloaded: see the next test)
     assert kept["judged"] > 0 and sum(acc for acc, _ in kept["buckets"]) > 0
 
     again = launch(pair_files)
@@ -60,6 +62,29 @@ def test_the_first_answer_after_a_launch_starts_from_what_the_last_launch_learne
         assert other._measured_for("model").judged == 0
     finally:
         other.close()
+
+
+def test_what_a_long_batch_weighed_is_kept_for_the_same_offload_only(pair_files):
+    """A long verification batch's weight against a plain step (``Measured.long_batch``) is the kernels': one timed
+    on the CPU says nothing of a launch that offloads layers to a GPU (-ngl), whose long batches cost far less."""
+    first = launch(pair_files)
+    try:
+        answer(first)
+    finally:
+        first.close()
+    path = data_dir() / FILE
+    saved = json.loads(path.read_text())
+    entry = saved[pair_key(pair_files["target"], pair_files["close_draft"])]
+    entry["model"]["profile"]["long_batch"] = [0.9, 0.01]
+    for offload, kept in (([0, 0], (0.9, 0.01)), ([99, 99], None)):
+        entry["model"]["profile"]["offload"] = offload
+        path.write_text(json.dumps(saved))
+        again = launch(pair_files)
+        try:
+            m = again._measured_for("model")
+            assert m.kept_long_batch == kept and m.judged > 0  # (the rest of the profile adopted either way)
+        finally:
+            again.close()
 
 
 def test_a_damaged_memory_is_set_aside_and_the_answer_goes_on(pair_files):

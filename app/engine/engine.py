@@ -162,7 +162,7 @@ class Engine:
                             self._choose_threads()
                 finally:
                     if self._memory and measured.judged:
-                        self._memory.keep(d.name, measured.profile())
+                        self._memory.keep(d.name, {**measured.profile(), "offload": self._offload()})
             finally:
                 if self.draft:
                     self.draft.ctx.set_cancel(None)
@@ -176,9 +176,16 @@ class Engine:
         key = (drafter, self._pair.target.ctx.n_threads)
         if key not in self._measured:
             m = self._measured[key] = Measured()
-            if self._memory and (kept := self._memory.recall(drafter)) and m.adopt(kept):
-                self._kept.add(drafter)
+            if self._memory and (kept := self._memory.recall(drafter)):
+                if kept.get("offload") != self._offload():  # (a long batch's weight is the kernels': a GPU's differ)
+                    kept = {k: v for k, v in kept.items() if k != "long_batch"}
+                if m.adopt(kept):
+                    self._kept.add(drafter)
         return self._measured[key]
+
+    def _offload(self) -> list[int]:
+        """The layers each model offloads (-ngl), as kept with a profile."""
+        return [s.n_gpu_layers for s in self._pair.settings]
 
     def started_from_kept(self, drafter: str) -> bool:
         """Did this drafter start from how its tokens fared on this pair in an earlier launch (``memory``)?"""
