@@ -85,6 +85,14 @@ def test_what_a_long_batch_weighed_is_kept_for_the_same_offload_only(pair_files)
             assert m.kept_long_batch == kept and m.judged > 0  # (the rest of the profile adopted either way)
         finally:
             again.close()
+    entry["model"]["profile"] = "edited by hand"  # not a profile at all: the priors, and the answer goes on
+    path.write_text(json.dumps(saved))
+    again = launch(pair_files)
+    try:
+        assert again._measured_for("model").judged == 0
+        answer(again)
+    finally:
+        again.close()
 
 
 def test_a_damaged_memory_is_set_aside_and_the_answer_goes_on(pair_files):

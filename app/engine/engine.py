@@ -176,7 +176,7 @@ class Engine:
         key = (drafter, self._pair.target.ctx.n_threads)
         if key not in self._measured:
             m = self._measured[key] = Measured()
-            if self._memory and (kept := self._memory.recall(drafter)):
+            if self._memory and isinstance(kept := self._memory.recall(drafter), dict):
                 if kept.get("offload") != self._offload():  # (a long batch's weight is the kernels': a GPU's differ)
                     kept = {k: v for k, v in kept.items() if k != "long_batch"}
                 if m.adopt(kept):
