@@ -63,6 +63,7 @@ Adaptive mode decides token by token, from measurements of this generation:
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -128,6 +129,10 @@ class DraftLength:
     # timed again), where rounds of 12 made 10% more
     FLAT = 0.02
     RECHECK_S = 20.0  # see _costs_moved
+    # While off, the plan is made again every REPLAN_OFF rounds, not at every token: a plan weighs every draft length
+    # (about 140 µs here, 50 on a GPU machine's host), and a plain step on a GPU takes as little as 0.6 ms (a
+    # Gemma-shaped tiny pair on an H200 lost 7% to it while adaptive drafting stayed off). Probes keep their rounds.
+    REPLAN_OFF = 16
 
     def __init__(self, params: DraftParams, signal_edges: tuple[float, ...] = (), prior: tuple[float, ...] = (0.9,),
                  measured: Measured | None = None, signal_grows: bool = False):
@@ -150,6 +155,7 @@ class DraftLength:
         self._spec = [0.0, 0.0, 0.0, 0.0]
         self._pace = [0.0, 0.0]  # every round (decayed): tokens made, seconds (a growing signal's bar: _min_acceptance)
         self._off_rounds = 0
+        self._quiet_until = 0  # while off, rounds up to this many off go without a plan (REPLAN_OFF)
         self._failed_probes = 0  # probes in a row after which speculation stayed off
         self._measuring = False  # this round drafts what next() said, to measure
         self._rechecking = False  # ...and it is an answer's first, where the carried costs said it cannot pay
@@ -171,6 +177,9 @@ class DraftLength:
         was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
+        if self._off_rounds and not was_probe and self._off_rounds < self._quiet_until:
+            self._off_rounds += 1
+            return 0
         if (not self._rounds and self._known and not self._best_k(0.999)
                 and time.monotonic() - self._measured.draft_timed_at >= self.RECHECK_S):
             self._rechecking = True  # (_costs_moved: at little cost, the draft having just read the prompt)
@@ -213,11 +222,13 @@ class DraftLength:
                 every = self.PROBE_EVERY_WHEN_COSTLY
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
-            if self._off_rounds >= max(every, self._priced_wait()):
+            wait = max(every, self._priced_wait())
+            if self._off_rounds >= wait:
                 self._off_rounds, self._probing = 0, True
                 # (off for a measured loss where the model says drafting pays: a probe of the length it says, so
                 # that one round can outweigh the loss)
                 return self._measure(max(min(2, self.p.draft_max), best))
+            self._quiet_until = min(self._off_rounds + self.REPLAN_OFF, math.ceil(wait) - 1 if wait < 1e9 else 1 << 30)
         else:
             self._off_rounds = 0
             self._failed_probes = 0
