@@ -1,0 +1,66 @@
+#!/bin/bash
+# On the device machine (one call of the device tool, after bench/gpu/prepare.sh here; carry .gpu):
+#   BUDGET=540 bash bench/gpu/run.sh [STEP ...]      steps: crash in-graph loop adaptive tests (default: all)
+# Builds the pinned llama-cpp-python with CUDA into /tmp/site (kept while the machine stays warm), then runs each
+# step within BUDGET seconds in all; what each prints lands in $OUT. See bench/gpu/README.md.
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site
+T0=$(date +%s); END=$((T0 + ${BUDGET:-540}))
+left() { echo $(( END - $(date +%s) )); }
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.txt"; }
+Q='^llama_\|^print_info\|^load\|^common\|^graph_\|^sched_\|^\.\|^ggml_cuda_init\|^  Device'
+STEPS=${*:-crash in-graph loop adaptive tests}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ ! -d /tmp/site/llama_cpp/lib ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+  mkdir -p /tmp/src && tar xJf .gpu/llama-cpp-python.tar.xz -C /tmp/src || exit 1
+  log "build"  # (flash attention's kernels left out: SpecChat's contexts turn it off; 250 s on 16 cores)
+  CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_LLAMAFILE=OFF -DGGML_CUDA_FA=OFF" \
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 400 python3 -m pip install --no-deps --no-build-isolation \
+    --no-compile --target /tmp/site /tmp/src/llama_cpp_python-* > "$OUT/build.log" 2>&1 \
+    || { log "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
+fi
+log "built: $(python3 -c 'import llama_cpp.llama_cpp as ll; print(ll.llama_supports_gpu_offload())' 2>&1 | tail -1)"
+for step in $STEPS; do
+  case $step in
+  crash)  # Model(path, n_gpu_layers=N != 0) segfaulted in llama_model_load_from_file (llama.cpp's print_info) on
+          # 2026-11-29, every time, where Model(path, 0) with the plugin setting 999 in the call ran. Which import
+          # order crashes (numpy's libraries loaded before or after llama.cpp's), then a native backtrace
+    python3 -c "import sys; sys.path[:0]=['.','tests']; from support.tiny_gguf import write_model as w
+w(sys.argv[1])" /tmp/crash.gguf
+    LOAD="from app.engine.llama.model import Model; Model(sys.argv[1], n_gpu_layers=-1); print('loaded', flush=True)"
+    for first in "import llama_cpp.llama_cpp" "import numpy" "import numpy, llama_cpp.llama_cpp"; do
+      echo "== $first; then Model(..., n_gpu_layers=-1)"
+      timeout 60 python3 -X faulthandler -c "import sys; $first; sys.path.insert(0, '.'); $LOAD" /tmp/crash.gguf 2>&1 \
+        | grep -v "$Q" | tail -4
+    done | tee "$OUT/crash.txt"
+    timeout 90 cuda-gdb -q -batch -ex run -ex bt --args python3 -c "import sys; sys.path.insert(0, '.'); $LOAD" \
+      /tmp/crash.gguf 2>&1 | grep -v "$Q" | tail -30 | tee -a "$OUT/crash.txt" ;;
+  in-graph)
+    timeout 90 python3 bench/gpu/offloaded.py bench/perf_in_graph_selection.py --tokens 64 --repeats 3 2>&1 \
+      | grep -v "$Q" | tee "$OUT/in_graph.txt" ;;
+  loop)
+    timeout 150 python3 bench/gpu/offloaded.py bench/perf_loop_overhead.py --no-starter --tokens 96 2>&1 \
+      | grep -v "$Q" | tee "$OUT/loop.txt" ;;
+  adaptive)  # a Gemma-shaped tiny pair: adaptive drafting against speculation off, interleaved
+    set -- $(python3 bench/gpu/pair.py /tmp/pair 2>/dev/null | tail -1)
+    for draft in "$2" "$3"; do
+      timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) python3 bench/gpu/offloaded.py -m app.cli.main bench \
+        --target "$1" --draft "$draft" --adaptive --prompts tests/prompts/heldout.jsonl -n 96 --repeats 2 2>&1 \
+        | grep -v "$Q" | tail -16 | tee -a "$OUT/adaptive.txt"
+    done ;;
+  tests)  # the engine's tests with every layer offloaded; near-ties of the random tiny models fail on a GPU
+    T=$(( $(left) - 10 ))
+    SPECCHAT_LLAMA_SDIST="$PWD/.gpu/llama-cpp-python.tar.xz" timeout $T python3 -m pytest -p tests.support.gpu_offload \
+      -p no:cacheprovider -p no:benchmark -n 14 --timeout 150 -q -rf \
+      -m "not slow and not browser and not bundle" \
+      -k "not server and not cli and not api" --junitxml="$OUT/tests.xml" tests/test_engine.py \
+      tests/test_exact_sampling.py tests/test_mtp.py tests/test_eagle3.py tests/test_gemma4_assistant.py \
+      tests/test_heads.py \
+      tests/test_cross_vocab.py tests/test_recurrent.py tests/test_tiny_recurrent.py tests/test_sliding_window.py \
+      tests/test_chains.py tests/test_ngram_kinds.py tests/test_draft_control.py tests/test_acceptance_memory.py \
+      tests/test_block_drafters.py tests/test_sampling.py tests/test_structured_output.py > "$OUT/tests.txt" 2>&1
+    log "tests rc=$?"; grep -v "^FAILED" "$OUT/tests.txt" | tail -3 ;;
+  esac
+  log "$step done"
+done
