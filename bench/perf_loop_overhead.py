@@ -6,6 +6,8 @@ a target token costs a few milliseconds, so this is what decides whether specula
 2026-sized vocabularies (written here: 151,936 tokens like Qwen's, 262,144 like Gemma's) keep the compute small so
 the loop's cost shows; the starter pair (49,152) too; real pairs with --pair.
 
+Mode 5 (`--modes 5`, "greedy, adaptive") is adaptive drafting: on a pair where drafting cannot pay, what staying off costs.
+
     python bench/perf_loop_overhead.py [--tokens 128] [--vocab 151936 262144] [--no-starter]
                                        [--pair TARGET.gguf DRAFT.gguf] [--modes 0 1 ...]
 """
@@ -27,7 +29,8 @@ from app.prompts import chat_tokens  # noqa: E402
 from support.tiny_gguf import write_model  # noqa: E402
 
 MODES = [("greedy, draft model", "model", 0.0), ("sampled T=0.8, draft model", "model", 0.8),
-         ("sampled, no draft", "none", 0.8), ("greedy, no draft", "none", 0.0), ("greedy, n-gram", "ngram", 0.0)]
+         ("sampled, no draft", "none", 0.8), ("greedy, no draft", "none", 0.0), ("greedy, n-gram", "ngram", 0.0),
+         ("greedy, adaptive", "model", 0.0, True)]  # (where drafting cannot pay: what staying off costs)
 
 
 class DecodeTimer:
@@ -59,11 +62,12 @@ class DecodeTimer:
             setattr(ll, name, real)
 
 
-def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float,
-                tokens: int) -> tuple[float, float]:
+def overhead_us(engine: Engine, ids: list[int], drafter: str, temperature: float, tokens: int,
+                adaptive: bool = False) -> tuple[float, float]:
     """µs per token outside llama.cpp, and µs per token in all."""
     params = GenerationParams(max_tokens=tokens, sampling=SamplingParams(temperature=temperature, seed=1),
-                              draft=DraftParams(draft_max=8, draft_p_min=0.5 if temperature == 0 else 0.0))
+                              draft=DraftParams(draft_max=8, draft_p_min=0.5 if temperature == 0 else 0.0,
+                                                adaptive=adaptive))
     engine.reset()
     timer = DecodeTimer()
     t_first = None
@@ -143,8 +147,9 @@ def main() -> None:
             engine = Engine(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024))
             ids = chat_tokens(engine.model, [{"role": "user", "content": "Write a short story about a cat and a dog."}])
             cells = []
-            for _, drafter, temperature in modes:
-                runs = [overhead_us(engine, ids, drafter, temperature, args.tokens) for _ in range(args.repeats)]
+            for _, drafter, temperature, *adaptive in modes:
+                runs = [overhead_us(engine, ids, drafter, temperature, args.tokens, *adaptive)
+                        for _ in range(args.repeats)]
                 loop, total = (statistics.median(r) for r in zip(*runs))
                 cells.append(f"{loop:,.0f} (of {total:,.0f})")
             scan, dist = row_scan_us(engine, ids), row_distribution_us(engine, ids)

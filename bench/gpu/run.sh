@@ -24,7 +24,7 @@ log "built: $(python3 -c 'import llama_cpp.llama_cpp as ll; print(ll.llama_suppo
 for step in $STEPS; do
   case $step in
   crash)  # Model(path, n_gpu_layers=N != 0) segfaulted in llama_model_load_from_file (llama.cpp's print_info) on
-          # 2026-11-29, every time, where Model(path, 0) with the plugin setting 999 in the call ran. Which import
+          # 2026-11-30, every time, where Model(path, 0) with the plugin setting 999 in the call ran. Which import
           # order crashes (numpy's libraries loaded before or after llama.cpp's), then a native backtrace
     python3 -c "import sys; sys.path[:0]=['.','tests']; from support.tiny_gguf import write_model as w
 w(sys.argv[1])" /tmp/crash.gguf
