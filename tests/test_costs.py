@@ -100,3 +100,20 @@ def test_measured_on_real_models_and_caches_left_empty(tiny_engine):
     ids = plain_tokens(tiny_engine.model, "the cat")
     done = list(tiny_engine.generate(ids, GenerationParams(max_tokens=8, sampling=SamplingParams(temperature=0))))[-1]
     assert done.stats.n_tokens > 0
+
+
+def test_the_timings_include_the_picks_the_loop_makes_from_each_row(tiny_engine, monkeypatch):
+    """The loop reads every row of logits it asks for and picks from it; on a GPU that is a good part of a position's
+    cost (a 262,144-logit row: 0.1 of an H200's plain step), so the ceiling prices it. A pick slowed by 20 ms shows
+    in each timing once per row: 9 rows in a 9-token batch, one in a draft call."""
+    import time
+
+    from app.engine import costs
+
+    slow = 0.02
+    for name in ("greedy_token", "_draft_pick"):
+        real = getattr(costs, name)
+        monkeypatch.setattr(costs, name, lambda row, real=real: (time.sleep(slow), real(row))[1])
+    c = tiny_engine.measure_costs(8)
+    assert c.verify_s[1] >= slow and c.verify_s[9] >= 9 * slow
+    assert c.draft_s[0] >= slow and c.draft_s[1] >= slow
