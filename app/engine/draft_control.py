@@ -228,7 +228,7 @@ class DraftLength:
                 # (off for a measured loss where the model says drafting pays: a probe of the length it says, so
                 # that one round can outweigh the loss)
                 return self._measure(max(min(2, self.p.draft_max), best))
-            self._quiet_until = min(self._off_rounds + self.REPLAN_OFF, math.ceil(wait) - 1 if wait < 1e9 else 1 << 30)
+            self._quiet_until = min(self._off_rounds + self.REPLAN_OFF, math.ceil(min(wait, 1e9)) - 1)
         else:
             self._off_rounds = 0
             self._failed_probes = 0
