@@ -6,7 +6,8 @@ a target token costs a few milliseconds, so this is what decides whether specula
 2026-sized vocabularies (written here: 151,936 tokens like Qwen's, 262,144 like Gemma's) keep the compute small so
 the loop's cost shows; the starter pair (49,152) too; real pairs with --pair.
 
-Mode 5 (`--modes 5`, "greedy, adaptive") is adaptive drafting: on a pair where drafting cannot pay, what staying off costs.
+Mode 5 (`--modes 5`, "greedy, adaptive") is adaptive drafting: on a pair where drafting cannot pay, what staying
+off costs.
 
     python bench/perf_loop_overhead.py [--tokens 128] [--vocab 151936 262144] [--no-starter]
                                        [--pair TARGET.gguf DRAFT.gguf] [--modes 0 1 ...]
