@@ -11,8 +11,7 @@ import pytest
 from support.servers import serve_in_thread
 from support.tiny_vision import png_bytes, write_projector
 
-from app.engine import (Done, DraftParams, Engine, GenerationParams, ModelSettings, PromptProgress, SamplingParams,
-                        TextDelta)
+from app.engine import DraftParams, Engine, GenerationParams, ModelSettings, PromptProgress, SamplingParams
 from app.prompts import chat_tokens
 
 GREEDY = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=0), draft=DraftParams(adaptive=False))

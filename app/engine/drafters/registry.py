@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..errors import EngineError
 from ..gguf_file import GgufInfo, read_info
@@ -25,6 +25,9 @@ from .mtp import MtpDrafter, MtpFileDrafter
 from .ngram import Lookup, NgramMod, NgramSimple
 from .ngram_cache import NgramCache
 from .ngram_map import NgramMapK, NgramMapK4v
+
+if TYPE_CHECKING:  # (draft_control imports the drafters: a name for the annotation only)
+    from ..draft_control import DraftParams
 
 
 class Pair(Protocol):
@@ -47,7 +50,7 @@ class Method:
     lacking: str  # why a pair without it cannot use it ({target}: the target's file name)
     draft_file: str  # what it needs given as the draft file (-md), in words; "" if none
     usable: Callable[[Model, Drafter | None, bool], bool]  # (target, head, has a draft model) -> can this pair
-    make: Callable[[Pair, "DraftParams"], Drafter]  # (pair, the draft settings) -> its drafter
+    make: Callable[[Pair, DraftParams], Drafter]  # (pair, the draft settings) -> its drafter
 
 
 def _head_for(name: str) -> Callable[[Model, Drafter | None, bool], bool]:
