@@ -24,18 +24,26 @@ log "built: $(python3 -c 'import llama_cpp.llama_cpp as ll; print(ll.llama_suppo
 for step in $STEPS; do
   case $step in
   crash)  # Model(path, n_gpu_layers=N != 0) segfaulted in llama_model_load_from_file (llama.cpp's print_info) on
-          # 2026-11-30, every time, where Model(path, 0) with the plugin setting 999 in the call ran. Which import
-          # order crashes (numpy's libraries loaded before or after llama.cpp's), then a native backtrace
+          # 2026-11-30, every time, where Model(path, 0) with the plugin setting 999 in the call ran. Each line below
+          # changes one thing: numpy's libraries loaded before or after llama.cpp's, the load through the plugin or
+          # not, llama.cpp logging through SpecChat's Python callback or straight to stderr. Then a native backtrace
     python3 -c "import sys; sys.path[:0]=['.','tests']; from support.tiny_gguf import write_model as w
 w(sys.argv[1])" /tmp/crash.gguf
-    LOAD="from app.engine.llama.model import Model; Model(sys.argv[1], n_gpu_layers=-1); print('loaded', flush=True)"
-    for first in "import llama_cpp.llama_cpp" "import numpy" "import numpy, llama_cpp.llama_cpp"; do
-      echo "== $first; then Model(..., n_gpu_layers=-1)"
-      timeout 60 python3 -X faulthandler -c "import sys; $first; sys.path.insert(0, '.'); $LOAD" /tmp/crash.gguf 2>&1 \
+    DIRECT="from app.engine.llama.model import Model; Model(sys.argv[1], n_gpu_layers=-1)"
+    PLUGIN="sys.path.insert(0, 'tests'); import support.gpu_offload; ${DIRECT/n_gpu_layers=-1/0}"
+    L="import llama_cpp.llama_cpp"
+    for case in "$L|$DIRECT|" "import numpy|$DIRECT|" "import numpy|$PLUGIN|" "$L|$PLUGIN|" \
+                "import numpy|$DIRECT|1" "$L|$DIRECT|1"; do
+      IFS='|' read -r first load logs <<< "$case"
+      echo "== $first; then ${load##*; }$([[ $load == *gpu_offload* ]] && echo " through the plugin")" \
+        "${logs:+(SPECCHAT_LLAMA_LOG=1)}"
+      SPECCHAT_LLAMA_LOG=$logs timeout 60 python3 -X faulthandler -c \
+        "import sys; $first; sys.path.insert(0, '.'); $load; print('ok: it loaded', flush=True)" /tmp/crash.gguf 2>&1 \
         | grep -v "$Q" | tail -4
     done | tee "$OUT/crash.txt"
-    timeout 90 cuda-gdb -q -batch -ex run -ex bt --args python3 -c "import sys; sys.path.insert(0, '.'); $LOAD" \
-      /tmp/crash.gguf 2>&1 | grep -v "$Q" | tail -30 | tee -a "$OUT/crash.txt" ;;
+    GDB=$(command -v cuda-gdb || command -v gdb) && timeout 90 "$GDB" -q -batch -iex "set auto-load safe-path /" \
+      -ex run -ex bt --args python3 -c "import sys; import numpy; sys.path.insert(0, '.'); $DIRECT" /tmp/crash.gguf \
+      2>&1 | grep -v "$Q" | tail -30 | tee -a "$OUT/crash.txt" ;;
   in-graph)
     timeout 90 python3 bench/gpu/offloaded.py bench/perf_in_graph_selection.py --tokens 64 --repeats 3 2>&1 \
       | grep -v "$Q" | tee "$OUT/in_graph.txt" ;;
