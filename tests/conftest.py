@@ -8,7 +8,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support import announce  # noqa: E402
 from support.tiny_gguf import write_model  # noqa: E402
+
+
+def pytest_configure(config):
+    announce.attach(config)  # minutes-long set-up inside a test says so at once (building llama-server)
 
 
 @pytest.fixture(scope="session", autouse=True)

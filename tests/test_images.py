@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from support import llama_tools
 from support.tiny_gguf import write_model
 from support.tiny_vision import png_bytes, write_png, write_projector, write_qwen2vl_projector
 
@@ -98,8 +99,9 @@ def mtmd_cli(files, image, expected: str) -> str:
     for _ in range(5):
         run = subprocess.run([str(MTMD_CLI), "-m", str(files["target"]), "--mmproj", str(files["mmproj"]), "--image",
                               str(files[image]), "-p", "the cat sat on", "-n", "8", "--temp", "0", "-t", "2"],
-                             capture_output=True, timeout=120)
-        assert run.returncode == 0, run.stderr[-2000:]
+                             capture_output=True, timeout=120, env=llama_tools.environment())
+        assert run.returncode == 0, llama_tools.death_report("llama-mtmd-cli", run.returncode,
+                                                             run.stderr.decode("utf-8", "replace"))
         outputs.append(run.stdout.decode("utf-8", "replace").strip())
         if outputs[-1] == expected:
             break

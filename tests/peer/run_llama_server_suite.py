@@ -100,7 +100,10 @@ def as_server(argv: list[str]) -> None:
     else:
         cmd = llama_server_command(os.environ["PEER_LLAMA_SERVER"], os.environ["PEER_TARGET"],
                                    os.environ["PEER_DRAFT"], args)
-        env = dict(os.environ)
+        sys.path.insert(0, str(ROOT / "tests"))
+        from support.llama_tools import environment
+
+        env = environment()  # weights loaded as SpecChat loads them (no repacking: see llama_tools)
     if "--chat-template-file" in cmd:
         i = cmd.index("--chat-template-file") + 1
         cmd[i] = str(Path(os.environ["PEER_SUITE"], cmd[i]).resolve())

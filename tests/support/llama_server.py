@@ -6,7 +6,8 @@ cache (``$XDG_CACHE_HOME/specchat-tests/`` or ``~/.cache/specchat-tests/``; ``SP
 named after the sdist's SHA-256 and the build flags, so a fresh clone reuses it and a different llama.cpp or flag
 set builds anew. Delete the folder to force a rebuild. No network: the web UI is left out
 (``LLAMA_USE_PREBUILT_UI=OFF``), so is HTTPS. ``GGML_LLAMAFILE=OFF`` as for SpecChat's own build: batch-invariant
-kernels, so greedy output with and without a draft is identical.
+kernels, so greedy output with and without a draft is identical. It runs as every llama.cpp tool the tests start
+does (tests/support/llama_tools.py): no repacked weights, as SpecChat loads them.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from typing import Iterator
 import httpx
 
 from . import llama_sdist
+from .announce import say
+from .llama_tools import running
 from .servers import free_port
 
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
@@ -50,6 +53,9 @@ def binary() -> Path:
         return exe
     home.mkdir(parents=True, exist_ok=True)
     log = home / "build.log"
+    say(f"building llama.cpp's llama-server from {sdist.name}, once per machine (15-20 minutes on 2 cores); "
+        f"log: {log}")
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llama-server-build-") as tmp, open(log, "w") as out:
         src, build = Path(tmp) / "llama.cpp", Path(tmp) / "build"
         with tarfile.open(sdist) as tar:
@@ -65,6 +71,7 @@ def binary() -> Path:
                 raise RuntimeError(f"building llama-server failed: see {log}")
         shutil.copy2(build / "bin" / "llama-server", exe.with_suffix(".part"))
         os.replace(exe.with_suffix(".part"), exe)  # a build killed half-way leaves no binary behind
+    say(f"built llama-server in {time.monotonic() - began:.0f} s: {exe}")
     return exe
 
 
@@ -76,13 +83,11 @@ def llama_server(model: Path, draft: Path | None = None, *extra: str) -> Iterato
            "-t", str(os.cpu_count() or 2), "--no-webui", "-fa", "off", *extra]  # plain attention: batch-invariant
     if draft:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
+    with running("llama-server", cmd) as server:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError("llama-server exited:\n" + proc.stdout.read())
+            server.check_alive()
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
@@ -92,9 +97,3 @@ def llama_server(model: Path, draft: Path | None = None, *extra: str) -> Iterato
         else:
             raise RuntimeError("llama-server did not become healthy in 120 s")
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
