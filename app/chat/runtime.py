@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 from ..engine import DRAFT_MODEL, DRAFTERS, OFF, DraftParams, Engine, EngineError, method_name, supports_gpu_offload
 from ..engine.drafters import registry
 from ..engine.images import through_images
+from ..models.hardware import unused_gpu_advice
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
 from .acceptance_memory import memory_for
@@ -171,6 +172,7 @@ class Runtime:
             if e else [],
             "threads": e.threads() if e else {},
             "gpu_offload": supports_gpu_offload(),
+            "gpu_advice": unused_gpu_advice(supports_gpu_offload()),  # a GPU here the build cannot use
             "server": {"url": r.base, "engine": r.identify(), "method": r.method(), "model": r.model,
                        "off": self.remote_off.base if self.remote_off else None} if r else None,
         }

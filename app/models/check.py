@@ -8,13 +8,14 @@ from pathlib import Path
 
 from . import size_ratio
 from .catalog import load_catalog, local_path, status
+from .hardware import unused_gpu_advice
 from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_of
 from ..engine.pair import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, metadata, not_a_model, read_info
-from ..engine.llama import ModelSettings, gpus
+from ..engine.llama import ModelSettings, gpus, supports_gpu_offload
 from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
 SPEC_TYPE_OF = {m.name: m.spec_types[0] for m in METHODS}  # llama.cpp's name for each method
@@ -32,6 +33,7 @@ class PairReport:
     recommended: tuple[int, int]  # (-ngl, -ngld) for this machine
     suggestions: list[str] = field(default_factory=list)
     projector: str = ""  # the target's vision projector, judged from its header ("": none given or found)
+    gpu_advice: str = ""  # a GPU this machine has and the build cannot use, with the command that rebuilds for it
 
     @property
     def compatible(self) -> bool:
@@ -53,7 +55,7 @@ def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ng
     fit = estimate([_load(t, ctx, chosen[0], True)] + ([_load(d, ctx, chosen[1], False)] if d else []) + extra,
                    devices)
     return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [],
-                      projector_note(t, mm) if mm else "")
+                      projector_note(t, mm) if mm else "", unused_gpu_advice(supports_gpu_offload()))
 
 
 def projector_note(target: GgufInfo, path: Path) -> str:
@@ -173,6 +175,8 @@ def describe(r: PairReport) -> list[str]:
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
     ngl, ngld = r.recommended
     lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}" + ("" if r.fit.vram_free is not None else " (no GPU in this build)"))
+    if r.gpu_advice:
+        lines.append(f"note: {r.gpu_advice}")
     if r.suggestions:
         lines.append("drafts that suit this target:")
         lines += [f"  {s}" for s in r.suggestions]

@@ -294,8 +294,8 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
                 f"{hw['ram_total'] / gib:.1f} GiB"),
         ("SpecChat process", f"{hw['process_rss'] / gib:.2f} GiB resident"),
         ("GPU offload", "yes — this llama.cpp build can offload layers (-ngl / -ngld)" if loaded["gpu_offload"]
-         else "no — this llama.cpp build runs on the CPU only (reinstall with CMAKE_ARGS=\"-DGGML_CUDA=on\" or "
-              "\"-DGGML_METAL=on\" to offload)"),
+         else f"no — {html.escape(loaded['gpu_advice'])}" if loaded.get("gpu_advice")
+         else "no — this machine has no GPU that llama.cpp could use: everything runs on the CPU"),
         ("Loaded pair", html.escape(loaded["pair"] or "none")),
     ]
     if server := loaded.get("server"):  # the models run there: nothing of theirs in this machine's memory
