@@ -23,27 +23,34 @@ fi
 log "built: $(python3 -c 'import llama_cpp.llama_cpp as ll; print(ll.llama_supports_gpu_offload())' 2>&1 | tail -1)"
 for step in $STEPS; do
   case $step in
-  crash)  # Model(path, n_gpu_layers=N != 0) segfaulted in llama_model_load_from_file (llama.cpp's print_info) on
-          # 2026-11-30, every time, where Model(path, 0) with the plugin setting 999 in the call ran. Each line below
-          # changes one thing: numpy's libraries loaded before or after llama.cpp's, the load through the plugin or
-          # not, llama.cpp logging through SpecChat's Python callback or straight to stderr. Then a native backtrace
+  crash)  # Model(path, n_gpu_layers=N != 0) segfaulted in llama_model_load_from_file on 2026-11-30, every time, where
+          # Model(path, 0) with the plugin setting 999 in the call ran. Each line below changes one thing against the
+          # first: numpy's libraries loaded before llama.cpp's, the load through the plugin (both load with 999),
+          # llama.cpp's own default logger (stderr) in place of SpecChat's Python callback. Each line's whole output
+          # is kept in crash-N.log; its last lines are shown unfiltered (load_tensors, which reads n_gpu_layers,
+          # runs right after print_info). Then a native backtrace, with the libraries loaded.
     python3 -c "import sys; sys.path[:0]=['.','tests']; from support.tiny_gguf import write_model as w
 w(sys.argv[1])" /tmp/crash.gguf
-    DIRECT="from app.engine.llama.model import Model; Model(sys.argv[1], n_gpu_layers=-1)"
-    PLUGIN="sys.path.insert(0, 'tests'); import support.gpu_offload; ${DIRECT/n_gpu_layers=-1/0}"
+    DIRECT="from app.engine.llama.model import Model; Model(sys.argv[1], n_gpu_layers=999)"
+    PLUGIN="sys.path.insert(0, 'tests'); import support.gpu_offload; ${DIRECT/n_gpu_layers=999/n_gpu_layers=0}"
+    STDERR="import llama_cpp.llama_cpp as ll; ll.llama_log_set(ll.llama_log_callback(), None)"
     L="import llama_cpp.llama_cpp"
+    n=0
     for case in "$L|$DIRECT|" "import numpy|$DIRECT|" "import numpy|$PLUGIN|" "$L|$PLUGIN|" \
-                "import numpy|$DIRECT|1" "$L|$DIRECT|1"; do
-      IFS='|' read -r first load logs <<< "$case"
-      echo "== $first; then ${load##*; }$([[ $load == *gpu_offload* ]] && echo " through the plugin")" \
-        "${logs:+(SPECCHAT_LLAMA_LOG=1)}"
+                "$L|$STDERR; $DIRECT|1" "import numpy|$STDERR; $DIRECT|1"; do
+      IFS='|' read -r first load logs <<< "$case"; n=$((n + 1))
+      how="Model(path, 999)"; [[ $load == *gpu_offload* ]] && how="Model(path, 0) through the plugin (999)"
+      [ -n "$logs" ] && how="$how, llama.cpp logging to stderr"
+      echo "== $n: $first; then $how"
       SPECCHAT_LLAMA_LOG=$logs timeout 60 python3 -X faulthandler -c \
-        "import sys; $first; sys.path.insert(0, '.'); $load; print('ok: it loaded', flush=True)" /tmp/crash.gguf 2>&1 \
-        | grep -v "$Q" | tail -4
+        "import sys; $first; sys.path.insert(0, '.'); $load; print('ok: it loaded', flush=True)" /tmp/crash.gguf \
+        > "$OUT/crash-$n.log" 2>&1
+      echo "   exit status $?"; tail -8 "$OUT/crash-$n.log" | cut -c1-200
     done | tee "$OUT/crash.txt"
     GDB=$(command -v cuda-gdb || command -v gdb) && timeout 90 "$GDB" -q -batch -iex "set auto-load safe-path /" \
-      -ex run -ex bt --args python3 -c "import sys; import numpy; sys.path.insert(0, '.'); $DIRECT" /tmp/crash.gguf \
-      2>&1 | grep -v "$Q" | tail -30 | tee -a "$OUT/crash.txt" ;;
+      -ex run -ex bt -ex "info sharedlibrary" --args python3 -c \
+      "import sys; import numpy; sys.path.insert(0, '.'); $DIRECT" /tmp/crash.gguf > "$OUT/crash-gdb.log" 2>&1
+    grep -v "^\[New Thread\|^\[Thread" "$OUT/crash-gdb.log" | tail -60 | cut -c1-200 | tee -a "$OUT/crash.txt" ;;
   in-graph)
     timeout 90 python3 bench/gpu/offloaded.py bench/perf_in_graph_selection.py --tokens 64 --repeats 3 2>&1 \
       | grep -v "$Q" | tee "$OUT/in_graph.txt" ;;
