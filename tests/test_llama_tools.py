@@ -75,3 +75,19 @@ def test_exit_statuses_read_as_a_signal_from_popen_or_a_shell_or_as_a_plain_exit
 def test_a_tool_that_printed_nothing_says_so():
     assert death_report("llama-mtmd-cli", -6, "") == "llama-mtmd-cli killed by SIGABRT (Aborted), status 134; " \
                                                     "its last 0 lines:\n  (it printed nothing)"
+
+
+@pytest.mark.slow
+def test_the_real_llama_server_keeps_weights_unrepacked_as_specchat_does(tmp_path):
+    """A Q4_0 model, which llama.cpp's CPU backend repacks where it can (AVX2, NEON, AMX), served as the tests serve
+    it: llama.cpp's own log names no repacked buffer, only the memory-mapped one SpecChat also loads."""
+    from app.engine.llama import quantize
+    from app.models import starter
+
+    model = tmp_path / "starter-q4_0.gguf"
+    quantize(starter.target_path(), model, "Q4_0")
+    with llama_server_module.llama_server_tool(model, None, "-lv", "4") as (_, server):
+        log = server.output()
+    buffers = [line for line in log.splitlines() if "model buffer size" in line]
+    assert buffers and all("REPACK" not in line and "AMX" not in line for line in buffers), buffers
+    assert any("CPU_Mapped" in line for line in buffers)

@@ -26,7 +26,7 @@ import httpx
 
 from . import llama_sdist
 from .announce import say
-from .llama_tools import running
+from .llama_tools import Tool, running
 from .servers import free_port
 
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
@@ -78,6 +78,13 @@ def binary() -> Path:
 @contextmanager
 def llama_server(model: Path, draft: Path | None = None, *extra: str) -> Iterator[str]:
     """llama-server on 127.0.0.1 with ``model`` (and ``draft`` as -md, draft-simple speculation); yields its URL."""
+    with llama_server_tool(model, draft, *extra) as (url, _):
+        yield url
+
+
+@contextmanager
+def llama_server_tool(model: Path, draft: Path | None = None, *extra: str) -> Iterator[tuple[str, Tool]]:
+    """As :func:`llama_server`, yielding the running tool beside its URL (what it has printed: ``tool.output()``)."""
     port = free_port()
     cmd = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
            "-t", str(os.cpu_count() or 2), "--no-webui", "-fa", "off", *extra]  # plain attention: batch-invariant
@@ -96,4 +103,4 @@ def llama_server(model: Path, draft: Path | None = None, *extra: str) -> Iterato
             time.sleep(0.25)
         else:
             raise RuntimeError("llama-server did not become healthy in 120 s")
-        yield url
+        yield url, server
