@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the device machine (one call of the device tool, after bench/gpu/prepare.sh here; carry .gpu):
-#   BUDGET=540 bash bench/gpu/run.sh [STEP ...]      steps: crash in-graph loop adaptive tests (default: all)
-# Builds the pinned llama-cpp-python with CUDA into /tmp/site (kept while the machine stays warm), then runs each
+#   BUDGET=540 bash bench/gpu/run.sh [STEP ...]   steps: crash versus adaptive in-graph loop tests (default: all)
+# Builds the pinned llama-cpp-python with CUDA into /tmp/site, and from the same build llama.cpp's own examples
+# (llama-simple, llama-speculative-simple) in /tmp/llb/bin (both kept while the machine stays warm), then runs each
 # step within BUDGET seconds in all; what each prints lands in $OUT. See bench/gpu/README.md.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site
@@ -9,15 +10,16 @@ T0=$(date +%s); END=$((T0 + ${BUDGET:-540}))
 left() { echo $(( END - $(date +%s) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.txt"; }
 Q='^llama_\|^print_info\|^load\|^common\|^graph_\|^sched_\|^\.\|^ggml_cuda_init\|^  Device'
-STEPS=${*:-crash in-graph loop adaptive tests}
+STEPS=${*:-crash versus adaptive in-graph loop tests}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -d /tmp/site/llama_cpp/lib ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
   mkdir -p /tmp/src && tar xJf .gpu/llama-cpp-python.tar.xz -C /tmp/src || exit 1
   log "build"  # (flash attention's kernels left out: SpecChat's contexts turn it off; 250 s on 16 cores)
-  CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_LLAMAFILE=OFF -DGGML_CUDA_FA=OFF" \
-  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 400 python3 -m pip install --no-deps --no-build-isolation \
-    --no-compile --target /tmp/site /tmp/src/llama_cpp_python-* > "$OUT/build.log" 2>&1 \
+  CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_LLAMAFILE=OFF -DGGML_CUDA_FA=OFF \
+    -DLLAMA_BUILD_EXAMPLES=ON" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 400 python3 -m pip install --no-deps \
+    --no-build-isolation --no-compile -C build-dir=/tmp/llb --target /tmp/site /tmp/src/llama_cpp_python-* \
+    > "$OUT/build.log" 2>&1 \
     || { log "build FAILED"; tail -30 "$OUT/build.log"; exit 1; }
 fi
 log "built: $(python3 -c 'import llama_cpp.llama_cpp as ll; print(ll.llama_supports_gpu_offload())' 2>&1 | tail -1)"
@@ -51,6 +53,14 @@ w(sys.argv[1])" /tmp/crash.gguf
       -ex run -ex bt -ex "info sharedlibrary" --args python3 -c \
       "import sys; import numpy; sys.path.insert(0, '.'); $DIRECT" /tmp/crash.gguf > "$OUT/crash-gdb.log" 2>&1
     grep -v "^\[New Thread\|^\[Thread" "$OUT/crash-gdb.log" | tail -60 | cut -c1-200 | tee -a "$OUT/crash.txt" ;;
+  versus)  # SpecChat against llama.cpp's C++ loop: same build, files, prompts and draft settings; a 1.5B-shaped
+          # Q4_K_M target drafted by itself (100% acceptance) and by a 0.5B-shaped Q8_0 (SpecChat's loads through the
+          # plugin, which the crash step's lines tell whether it is needed)
+    [ -f /tmp/real/draft-q8_0.gguf ] || timeout 240 python3 bench/gpu/realistic_pair.py /tmp/real \
+      > "$OUT/real_pair.txt" 2>&1 || { log "realistic pair FAILED"; tail -5 "$OUT/real_pair.txt"; }
+    timeout $(( $(left) - 10 )) python3 bench/gpu/offloaded.py bench/gpu/versus.py --bin /tmp/llb/bin \
+      --target /tmp/real/target-q4_k_m.gguf --draft /tmp/real/target-q4_k_m.gguf --draft /tmp/real/draft-q8_0.gguf \
+      -n 128 2>&1 | grep -v "$Q" | tee "$OUT/versus.txt" ;;
   in-graph)
     timeout 90 python3 bench/gpu/offloaded.py bench/perf_in_graph_selection.py --tokens 64 --repeats 3 2>&1 \
       | grep -v "$Q" | tee "$OUT/in_graph.txt" ;;
