@@ -6,8 +6,11 @@ installed with; llama.cpp's tools from BIN), greedy, the same draft settings, ev
     python bench/gpu/versus.py --bin BUILD/bin --target T.gguf --draft D1.gguf [--draft D2.gguf] [-n 128]
 
 llama.cpp's figures are its tools' own: llama-simple (plain) and llama-speculative-simple print tokens over the time
-after the prompt; SpecChat's are its Stats (the first token to the last). A draft that is the target itself gives
-every tool 100% acceptance: the most drafting can give here.
+after the prompt (the latter may run a few tokens past -n: it counts whole accepted drafts); SpecChat's are its Stats
+(the first token to the last). A draft that is the target itself gives every tool 100% acceptance: the most drafting
+can give here. llama-simple takes no flags beyond -m -n -ngl: on a CPU it repacks weights and leaves flash attention
+to llama.cpp, so there its plain answer can part from llama-speculative-simple's at a near-tie (with -ngl 999 every
+weight it multiplies is on the GPU).
 """
 import argparse
 import re
@@ -39,7 +42,8 @@ def llama_cpp(bin_dir: Path, target: Path, draft: Path | None, prompt: str, n: i
         text, log = tool([str(bin_dir / "llama-simple"), "-m", str(target), "-n", str(n), "-ngl", str(ngl), prompt])
         speed = re.search(r"decoded (\d+) tokens in [\d.]+ s, speed: ([\d.]+) t/s", log)
         return {"tps": float(speed[2]), "text": text}
-    text, log = tool([str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "-p", prompt,
+    text, log = tool([str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft),
+                      "--spec-type", "draft-simple", "-p", prompt,
                       "-n", str(n), "-ngl", str(ngl), "-ngld", str(ngl), "--temp", "0", "-fa", "off", "-c", "2048",
                       "--spec-draft-n-max", str(DRAFT["n_max"]), "--spec-draft-n-min", str(DRAFT["n_min"]),
                       "--spec-draft-p-min", str(DRAFT["p_min"])])
