@@ -172,7 +172,7 @@ class Runtime:
             if e else [],
             "threads": e.threads() if e else {},
             "gpu_offload": supports_gpu_offload(),
-            "gpu_advice": unused_gpu_advice(supports_gpu_offload()),  # a GPU here the build cannot use
+            "gpu_advice": unused_gpu_advice(),  # a GPU here the build cannot use
             "server": {"url": r.base, "engine": r.identify(), "method": r.method(), "model": r.model,
                        "off": self.remote_off.base if self.remote_off else None} if r else None,
         }

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from ..chat.runtime import Runtime  # noqa: E402
 from ..chat.settings import Settings, load_settings, save_settings, saved_at  # noqa: E402
-from ..engine import EngineError, supports_gpu_offload  # noqa: E402
+from ..engine import EngineError  # noqa: E402
 from ..models.hardware import unused_gpu_advice  # noqa: E402
 from ..models.loader import LoadSpec  # noqa: E402
 from ..paths import clear_stale_temp_folders, remove_temp_folders, temp_folder  # noqa: E402
@@ -122,7 +122,7 @@ def start_runtime(runtime: Runtime, requested: LoadSpec | None, overrides: dict,
     command's flags, which win) and notes for the person."""
     print("specchat: loading models…", flush=True)
     settings, warning = load_settings()
-    notes = [n for n in (warning, unused_gpu_advice(supports_gpu_offload())) if n]
+    notes = [n for n in (warning, unused_gpu_advice()) if n]
     if with_ui:
         notes += startup_pair(requested, settings.models, runtime, server_key)
     else:  # the API alone serves what was asked for, else the last-used pair: nothing to choose from without a UI

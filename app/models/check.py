@@ -15,7 +15,7 @@ from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_of
 from ..engine.pair import DEFAULT_CTX
 from ..engine.gguf_file import GgufInfo, metadata, not_a_model, read_info
-from ..engine.llama import ModelSettings, gpus, supports_gpu_offload
+from ..engine.llama import ModelSettings, gpus
 from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 
 SPEC_TYPE_OF = {m.name: m.spec_types[0] for m in METHODS}  # llama.cpp's name for each method
@@ -55,7 +55,7 @@ def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ng
     fit = estimate([_load(t, ctx, chosen[0], True)] + ([_load(d, ctx, chosen[1], False)] if d else []) + extra,
                    devices)
     return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [],
-                      projector_note(t, mm) if mm else "", unused_gpu_advice(supports_gpu_offload()))
+                      projector_note(t, mm) if mm else "", unused_gpu_advice())
 
 
 def projector_note(target: GgufInfo, path: Path) -> str:

@@ -16,6 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import psutil
 
+from ..engine import supports_gpu_offload
+
 
 def _cpu_name() -> str:
     try:
@@ -52,7 +54,7 @@ class MachineGpu:
 
 CMAKE_SWITCH = {"CUDA": "-DGGML_CUDA=on", "Metal": "-DGGML_METAL=on", "Vulkan": "-DGGML_VULKAN=on"}
 BUILD_NEEDS = {"CUDA": " (it needs NVIDIA's CUDA toolkit, nvcc)", "Metal": "",
-               "Vulkan": " (it needs the Vulkan headers and glslc: Debian's libvulkan-dev and glslc)"}
+               "Vulkan": " (it needs glslc and Vulkan headers 1.3.275 or newer: Debian 12's libvulkan-dev is older)"}
 
 
 def _run(cmd: list[str]) -> str:
@@ -107,9 +109,11 @@ def rebuild_command(backend: str) -> str:
     return f"{flags} {shlex.quote(sys.executable)} -m pip install --no-cache-dir --force-reinstall --no-deps {pinned}"
 
 
-def unused_gpu_advice(build_can_offload: bool) -> str:
+def unused_gpu_advice(build_can_offload: bool | None = None) -> str:
     """One line for a machine with a GPU this llama.cpp build cannot use: which GPU, and the command that rebuilds
-    for it. Empty where the build offloads, or where there is no GPU to use."""
+    for it. Empty where the build offloads (``None``: as the engine says), or where there is no GPU to use."""
+    if build_can_offload is None:
+        build_can_offload = supports_gpu_offload()
     gpus = machine_gpus()
     if build_can_offload or not gpus:
         return ""
