@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_check_with_an_nvidia_driver_names_the_gpu_and_the_cuda_rebuild_command(
     assert len(note) == 1, run.stdout  # said once
     assert "(NVIDIA GeForce RTX 4090)" in note[0] and "runs on the CPU only" in note[0]
     assert note[0].endswith(f'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_LLAMAFILE=OFF" {sys.executable} -m pip install '
-                            "--no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36")
+                            f"--no-cache-dir --force-reinstall --no-deps llama-cpp-python=={version('llama-cpp-python')}")
 
 
 @needs_cpu_build
