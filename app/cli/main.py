@@ -23,7 +23,13 @@ from .flags import (Parser, drafter_name, hub_refs, model_flags, ngram_settings,
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="specchat", description="Local chat with speculative decoding on llama.cpp.")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    for add in (_generate_flags, _bench_flags, _chat_flags, _app_and_serve_flags, _prompt_flags, _model_commands):
+        add(sub)
+    return parser
 
+
+def _generate_flags(sub) -> None:
+    """specchat generate: one prompt, its text and speculation stats."""
     g = sub.add_parser("generate", help="generate text for one prompt and report speculation stats")
     model_flags(g)
     remote_flags(g)
@@ -42,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     sampling_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
+
+def _bench_flags(sub) -> None:
+    """specchat bench: speculation off vs on over a file of prompts."""
     b = sub.add_parser("bench", help="speculation off vs on over a JSONL file of prompts (greedy)")
     model_flags(b)
     remote_flags(b, with_off=True)
@@ -55,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench every n-gram kind (ngram-simple ... ngram-cache), as with --drafters")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
+
+def _chat_flags(sub) -> None:
+    """specchat chat: the terminal chat."""
     c = sub.add_parser("chat", help="chat in the terminal")
     model_flags(c)
     remote_flags(c)
@@ -63,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(repeatable; needs a projector)")
     sampling_flags(c, max_tokens=1024)
 
+
+def _app_and_serve_flags(sub) -> None:
+    """specchat app (plain ``specchat``) and specchat serve."""
     a = sub.add_parser("app", help="the chat app in your browser, with the OpenAI-compatible API at /v1 (what "
                                    "plain `specchat` runs)")
     model_flags(a)
@@ -73,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_flags(sv)
     serving_flags(sv)
 
+
+def _prompt_flags(sub) -> None:
+    """specchat prompt: the text or tokens a model sees."""
     pr = sub.add_parser("prompt", help="print exactly the text (or tokens) the model sees for a conversation")
     pr.add_argument("--pair", help="a pair from models.toml (its target's template)")
     pr.add_argument("--target", "-m", type=Path, help="a GGUF file")
@@ -82,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-thinking", action="store_true", help="pass enable_thinking=false to the template")
     pr.add_argument("--tokens", action="store_true", help="print the token ids (one JSON list) instead of the text")
 
+
+def _model_commands(sub) -> None:
+    """The model commands: list, pull, search, files, remove, check."""
     ls = sub.add_parser("list", help="the model pairs of models.toml and what is downloaded")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     pl = sub.add_parser("pull", help="download a pair (or one GGUF) from the Hugging Face Hub into its cache")
@@ -114,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also load the pair and measure it: acceptance and speed with the draft vs without, greedy, "
                          "N new tokens on each of three built-in prompts (default 64)")
     hub_refs(ck, "judge before downloading (from the files' headers)")
-    return parser
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
