@@ -142,3 +142,25 @@ def test_bench_says_when_adaptive_drafting_started_from_a_kept_profile(pair_file
     assert json.loads(bench("--json"))["draft"]["started_from_kept"] is False  # (a first launch: the priors)
     assert json.loads(bench("--json"))["draft"]["started_from_kept"] is True
     assert "started from how this drafter's tokens fared on this pair in earlier launches" in bench()
+
+
+def test_a_profile_this_launch_kept_is_not_taken_for_an_earlier_launchs_after_the_threads_change(pair_files):
+    """On a busy machine the target's threads follow the free cores: a new thread count starts a new Measured, which
+    finds the profile this same launch kept. It may start from it, but it is no earlier launch's (CI met this: bench's
+    first launch said it started from a kept profile)."""
+    engine = launch(pair_files)
+    try:
+        answer(engine)  # keeps this launch's profile
+        assert not engine.started_from_kept("model")
+        ctx = engine._pair.target.ctx
+        ctx.set_threads(ctx.n_threads + 1)  # what the thread chooser does when the machine gets quieter or busier
+        assert engine._measured_for("model").judged > 0  # this launch's profile, adopted at the new thread count
+        assert not engine.started_from_kept("model")
+    finally:
+        engine.close()
+    again = launch(pair_files)
+    try:
+        again._measured_for("model")
+        assert again.started_from_kept("model")  # an earlier launch's, in the next launch
+    finally:
+        again.close()

@@ -35,6 +35,7 @@ class Engine:
         self._measured: dict[tuple[str, int], Measured] = {}  # see measured.Measured
         self._memory = memory
         self._kept: set[str] = set()  # drafters that started from a profile kept by an earlier launch
+        self._recalled: set[str] = set()  # drafters whose kept profile was looked up since loading
 
     # --- the loaded pair ------------------------------------------------------------------------------------
     @property
@@ -176,10 +177,14 @@ class Engine:
         key = (drafter, self._pair.target.ctx.n_threads)
         if key not in self._measured:
             m = self._measured[key] = Measured()
+            # Only the first look since loading finds an earlier launch's profile: after the threads change (a busy
+            # machine), what it finds was kept by this launch, worth adopting but no earlier launch's.
+            earlier = drafter not in self._recalled
+            self._recalled.add(drafter)
             if self._memory and isinstance(kept := self._memory.recall(drafter), dict):
                 if kept.get("offload") != self._offload():  # (a long batch's weight is the kernels': a GPU's differ)
                     kept = {k: v for k, v in kept.items() if k != "long_batch"}
-                if m.adopt(kept):
+                if m.adopt(kept) and earlier:
                     self._kept.add(drafter)
         return self._measured[key]
 
