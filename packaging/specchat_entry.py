@@ -5,6 +5,10 @@ import sys
 from app.cli import main
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--engine-worker"]:  # the app's engine worker (app/chat/worker/child.py: command)
+        from app.chat.worker.child import main as worker
+
+        sys.exit(worker(int(sys.argv[2])))
     # PyInstaller's bootloader points LD_LIBRARY_PATH into the bundle (keeping the user's value in
     # LD_LIBRARY_PATH_ORIG). This process has already loaded what it needs; give the programs it starts (the
     # browser, via xdg-open) the user's value back, so they load their own libraries rather than ours.

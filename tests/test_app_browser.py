@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -58,7 +59,7 @@ draft = { repo = "tests/tiny", file = "tiny-draft-F32.gguf", quantization = "F32
 def app_url(tmp_path_factory, fake_hub):
     home = tmp_path_factory.mktemp("home")
     app = App(home, HF_ENDPOINT=fake_hub[0].url, HF_HUB_CACHE=str(home / "hub"), SPECCHAT_MODELS=str(fake_hub[1]))
-    yield app.url, home
+    yield app.url, home, app
     app.stop()
 
 
@@ -677,6 +678,32 @@ def test_kill_9_mid_answer_keeps_the_question_and_the_partial_answer(browser, fr
     finally:
         p.close()
         app.stop()
+
+
+def test_a_crash_of_the_engine_mid_answer_keeps_the_partial_answer_and_the_next_message_is_answered(page, app_url):
+    import psutil
+
+    app = app_url[2]
+    workers = [p for p in psutil.Process(app.proc.pid).children(recursive=True)
+               if "app.chat.worker.child" in " ".join(p.cmdline())]
+    assert len(workers) == 1, workers  # the pair is loaded in a process of its own
+    page.send(LONG_PROMPT)
+    page.wait_state(("running",))
+    deadline = time.monotonic() + 60
+    while int(page.live()["tokens"] or 0) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(workers[0].pid, signal.SIGSEGV)  # as a CUDA load or a GGML_ASSERT would end it
+    assert page.wait_state(("interrupted", "done", "error"))["state"] == "interrupted"
+    chat = page.page.locator("#chat")
+    page.page.locator("#chat .interrupted").wait_for(timeout=30_000)
+    partial = chat.inner_text().split(LONG_PROMPT, 1)[1].split("⚠ Interrupted", 1)[0].strip()
+    assert len(partial.split()) >= 5, chat.inner_text()  # what it wrote before the crash stays
+    assert "SIGSEGV" in page.notice() and "while answering" in page.notice()
+    page.shot("engine-crash")
+    page.send("Name an animal.")  # by keyboard: Enter sends, and the app (its engine reloaded) answers
+    page.wait_state(("running",), timeout=300)
+    assert page.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
+    assert page.page.locator("#chat .interrupted").count() == 1  # (the crashed answer keeps its mark)
 
 
 # --- the OpenAI-compatible API on the app's own port -----------------------------------------------------------

@@ -25,7 +25,11 @@ from .remote_server import RemoteServer, ServerSpec
 from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation
+from .worker import WorkerEngine
 from ..prompts.thinking import OPEN, opens_thinking
+
+
+RELOAD_WAIT_S = 300  # a chat message waits this long for a crashed worker's pair to load again
 
 
 def _load(spec: LoadSpec, resolved: Resolved) -> Engine:
@@ -37,8 +41,11 @@ class Runtime:
     """Holds the backend: a loaded pair, or a connection to a server that speculates itself (``spec.server``).
     Loading replaces it (a pair is freed first: two pairs rarely fit at once)."""
 
-    def __init__(self):
-        self.engine: Engine | None = None
+    def __init__(self, worker: bool = False):
+        """``worker``: load pairs in an engine worker process (``worker.WorkerEngine``), so that a crash inside
+        llama.cpp ends that process and not this one; else in this process (one-shot commands, most tests)."""
+        self.worker = worker
+        self.engine: Engine | WorkerEngine | None = None
         self.remote: RemoteServer | None = None
         self.remote_off: RemoteServer | None = None  # the same model without speculation, for Compare
         self.spec: LoadSpec | None = None
@@ -61,20 +68,24 @@ class Runtime:
             self._close_remote()
             try:
                 progress(0.35, "Checking files and vocabularies, loading weights…")
-                self.engine = _load(spec, resolved)
-                self.spec, self.resolved = spec, resolved
+                self.engine = self._load(spec, resolved)
+                # (a worker whose load crashed offloading loads on the CPU: its spec says so)
+                self.spec, self.resolved = getattr(self.engine, "spec", spec), resolved
                 progress(1.0, "Loaded")
             except EngineError as exc:
                 if previous is not None:
                     progress(0.7, "Reloading the previous pair…")
                     try:
-                        self.engine = _load(previous, self.resolved)
+                        self.engine = self._load(previous, self.resolved)
                     except EngineError:
                         self.spec = self.resolved = None
                         raise EngineError(f"{exc} (The previous pair could not be reloaded either.)") from exc
                     raise EngineError(f"{exc} The previous pair ({previous.describe()}) is still loaded.") from exc
                 self.spec = self.resolved = None
                 raise
+
+    def _load(self, spec: LoadSpec, resolved: Resolved) -> Engine | WorkerEngine:
+        return WorkerEngine(spec, resolved) if self.worker else _load(spec, resolved)
 
     def _connect(self, spec: LoadSpec, progress: Callable[[float, str], None], api_key: str | None) -> None:
         """Check the server (and the speculation-off one) before letting go of what is loaded now."""
@@ -137,9 +148,12 @@ class Runtime:
         r = self.ranking
         return r.best if r and registry.runs_on(r.best, self.drafters) else None
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> Engine | WorkerEngine:
+        """The loaded pair's engine; one whose worker is loading the pair again after a crash is waited for."""
         if self.engine is None:
             raise EngineError("No model pair is loaded: choose one under Settings → Models and press Load.")
+        if isinstance(self.engine, WorkerEngine):
+            self.engine.wait_ready(RELOAD_WAIT_S)
         return self.engine
 
     @property
@@ -161,16 +175,18 @@ class Runtime:
 
     def info(self) -> dict:
         e, r = self.engine, self.remote
+        worker = e.process_info() if isinstance(e, WorkerEngine) else None
+        live = e if e is not None and (worker is None or worker["state"] == "ready") else None  # (it answers now)
         return {
             "pair": self.spec.describe() if self.spec else None,
-            "target": e.target.model.path.name if e else r.model if r else None,
+            "target": e.model.path.name if e else r.model if r else None,
             "draft": e.draft_model.path.name if e and e.draft_model else None,
             "mmproj": e.projector.path.name if e and e.projector else None,  # takes images
             "n_ctx": e.n_ctx if e else 0,
-            "memory_bytes": e.memory_bytes() if e else 0,
-            "recurrent": [x.ctx.recurrent_state() for x in (e.target, e.draft) if x and x.model.recurrent]
-            if e else [],
-            "threads": e.threads() if e else {},
+            "memory_bytes": live.memory_bytes() if live else 0,
+            "recurrent": live.recurrent_states() if live else [],
+            "threads": live.threads() if live else {},
+            "worker": worker,
             "gpu_offload": supports_gpu_offload(),
             "gpu_advice": unused_gpu_advice(),  # a GPU here the build cannot use
             "server": {"url": r.base, "engine": r.identify(), "method": r.method(), "model": r.model,
@@ -229,7 +245,7 @@ class Runtime:
                 yield cmp
             if cancel.is_set():
                 break
-        if not cancel.is_set() and drafter == DRAFT_MODEL and engine.draft is not None:
+        if not cancel.is_set() and drafter == DRAFT_MODEL and engine.has_draft_context:
             cmp.phase = "ceiling"  # so that a speedup can be read against what this pair can reach here, now
             yield cmp
             cmp.ceiling = engine.ceiling(params.draft.draft_max, drafter)

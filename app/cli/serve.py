@@ -20,6 +20,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from ..chat.runtime import Runtime  # noqa: E402
+from ..chat.worker import load_crashes  # noqa: E402
 from ..chat.settings import Settings, load_settings, save_settings, saved_at  # noqa: E402
 from ..engine import EngineError  # noqa: E402
 from ..models.hardware import unused_gpu_advice  # noqa: E402
@@ -57,6 +58,9 @@ def startup_pair(requested: LoadSpec | None, last_used: LoadSpec | None, runtime
         runtime.load(requested, api_key=server_key)  # asked for explicitly: a failure is the user's to see, at once
         return notes
     for spec in dict.fromkeys(s for s in (last_used, STARTER) if s):
+        if runtime.worker and (refused := load_crashes.refusal(spec)):
+            notes.append(refused)
+            continue
         try:
             runtime.load(spec)
             return notes
@@ -87,7 +91,7 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     from ..server.llama_server_api import LlamaAliases
 
     clear_stale_temp_folders()  # exports a crashed SpecChat left behind
-    runtime = Runtime()
+    runtime = Runtime(worker=True)  # the pair in a process of its own: a crash in llama.cpp is not the app's
     settings, notes = start_runtime(runtime, requested, overrides, with_ui, server_key)
     if chat_template is not None and runtime.engine is not None:
         runtime.engine.model.template_override = chat_template

@@ -48,6 +48,15 @@ class Engine:
         return self._pair.draft if self._pair else None
 
     @property
+    def ready(self) -> bool:
+        """Whether it answers now (a worker loading its pair again after a crash does not)."""
+        return self._pair is not None
+
+    @property
+    def has_draft_context(self) -> bool:
+        return self.draft is not None
+
+    @property
     def cross_vocab(self) -> list[str]:
         """Why the draft model cannot share the target's token ids (empty: it can); then it drafts as text."""
         return self._pair.cross_vocab
@@ -78,7 +87,7 @@ class Engine:
         return self._pair.projector if self._pair else None
 
     def detokenize(self, ids: list[int]) -> str:
-        return b"".join(self.model.piece(t) for t in ids).decode("utf-8", errors="replace")
+        return self.model.detokenize(ids)
 
     # --- generation -----------------------------------------------------------------------------------------
     @property
@@ -252,6 +261,10 @@ class Engine:
         """Per recurrent model ("target", "draft"): what keeping its state exact has cost so far (``StateCosts``)."""
         return {role: asdict(x.ctx.state_costs) for role, x in (("target", self.target), ("draft", self.draft))
                 if x and x.model.recurrent}
+
+    def recurrent_states(self) -> list[dict]:
+        """The recurrent state each recurrent model keeps now (``Context.recurrent_state``), target first."""
+        return [x.ctx.recurrent_state() for x in (self.target, self.draft) if x and x.model.recurrent]
 
     def memory_bytes(self) -> int:
         """Weights plus caches of the loaded models (what the pair costs in RAM or VRAM): KV, and for recurrent

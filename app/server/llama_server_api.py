@@ -97,7 +97,7 @@ class _Routes:
     def _engine(self):
         """The loaded engine, or None while no pair is (llama-server: still loading)."""
         engine = self.server.runtime.engine
-        return engine if engine is not None and self.server._loaded_name() is not None else None
+        return engine if engine is not None and engine.ready and self.server._loaded_name() is not None else None
 
     async def health(self):
         return {"status": "ok"} if self._engine() is not None else loading()

@@ -22,6 +22,7 @@ from ..chat.remote_server import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
 from ..chat.server_keys import key_for
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
+from ..chat.worker import WorkerDied
 from ..engine import METHODS, EngineError, Stats, method_name
 from ..models import hardware
 from ..models.loader import LoadSpec
@@ -296,6 +297,17 @@ class SpecChatUI:
                     saved = time.monotonic()
                 yield (gr.skip(), render.chat_messages(history, show, live),
                        render.live_panel(live.stats, live.points, "running"), gr.skip(), gr.skip())
+        except WorkerDied as exc:  # the engine's process died mid-answer: keep what it wrote, say what happened
+            finished = True
+            if mid is None:
+                raise
+            text, segments, stats = (live.text, live.segments, live.stats.as_dict()) if live else ("", [], None)
+            self.store.update(mid, text, segments=segments, stats=stats, finish="interrupted")
+            history = history + [{"id": mid, "role": "assistant", "content": text, "segments": segments,
+                                  "stats": stats, "finish": "interrupted"}]
+            yield (history, render.chat_messages(history, show), render.live_panel(None, [], "interrupted"),
+                   render.notice(str(exc)), gr.skip())
+            return
         except EngineError as exc:
             # Nothing is lost: the message goes back into the box, the conversation stays as it was.
             finished = True

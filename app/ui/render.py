@@ -94,7 +94,7 @@ def _answer(content: str, segments: list[list], show_draft: bool, streaming: boo
                     "metadata": {"title": title, "status": status}})
     body = answer_html(_slice(segments, parts.answer_start), show_draft)
     if finish == "interrupted":
-        body += ('\n\n<span class="interrupted">⚠ Interrupted: the app stopped while this answer was written. '
+        body += ('\n\n<span class="interrupted">⚠ Interrupted: the app or its engine stopped while this answer was written. '
                  'Regenerate to answer again.</span>')
     if body or not out:
         out.append({"role": "assistant", "content": body or "…"})
@@ -311,11 +311,24 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
                        f"{r['saved']} saved states" for r in loaded.get("recurrent", [])) + ")"
              if loaded["target"] else "—"),
         ]
+        if worker := loaded.get("worker"):
+            rows.append(("Engine worker", _worker_row(worker)))
         if threads := loaded.get("threads"):
             rows.append(("Threads", html.escape("; ".join(f"{role} {t['n_threads']} ({t['why']})"
                                                           for role, t in threads.items()))))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="spec-hw">{body}</table>'
+
+
+def _worker_row(worker: dict) -> str:
+    """The engine worker process: its pid, state and memory, what happened to it, and where its log is."""
+    state = {"ready": "running", "restarting": "loading the pair again after a crash", "loading": "loading",
+             "failed": "stopped", "closed": "stopped"}.get(worker["state"], worker["state"])
+    rss = f", {worker['rss_bytes'] / 1024**3:.2f} GiB resident" if worker.get("rss_bytes") else ""
+    restarts = f"; restarted {worker['restarts']}×" if worker.get("restarts") else ""
+    notice = f"<br>{html.escape(worker['notice'])}" if worker.get("notice") else ""
+    return (f"pid {worker['pid']}, {state}{rss}{restarts}; log: <code>{html.escape(worker['log'])}</code>"
+            + notice)
 
 
 def _client(base: str, key: bool, *imports: str) -> list[str]:

@@ -21,15 +21,16 @@ def free_port() -> int:
 
 @contextmanager
 def specchat_serve(home: Path, api_key: str | None = None, *args: str,
-                   models: tuple[str, ...] = ("--pair", "starter")) -> Iterator[str]:
+                   models: tuple[str, ...] = ("--pair", "starter"), env: dict | None = None,
+                   with_process: bool = False, stopped_by_test: bool = False) -> Iterator[str]:
     """`specchat serve --pair starter` (or other ``models`` flags); yields its base URL (…/v1) and checks it stops
     cleanly. Drafts are fixed-length (``--no-adaptive``) unless ``args`` say ``--adaptive``: the tests assert that
     speculation drafted, and adaptive mode may measure, on a busy machine, that drafting does not pay and draft
-    nothing (CI, 2026-11-27)."""
+    nothing (CI, 2026-11-27). ``with_process``: yield (URL, its Popen) instead; ``stopped_by_test``: the test ends it its own way (kill -9)."""
     if "--adaptive" not in args:
         args = ("--no-adaptive", *args)
     port = free_port()
-    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SPECCHAT_HOME=str(home), PYTHONUNBUFFERED="1", **(env or {}))
     env.pop("SPECCHAT_API_KEY", None)
     if api_key:
         env["SPECCHAT_API_KEY"] = api_key
@@ -46,8 +47,12 @@ def specchat_serve(home: Path, api_key: str | None = None, *args: str,
         proc.kill()
         raise AssertionError("".join(lines))
     try:
-        yield url
+        yield (url, proc) if with_process else url
     finally:
+        if stopped_by_test:
+            proc.kill()
+            proc.communicate(timeout=30)
+            return
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, "".join(lines) + out

@@ -23,6 +23,7 @@ from ..gguf_file import check_gguf_file
 _init_lock = threading.Lock()
 _initialised = False
 log_tail: deque[str] = deque(maxlen=40)  # recent llama.cpp warnings/errors, quoted in our error messages
+_echo = False  # also write each of them to stderr (``echo_log``)
 
 
 @ll.llama_log_callback
@@ -32,6 +33,15 @@ def _log_callback(level: int, text: bytes, _user_data) -> None:
         line = text.decode("utf-8", "replace").strip()
         if line:
             log_tail.append(line)
+            if _echo:
+                os.write(2, f"llama.cpp: {line}\n".encode("utf-8", "replace"))
+
+
+def echo_log() -> None:
+    """Write llama.cpp's warnings and errors to stderr as they come, unbuffered (the engine worker's stderr is its
+    log file: what llama.cpp said before a crash is read there)."""
+    global _echo
+    _echo = True
 
 
 # ggml's CPU backend serves K-quant and IQ matmuls (Q4_K_M files and the like) of 8+ tokens with tiled kernels that

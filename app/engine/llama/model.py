@@ -101,6 +101,10 @@ class Model:
             cached = self._piece_cache[token] = self._to_piece(token, special=False)
         return cached
 
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of ``ids`` (special tokens rendered as empty)."""
+        return b"".join(self.piece(t) for t in ids).decode("utf-8", errors="replace")
+
     def piece_text(self, token: int) -> bytes:
         """The bytes a token stands for in text, special tokens written out (``<|im_start|>``): what another
         tokenizer must see to read the same conversation."""
