@@ -294,3 +294,62 @@ def test_kill_9_of_the_server_leaves_no_process_holding_the_model(specchat_home)
         server.wait()
         _wait(lambda: not psutil.pid_exists(worker.pid) or worker.status() == psutil.STATUS_ZOMBIE, timeout=30,
               what="the orphaned worker to end")
+
+
+def test_requests_during_the_reload_get_503_with_retry_after_and_health_says_loading(specchat_home):
+    import httpx
+    from fastapi import FastAPI
+    from support.servers import serve_in_thread
+
+    from app.server.guard import Access, Guard
+    from app.server.llama_server_api import LlamaAliases
+    from app.server.openai_api import OpenAIServer
+
+    rt = Runtime(worker=True)
+    rt.load(LoadSpec(pair="starter", ctx=512))
+    engine, hold = rt.engine, threading.Event()
+    restart = engine._restart
+    engine._restart = lambda died: (hold.wait(120), restart(died))  # the reload held until the test has asked
+    root = FastAPI()
+    root.mount("/v1", OpenAIServer(rt).app())
+    body = {"model": "starter", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    try:
+        with serve_in_thread(lambda port: LlamaAliases(Guard(root, Access.serving(port, listen=False)))) as url:
+            os.kill(engine.process_info()["pid"], signal.SIGKILL)
+            _wait(lambda: engine.process_info()["state"] == "restarting", what="the worker's death to be seen")
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 503 and r.headers["Retry-After"], r.text
+            assert "loading the pair again after a crash" in r.json()["error"]["message"]
+            assert httpx.get(f"{url}/health", timeout=30).status_code == 503  # llama-server's "Loading model"
+            hold.set()
+            _wait(lambda: httpx.get(f"{url}/health", timeout=30).status_code == 200, what="/health to say ok")
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    finally:
+        hold.set()
+        rt.close()
+
+
+@pytest.mark.slow
+def test_the_terminal_chat_says_what_killed_its_engine_and_answers_the_next_message(specchat_home):
+    chat = subprocess.Popen([sys.executable, "-m", "app", "chat", "--pair", "starter", "--max-tokens", "300",
+                             "--temperature", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        _wait(lambda: _children_running(chat), what="the chat's engine worker")
+        worker = _children_running(chat)[0]
+        chat.stdin.write("Write a long story about a lighthouse.\n")
+        chat.stdin.flush()
+        assert chat.stdout.read(20)  # it is answering
+        os.kill(worker.pid, signal.SIGSEGV)
+        out, err = chat.communicate("Name an animal.\n", timeout=600)  # (then end of input: the chat ends)
+    finally:
+        chat.kill()
+    assert chat.returncode == 0, err
+    assert "SIGSEGV" in err and "while answering" in err and "Traceback" not in err
+    assert err.count("tok/s") >= 1  # the next message's answer, with its stats line
+
+
+def _children_running(proc: subprocess.Popen) -> list[psutil.Process]:
+    return [p for p in psutil.Process(proc.pid).children(recursive=True)
+            if "app.chat.worker.child" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]

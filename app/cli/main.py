@@ -10,6 +10,8 @@ from pathlib import Path
 
 from ..chat.acceptance_memory import memory_for
 from ..chat.method_ranking import recall
+from ..chat.runtime import RELOAD_WAIT_S
+from ..chat.worker import WorkerEngine
 from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams
 from ..engine.drafters import OFF, registry
 from ..engine import SamplingParams, TextDelta, batch_invariant
@@ -183,8 +185,9 @@ def bench_drafters(args) -> list[str]:
     return names
 
 
-def build_engine(args) -> tuple[Engine, str, DraftParams]:
-    """Resolve --pair / --target / --draft, load the engine, pick the drafter and the draft settings."""
+def build_engine(args, worker: bool = False) -> tuple[Engine, str, DraftParams]:
+    """Resolve --pair / --target / --draft, load the engine (``worker``: in an engine worker process, as the
+    app does), pick the drafter and the draft settings."""
     spec = load_spec(args)
     resolved = resolve(spec)
     # default: what `check --measure` found fastest for these files, else the pair's draft model, else the target's
@@ -202,8 +205,9 @@ def build_engine(args) -> tuple[Engine, str, DraftParams]:
                               f"{registry.default_method(False, False)}.")
     dp = draft_params(args, resolved.draft_params)
     # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
-    engine = load_engine(spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names),
-                         memory=memory_for(resolved.target, resolved.draft))
+    engine = WorkerEngine(spec, resolved) if worker else load_engine(
+        spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names),
+        memory=memory_for(resolved.target, resolved.draft))
     if drafter != OFF and not batch_invariant(spec.ngl):
         cause, fix = (("the GPU picks other kernels for a verification batch than for one token", "-ngl 0")
                       if batch_invariant() else
@@ -360,10 +364,11 @@ def cmd_chat(args) -> int:
     else:
         if not (args.pair or args.target):
             args.pair = "starter"
-        engine, drafter, dp = build_engine(args)
+        engine, drafter, dp = build_engine(args, worker=True)  # (a crash in llama.cpp ends one answer, not the chat)
         params = _generation_params(args, dp)
-        answer = lambda msgs, cancel: engine.generate(  # noqa: E731
-            chat_tokens(engine.model, msgs, engine.projector), params, drafter, cancel)
+        def answer(msgs, cancel):  # (after a crash, the next message waits for the pair to be loaded again)
+            engine.wait_ready(RELOAD_WAIT_S)
+            return engine.generate(chat_tokens(engine.model, msgs, engine.projector), params, drafter, cancel)
         summary = summary_line
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("SpecChat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)

@@ -249,14 +249,14 @@ class OpenAIServer:
         tool format its answer is read with (None: no call). Any mistake is an ApiError; the context length is
         checked before the prompt is tokenized where its size alone says it cannot fit."""
         job = parse(body, chat, self.defaults(), engine.drafters, bias_tokens(engine.model))
-        try:
-            engine.check_drafter(job.drafter)
-        except EngineError as exc:
-            raise ApiError(400, str(exc), param="drafter") from None
-        try:
-            engine.check_logit_bias(job.params.sampling)
-        except EngineError as exc:
-            raise ApiError(400, str(exc), param="logit_bias") from None
+        for check, value, param in ((engine.check_drafter, job.drafter, "drafter"),
+                                    (engine.check_logit_bias, job.params.sampling, "logit_bias")):
+            try:
+                check(value)
+            except ModelsUnloaded as exc:  # (an engine worker loading the pair again after a crash, say)
+                raise _retry(exc) from None
+            except EngineError as exc:
+                raise ApiError(400, str(exc), param=param) from None
         params, reader = job.params, None
         try:
             tokens_given = not chat and isinstance(job.prompt, list)  # (token ids: nothing to render)
