@@ -121,9 +121,13 @@ def test_a_worker_killed_mid_answer_fails_that_answer_and_the_next_is_answered(w
 def test_a_worker_killed_while_idle_is_back_for_the_next_message(worker_rt, in_process_text):
     engine = worker_rt.engine
     pid = engine.process_info()["pid"]
+    with open(engine.log, "a") as log:  # what the worker echoes of llama.cpp's errors before it dies
+        log.write("llama.cpp: ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096 MiB: out of memory\n"
+                  "  File \"x.py\", line 1 in f\n")
     os.kill(pid, signal.SIGSEGV)
     _wait(lambda: engine.process_info()["pid"] != pid and engine.ready, what="the worker to be started again")
     assert "while idle" in engine.notice
+    assert "allocating 4096 MiB: out of memory" in engine.notice and "x.py" not in engine.notice  # (its stack: log)
     assert _answer(worker_rt) == in_process_text
 
 

@@ -305,7 +305,8 @@ class SpecChatUI:
             self.store.update(mid, text, segments=segments, stats=stats, finish="interrupted")
             history = history + [{"id": mid, "role": "assistant", "content": text, "segments": segments,
                                   "stats": stats, "finish": "interrupted"}]
-            yield (history, render.chat_messages(history, show), render.live_panel(None, [], "interrupted"),
+            yield (history, render.chat_messages(history, show),
+                   render.live_panel(live.stats if live else None, live.points if live else [], "interrupted"),
                    render.notice(str(exc)), gr.skip())
             return
         except EngineError as exc:

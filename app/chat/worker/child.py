@@ -1,12 +1,13 @@
 """The engine worker: a process of its own that loads the pair and makes every answer, so that a crash inside
 llama.cpp (a segfault, an abort, the OOM killer) ends this process and not the app (``parent.WorkerEngine``).
 
-Run as ``python -m app.chat.worker.child FD`` (``command``): FD is its end of a socketpair with the app. Its stderr
+Run as ``python -m app.chat.worker.child FD`` (``parent.command``): FD is its end of a socketpair with the app. Its stderr
 is the worker's log file (llama.cpp's warnings and errors are echoed there, so the app can quote them after a crash).
 It ends when told to, or as soon as the app's end of the socket closes (the app died: nothing is left behind).
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -19,16 +20,6 @@ from ...models.loader import load_engine
 from ..acceptance_memory import memory_for
 from .protocol import (CALLS, LOAD, Call, Cancel, Close, Emitted, Facts, Failed, FileFacts, Generate, Load, Loaded,
                        Reply, portable)
-
-FROZEN_FLAG = "--engine-worker"  # a desktop bundle runs the worker as its own executable with this flag first
-
-
-def command(fd: int) -> list[str]:
-    """How to start a worker on socket ``fd``, from a checkout, an install or a PyInstaller bundle."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, FROZEN_FLAG, str(fd)]
-    return [sys.executable, "-m", __name__, str(fd)]
-
 
 # Tests only (no GPU on the test machines): "offload" makes a load that offloads layers die as a CUDA build's did on
 # the H200; "always", any load.
@@ -113,6 +104,7 @@ def load(msg: Load) -> Engine:
 
 
 def main(fd: int) -> int:
+    faulthandler.enable()  # a crash writes the Python stack it happened under into the log
     # Ctrl-C in the terminal and its hang-up reach the whole process group; the app ends this worker itself.
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)

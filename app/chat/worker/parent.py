@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -28,13 +30,15 @@ from ...engine.images import has_images
 from ...models.loader import LoadSpec, Resolved
 from ...paths import data_dir
 from . import load_crashes
-from .child import command
 from .protocol import LOAD, Call, Cancel, Close, Emitted, Facts, Failed, Generate, Load, Loaded
 
 LOG_NAME = "engine-worker.log"
 LOG_KEEP_BYTES = 4 << 20  # a longer log is moved to .1 when a worker starts
 CLOSE_WAIT_S = 120  # a closing worker finishes the answer it is writing; one stuck longer is killed
-LAST_LINES = 4  # of the worker's log, quoted when it dies
+LAST_LINES = 3  # of llama.cpp's lines in the worker's log, quoted when it dies
+FROZEN_FLAG = "--engine-worker"  # a desktop bundle runs the worker as its own executable with this flag first
+# What llama.cpp and ggml say before they end a process (the Python stack a crash prints is left in the log).
+SAID = re.compile(r"^llama\.cpp: |GGML_ASSERT|GGML_ABORT|CUDA error|out of memory|terminate called", re.I)
 
 
 class WorkerDied(EngineError):
@@ -61,6 +65,13 @@ def log_path() -> Path:
     folder = data_dir() / "logs"
     folder.mkdir(exist_ok=True)
     return folder / LOG_NAME
+
+
+def command(fd: int) -> list[str]:
+    """How to start a worker (``child``) on socket ``fd``, from a checkout, an install or a PyInstaller bundle."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, FROZEN_FLAG, str(fd)]
+    return [sys.executable, "-m", "app.chat.worker.child", str(fd)]
 
 
 def _how(returncode: int) -> str:
@@ -207,7 +218,7 @@ class WorkerEngine:
         try:
             with open(self.log, "rb") as log:
                 log.seek(self._log_from)
-                lines = [ln.strip() for ln in log.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+                lines = [ln.strip() for ln in log.read().decode("utf-8", "replace").splitlines() if SAID.search(ln)]
         except OSError:
             lines = []
         said = " | ".join(lines[-LAST_LINES:])
