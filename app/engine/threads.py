@@ -4,7 +4,7 @@ llama.cpp's worker threads wait for each other at every step of a forward pass, 
 keeps a core busy, one of our threads is descheduled for a whole time slice at a time and the others spin in
 vain: on 2 cores with one busy, 2 threads ran the starter model at about half the speed of 1 thread. So with no
 --threads given, the engine counts the cores other programs used recently (the machine's busy time minus this
-process's own) and leaves them out, choosing again before each generation and every half second during one.
+process's own, and its app's where it is an engine worker) and leaves them out, choosing again before each generation and every half second during one.
 """
 from __future__ import annotations
 
@@ -15,6 +15,21 @@ import psutil
 
 RECHECK_S = 0.5  # while generating: how often to look again
 MIN_WINDOW_S = 0.2  # a shorter window says too little about the others' load
+_ours: list[psutil.Process] = []  # processes whose work is this one's (``count_as_ours``)
+
+
+def count_as_ours(pid: int) -> None:
+    """Count process ``pid``'s CPU time as this process's own, not another program's: an engine worker's app, whose
+    work (reading the events, serving them) is part of the answers this process makes."""
+    _ours.append(psutil.Process(pid))
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    try:
+        t = proc.cpu_times()
+        return t.user + t.system
+    except psutil.Error:  # (gone)
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -38,8 +53,7 @@ class ThreadChooser:
         t = psutil.cpu_times()
         idle = t.idle + sum(getattr(t, k, 0.0) for k in ("iowait", "guest", "guest_nice"))  # guest: counted in user
         busy = sum(t) - idle
-        own = psutil.Process().cpu_times()
-        return time.monotonic(), busy, own.user + own.system
+        return time.monotonic(), busy, sum(_cpu_seconds(p) for p in (psutil.Process(), *_ours))
 
     @property
     def since_last_look(self) -> float:

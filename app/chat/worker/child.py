@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 
 from ...engine import Engine
 from ...engine.llama.backend import echo_log
+from ...engine.threads import count_as_ours
 from ...models.loader import load_engine
 from ..acceptance_memory import memory_for
 from .protocol import (CALLS, LOAD, Call, Cancel, Close, Emitted, Facts, Failed, FileFacts, Generate, Load, Loaded,
@@ -110,6 +111,7 @@ def main(fd: int) -> int:
         signal.signal(sig, signal.SIG_IGN)
     conn = Connection(fd)
     echo_log()
+    count_as_ours(os.getppid())  # (the app's work on our answers is not another program's load)
     msg = conn.recv()
     try:
         engine = load(msg)
