@@ -378,6 +378,8 @@ def test_hardware_panel(page):
     text = page.page.locator("#hardware").inner_text()
     assert "GiB free" in text and "GPU offload" in text and "starter" in text
     assert re.search(r"Pair memory\s+\d+\.\d\d GiB", text)
+    # The pair runs in a process of its own: its pid, that it runs, its memory and its log.
+    assert re.search(r"Engine worker\s+pid \d+, running, \d+\.\d\d GiB resident.*engine-worker\.log", text), text
     page.shot("hardware")
 
 
@@ -704,6 +706,9 @@ def test_a_crash_of_the_engine_mid_answer_keeps_the_partial_answer_and_the_next_
     page.wait_state(("running",), timeout=300)
     assert page.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
     assert page.page.locator("#chat .interrupted").count() == 1  # (the crashed answer keeps its mark)
+    page.page.get_by_role("tab", name="Hardware").click()  # what happened, where it can be looked up later
+    hardware = page.page.locator("#hardware").inner_text()
+    assert re.search(r"Engine worker\s+pid \d+, running.*restarted 1×.*SIGSEGV", hardware, re.S), hardware
 
 
 # --- the OpenAI-compatible API on the app's own port -----------------------------------------------------------

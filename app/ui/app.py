@@ -481,7 +481,7 @@ class SpecChatUI:
                     cmp = CompareTab()
                 with gr.Tab("Models", id="models"):
                     self.models.build()
-                with gr.Tab("Hardware", id="hardware"):
+                with gr.Tab("Hardware", id="hardware") as hw_tab:  # (drawn afresh each time it is opened)
                     hw = gr.HTML(elem_id="hardware")
                     hw_refresh = gr.Button("Refresh", size="sm")
                 with gr.Tab("API", id="api", visible=self.api_info is not None) as api_tab:
@@ -543,9 +543,9 @@ class SpecChatUI:
                                                               draft_p_min, adaptive, s_key, chat.images], **ENGINE)
             for trigger in (s_test.click, s_url.submit):
                 trigger(self.test_server, [s_url, s_key, s_model], [pair, s_model, chat.notice])
-            hw_refresh.click(self._hardware, None, hw, queue=False)
-            for trigger in (api_tab.select, api_refresh.click):
-                trigger(self._api, None, api_panel, queue=False)
+            for trigger, fn, out in ((hw_tab.select, self._hardware, hw), (hw_refresh.click, self._hardware, hw),
+                                     (api_tab.select, self._api, api_panel), (api_refresh.click, self._api, api_panel)):
+                trigger(fn, None, out, queue=False)
             self.models.wire(pair, target, draft)
         return demo
 
