@@ -188,18 +188,20 @@ def _measure(target: Path, draft: Path | None, args) -> str:
     ``specchat bench --drafters`` does (greedy, all against the same speculation-off runs, interleaved), rank them,
     and remember the fastest for these files: loading them again drafts with it (``--drafter`` and the app's setting
     still choose another)."""
-    from ..chat.acceptance_memory import memory_for
     from ..chat.method_ranking import remember
-    from ..models.loader import LoadSpec, load_engine, resolve
+    from ..chat.worker import WorkerEngine
+    from ..models.loader import LoadSpec, resolve
     from .bench import run_bench
 
     if args.measure < 1:
         raise EngineError("--measure N: N new tokens per prompt, at least 1.")
     spec = LoadSpec(target=str(target), draft=str(draft) if draft else None, ctx=args.ctx, ngl=args.ngl or 0,
                     ngld=args.ngld or 0)
-    engine = load_engine(spec, memory=memory_for(target, draft))
+    engine = WorkerEngine(spec, resolve(spec))  # (a load or decode that crashes llama.cpp is reported, not fatal)
+    if engine.notice:
+        print(f"specchat: note: {engine.notice}", file=sys.stderr)
     try:
-        head = engine.draft is None and engine.draft_model is not None  # (it answers to "model" and its own name)
+        head = not engine.has_draft_context and engine.draft_model is not None  # (it answers to "model" and its own name)
         methods = [m for m in engine.drafters if m != OFF and not (head and m == DRAFT_MODEL)]
         methods += registry.with_lookup(methods)
         print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "
