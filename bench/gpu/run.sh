@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the device machine (one call of the device tool, after bench/gpu/prepare.sh here; carry .gpu):
-#   BUDGET=540 bash bench/gpu/run.sh [STEP ...]   steps: crash versus adaptive in-graph loop tests (default: all)
+#   BUDGET=540 bash bench/gpu/run.sh [STEP ...]   steps: crash worker versus adaptive in-graph loop tests (default: all)
 # Builds the pinned llama-cpp-python with CUDA into /tmp/site, and from the same build llama.cpp's own examples
 # (llama-simple, llama-speculative-simple) in /tmp/llb/bin (both kept while the machine stays warm), then runs each
 # step within BUDGET seconds in all; what each prints lands in $OUT. See bench/gpu/README.md.
@@ -10,7 +10,7 @@ T0=$(date +%s); END=$((T0 + ${BUDGET:-540}))
 left() { echo $(( END - $(date +%s) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.txt"; }
 Q='^llama_\|^print_info\|^load\|^common\|^graph_\|^sched_\|^\.\|^ggml_cuda_init\|^  Device'
-STEPS=${*:-crash versus adaptive in-graph loop tests}
+STEPS=${*:-crash worker versus adaptive in-graph loop tests}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -d /tmp/site/llama_cpp/lib ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
@@ -53,6 +53,19 @@ w(sys.argv[1])" /tmp/crash.gguf
       -ex run -ex bt -ex "info sharedlibrary" --args python3 -c \
       "import sys; import numpy; sys.path.insert(0, '.'); $DIRECT" /tmp/crash.gguf > "$OUT/crash-gdb.log" 2>&1
     grep -v "^\[New Thread\|^\[Thread" "$OUT/crash-gdb.log" | tail -60 | cut -c1-200 | tee -a "$OUT/crash.txt" ;;
+  worker)  # the app's own load path (Model() with -ngl 99, no plugin) in the engine worker, as `specchat serve -ngl 99`
+          # loads: it answers, or the load crashes the worker and the pair comes back on the CPU, saying so
+    [ -f /tmp/real/draft-q8_0.gguf ] || timeout 240 python3 bench/gpu/realistic_pair.py /tmp/real \
+      > "$OUT/real_pair.txt" 2>&1 || { log "realistic pair FAILED"; tail -5 "$OUT/real_pair.txt"; }
+    SPECCHAT_HOME=/tmp/home timeout 150 python3 -c "import sys; sys.path.insert(0, '.')
+from app.chat.runtime import Runtime; from app.chat.settings import Settings; from app.models.loader import LoadSpec
+rt = Runtime(worker=True); rt.load(LoadSpec(target=sys.argv[1], draft=sys.argv[2], ngl=99, ngld=99, ctx=2048))
+print('loaded with -ngl', rt.engine.spec.ngl, '| notice:', rt.engine.notice, '| info:', rt.info()['worker'])
+for live in rt.answer([{'role': 'user', 'content': 'Name three rivers.'}], Settings(temperature=0, max_tokens=48)):
+    pass
+print('answer:', repr(live.text[:160]), '| stats:', live.stats.as_dict()); rt.close()" \
+      /tmp/real/target-q4_k_m.gguf /tmp/real/draft-q8_0.gguf 2>&1 | grep -v "$Q" | tee "$OUT/worker.txt"
+    tail -40 /tmp/home/data/logs/engine-worker.log > "$OUT/worker-log.txt" 2>/dev/null ;;
   versus)  # SpecChat against llama.cpp's C++ loop: same build, files, prompts and draft settings; a 1.5B-shaped
           # Q4_K_M target drafted by itself (100% acceptance) and by a 0.5B-shaped Q8_0 (SpecChat's loads through the
           # plugin, which the crash step's lines tell whether it is needed)
