@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,8 +48,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    import os
-
     os.environ.setdefault("SPECCHAT_HOME", tempfile.mkdtemp(prefix="specchat-bench-"))
     from app.chat.runtime import Runtime
     from app.engine import DraftParams, GenerationParams, SamplingParams
@@ -77,14 +76,15 @@ def main() -> None:
                 texts.setdefault(i, set()).add(text)
                 figures[mode]["ttft"].append(ttft)
                 figures[mode]["tps"].append(tps)
-                print(f"round {r} {mode:10s} prompt {i}: first text {ttft * 1000:7.1f} ms, {tps:6.1f} tok/s, {n} tokens",
-                      flush=True)
+                print(f"round {r} {mode:10s} prompt {i}: first text {ttft * 1000:7.1f} ms, {tps:6.1f} tok/s, "
+                      f"{n} tokens", flush=True)
             print(f"round {r} {mode:10s} load to ready: {ready:.2f} s", flush=True)
             rt.close()
     med = {m: {k: statistics.median(v) for k, v in f.items()} for m, f in figures.items()}
     w, p = med["worker"], med["in-process"]
     print("\nmedians        in-process    worker")
-    print(f"load to ready  {p['ready']:9.2f} s {w['ready']:8.2f} s   worker - in-process: {w['ready'] - p['ready']:+.2f} s")
+    print(f"load to ready  {p['ready']:9.2f} s {w['ready']:8.2f} s   worker - in-process: "
+          f"{w['ready'] - p['ready']:+.2f} s")
     print(f"first text     {p['ttft'] * 1000:8.1f} ms {w['ttft'] * 1000:7.1f} ms   worker - in-process: "
           f"{(w['ttft'] - p['ttft']) * 1000:+.1f} ms")
     print(f"streamed tok/s {p['tps']:9.1f}   {w['tps']:8.1f}     worker / in-process: {w['tps'] / p['tps']:.3f}")
