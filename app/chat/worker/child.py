@@ -1,8 +1,9 @@
 """The engine worker: a process of its own that loads the pair and makes every answer, so that a crash inside
 llama.cpp (a segfault, an abort, the OOM killer) ends this process and not the app (``parent.WorkerEngine``).
 
-Run as ``python -m app.chat.worker.child FD`` (``parent.command``): FD is its end of a socketpair with the app. Its stderr
-is the worker's log file (llama.cpp's warnings and errors are echoed there, so the app can quote them after a crash).
+Run as ``python -m app.chat.worker.child FD`` (``parent.command``): FD is its end of a socketpair with the app. Its
+stderr is the worker's log file (llama.cpp's warnings and errors are echoed there, so the app can quote them after a
+crash).
 It ends when told to, or as soon as the app's end of the socket closes (the app died: nothing is left behind).
 """
 from __future__ import annotations
