@@ -201,7 +201,8 @@ def _measure(target: Path, draft: Path | None, args) -> str:
     if engine.notice:
         print(f"specchat: note: {engine.notice}", file=sys.stderr)
     try:
-        head = not engine.has_draft_context and engine.draft_model is not None  # (it answers to "model" and its own name)
+        # (a head answers to "model" and to its own name)
+        head = not engine.has_draft_context and engine.draft_model is not None
         methods = [m for m in engine.drafters if m != OFF and not (head and m == DRAFT_MODEL)]
         methods += registry.with_lookup(methods)
         print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "
