@@ -4,7 +4,8 @@ llama.cpp's worker threads wait for each other at every step of a forward pass, 
 keeps a core busy, one of our threads is descheduled for a whole time slice at a time and the others spin in
 vain: on 2 cores with one busy, 2 threads ran the starter model at about half the speed of 1 thread. So with no
 --threads given, the engine counts the cores other programs used recently (the machine's busy time minus this
-process's own, and its app's where it is an engine worker) and leaves them out, choosing again before each generation and every half second during one.
+process's own, and its app's where it is an engine worker) and leaves them out, choosing again before each
+generation and every half second during one.
 """
 from __future__ import annotations
 

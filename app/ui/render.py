@@ -94,8 +94,8 @@ def _answer(content: str, segments: list[list], show_draft: bool, streaming: boo
                     "metadata": {"title": title, "status": status}})
     body = answer_html(_slice(segments, parts.answer_start), show_draft)
     if finish == "interrupted":
-        body += ('\n\n<span class="interrupted">⚠ Interrupted: the app or its engine stopped while this answer was written. '
-                 'Regenerate to answer again.</span>')
+        body += ('\n\n<span class="interrupted">⚠ Interrupted: the app or its engine stopped while this answer was '
+                 'written. Regenerate to answer again.</span>')
     if body or not out:
         out.append({"role": "assistant", "content": body or "…"})
     return out
