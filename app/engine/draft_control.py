@@ -514,6 +514,34 @@ class DraftLength:
         if own:
             self._accepts.judge_all(examined, own_accepted)
             self._examined += examined
+        self._time_draft(draft_s, first_s, n_evals, n_first, own)
+        if between_s is not None:
+            self._between.add(between_s)
+        if self._measuring and not self._looking and not rechecking and 1 in self._verify:  # what this probe
+            # lost (or won) against plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short
+            # probe costs, nor an answer's first round of what one costs after rounds off: it catches up on nothing)
+            self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify.time(1))
+        # The rounds that judge whether drafting loses (_measured_loss): a draft model's (a model-free drafter's
+        # lookups cost next to nothing), but not a long look, a timing that drafts past where rounds end: counted, the
+        # starter's first answer went off after two looks verified 16 tokens for 6 and 1 accepted. A probe that made
+        # its tokens faster than plain decoding starts the record again: the rounds that lost were another spell's,
+        # and without the looks' to dilute them one probe could not outweigh them. Its catching up on the tokens made
+        # while off is left out: that is the price of having been off, paid once, not a cost of drafting on.
+        if n_evals and not self._looking:
+            r, spent = self._spec, draft_s + verify_s
+            if self._probing:
+                spent -= max(first_s - self._t_draft.value - self._first_extra.value, 0.0)
+                if (n_accepted + 1) * self._verify.time(1) > spent:
+                    r = [0.0] * 4
+            self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + spent, d * r[3] + modelled]
+        self._pace = [d * self._pace[0] + n_accepted + 1, d * self._pace[1] + draft_s + verify_s + (between_s or 0.0)]
+        self._rounds += 1
+        self._plain_rounds += not (n_drafted or n_evals)
+        self._empty = 0 if n_drafted else self._empty + (n_evals > 0)
+        self._verify.add(n_drafted + 1, verify_s)
+
+    def _time_draft(self, draft_s: float, first_s: float, n_evals: int, n_first: int, own: int) -> None:
+        """What a round's draft calls cost: a marginal call, a round's first call beyond it, a catch-up token."""
         # A drafted token costs one draft-model call (model-free drafters: their time per token). The calls after
         # a round's first tell that marginal cost; the first also catches up on the tokens made since the last
         # draft, so it only stands in (once some rounds passed with nothing better) until a real timing comes.
@@ -540,27 +568,3 @@ class DraftLength:
             if self._called_last or n_first <= 2 or extra <= self._first_extra.value:
                 self._first_extra.add(extra)
         self._called_last = n_evals > 0
-        if between_s is not None:
-            self._between.add(between_s)
-        if self._measuring and not self._looking and not rechecking and 1 in self._verify:  # what this probe
-            # lost (or won) against plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short
-            # probe costs, nor an answer's first round of what one costs after rounds off: it catches up on nothing)
-            self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify.time(1))
-        # The rounds that judge whether drafting loses (_measured_loss): a draft model's (a model-free drafter's
-        # lookups cost next to nothing), but not a long look, a timing that drafts past where rounds end: counted, the
-        # starter's first answer went off after two looks verified 16 tokens for 6 and 1 accepted. A probe that made
-        # its tokens faster than plain decoding starts the record again: the rounds that lost were another spell's,
-        # and without the looks' to dilute them one probe could not outweigh them. Its catching up on the tokens made
-        # while off is left out: that is the price of having been off, paid once, not a cost of drafting on.
-        if n_evals and not self._looking:
-            r, spent = self._spec, draft_s + verify_s
-            if self._probing:
-                spent -= max(first_s - self._t_draft.value - self._first_extra.value, 0.0)
-                if (n_accepted + 1) * self._verify.time(1) > spent:
-                    r = [0.0] * 4
-            self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + spent, d * r[3] + modelled]
-        self._pace = [d * self._pace[0] + n_accepted + 1, d * self._pace[1] + draft_s + verify_s + (between_s or 0.0)]
-        self._rounds += 1
-        self._plain_rounds += not (n_drafted or n_evals)
-        self._empty = 0 if n_drafted else self._empty + (n_evals > 0)
-        self._verify.add(n_drafted + 1, verify_s)
