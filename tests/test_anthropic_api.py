@@ -21,12 +21,12 @@ def served(models):
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
     from app.server.guard import Access, Guard
-    from app.server.openai_api import OpenAIServer
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=1024))
     root = FastAPI()
-    root.mount("/v1", OpenAIServer(rt).app())
+    root.mount("/v1", ApiServer(rt).app())
     with serve_in_thread(lambda port: Guard(root, Access.serving(port, listen=True, key=KEY))) as url:
         yield url.rstrip("/"), rt.spec.describe()
     rt.close()
@@ -113,7 +113,7 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city.",
 
 
 def test_tools_tool_use_and_tool_result_are_read_as_the_chat_endpoint_takes_them():
-    from app.server.anthropic_api import chat_body
+    from app.server.requests.anthropic import chat_body
 
     body = chat_body({"max_tokens": 9, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather",
                                                                           "disable_parallel_tool_use": True},
@@ -139,17 +139,40 @@ def test_tools_tool_use_and_tool_result_are_read_as_the_chat_endpoint_takes_them
         "tool_choice"] == "required"
 
 
+def _answer(reader, first=(), rest=None):
+    """An answer under way, as ``ApiServer.begin`` makes one, around hand-made events."""
+    import asyncio
+
+    from app.engine import GenerationParams
+    from app.server.answer import Answer
+    from app.server.requests.openai import Job
+
+    async def nothing():
+        return
+        yield
+
+    job = Job(model=None, messages=[], prompt=None, params=GenerationParams(), drafter="off", stream=True,
+              include_usage=False, timings_per_token=False, template_variables={})
+    watch = asyncio.ensure_future(asyncio.sleep(60))
+    return Answer(job, [0] * 5, job.params, reader, None, "m", list(first), rest or nothing(), watch, True,
+                  id="msg_1")
+
+
 def test_a_call_in_the_answer_is_a_tool_use_block():
+    import asyncio
+
     from app.engine import Done, Stats
     from app.prompts.tools.base import ToolCall
-    from app.server.anthropic_api import message
+    from app.server.apis.anthropic import message
 
     class Reader:
         def parse(self, text, offered):
             return "", [ToolCall("call_1", "get_weather", '{"city": "Paris"}')]
 
-    meta = dict(id="msg_1", model="m", prompt_n=5, stops=(), tools=Reader(), offered=[])
-    m = message(meta, Done("stop", "<tool_call>...", [1, 2], Stats()))
+    async def run():
+        return message(_answer(Reader()), Done("stop", "<tool_call>...", [1, 2], Stats()))
+
+    m = asyncio.run(run())
     assert m["content"] == [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]
     assert m["stop_reason"] == "tool_use"
 
@@ -175,7 +198,8 @@ def test_a_streamed_call_is_a_tool_use_block_with_its_input_as_json_delta():
 
     from app.engine import Done, Stats, TextDelta
     from app.prompts.tools.base import ToolCall
-    from app.server.anthropic_api import AnthropicMessages
+    from app.server.answer import stream
+    from app.server.apis.anthropic import Events
 
     class Reader:
         def visible(self, text):
@@ -184,20 +208,14 @@ def test_a_streamed_call_is_a_tool_use_block_with_its_input_as_json_delta():
         def parse(self, text, offered):
             return self.visible(text), [ToolCall("call_1", "get_weather", '{"city": "Paris"}')]
 
-    class Server:
-        logged = []
-
-        def _log(self, meta, done, chat):
-            self.logged.append(done)
+    logged = []
 
     async def rest():
         yield [TextDelta("{...}</tool_call>", [3], False), Done("stop", "Hi<tool_call>{...}</tool_call>", [1], Stats())]
 
     async def run():
-        meta = dict(id="msg_1", model="m", prompt_n=5, stops=(), tools=Reader(), offered=[])
-        first = [TextDelta("Hi<tool_call>", [1], False)]
-        watch = asyncio.ensure_future(asyncio.sleep(60))
-        return [e async for e in AnthropicMessages(Server())._stream(first, rest(), meta, watch)]
+        answer = _answer(Reader(), [TextDelta("Hi<tool_call>", [1], False)], rest())
+        return [e async for e in stream(answer, Events(), logged.append)]
 
     events = [(e.split("\n")[0][7:], json.loads(e.split("\n")[1][6:])) for e in asyncio.run(run())]
     assert [name for name, _ in events] == [
@@ -207,7 +225,7 @@ def test_a_streamed_call_is_a_tool_use_block_with_its_input_as_json_delta():
     assert events[5][1]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}}
     assert events[6][1] == {"type": "content_block_delta", "index": 1,
                             "delta": {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'}}
-    assert events[8][1]["delta"]["stop_reason"] == "tool_use" and Server.logged
+    assert events[8][1]["delta"]["stop_reason"] == "tool_use" and logged
 
 
 @pytest.fixture(scope="module")

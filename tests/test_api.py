@@ -397,11 +397,11 @@ def tiny_server(models):
     """The API on tiny models in this process, allowing one request at a time in the queue."""
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
-    from app.server.openai_api import OpenAIServer
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
-    api = OpenAIServer(rt, max_waiting=1)
+    api = ApiServer(rt, max_waiting=1)
     with serve_in_thread(lambda port: api.app()) as url:
         yield url, rt, api
     rt.close()

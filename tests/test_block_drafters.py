@@ -220,13 +220,13 @@ def test_the_api_drafts_by_llama_server_names_and_refuses_the_other_kind(files):
 
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
-    from app.server.openai_api import OpenAIServer
+    from app.server.app import ApiServer
 
     target, drafts = files
     rt = Runtime()
     rt.load(LoadSpec(target=str(target), draft=str(drafts["dspark"]), ctx=1024))
     try:
-        with serve_in_thread(lambda port: OpenAIServer(rt).app()) as url:
+        with serve_in_thread(lambda port: ApiServer(rt).app()) as url:
             assert httpx.get(f"{url}/models", timeout=30).json()["data"][0]["speculation"] == "DSpark dspark.gguf"
             ask = lambda **extra: httpx.post(f"{url}/completions", timeout=120, json={  # noqa: E731
                 "prompt": "the cat sat", "max_tokens": 48, "temperature": 0, "speculative.p_min": 0, **extra})

@@ -198,7 +198,7 @@ def test_chains_are_named_as_llama_cpp_names_them():
 
 def test_the_api_takes_speculative_type_as_a_list_or_a_comma_string():
     from app.chat.settings import Settings
-    from app.server.request_body import ApiError, parse
+    from app.server.requests.openai import ApiError, parse
 
     msgs = [{"role": "user", "content": "hi"}]
     usable = ("model", "ngram", "none")
@@ -290,3 +290,4 @@ def test_the_live_panel_and_the_details_say_what_each_member_contributed():
     for text in (panel, details):
         assert "(ngram-mod): 2 rounds, 8/8 accepted" in text and ": 1 round, 1/2 accepted" in text
     assert list(Stats.from_dict(json.loads(json.dumps(s.as_dict()))).by_drafter["model"]) == [1, 2, 1]  # saved with the conversation and back
+

@@ -91,7 +91,7 @@ def test_specchat_prompt_prints_what_the_model_sees(tmp_path):
 
 def test_the_api_passes_chat_template_kwargs():
     from app.chat.settings import Settings
-    from app.server.request_body import ApiError, parse
+    from app.server.requests.openai import ApiError, parse
 
     job = parse({"messages": MSGS, "chat_template_kwargs": {"enable_thinking": False}}, True, Settings(), ("model", "ngram", "none"))
     opened = {"add_generation_prompt": True, "continue_final_message": False}
@@ -144,7 +144,7 @@ def test_the_turn_is_left_closed_or_the_assistants_last_message_continued():
 
 def test_the_api_reads_the_turn_options_as_llama_server_does():
     from app.chat.settings import Settings
-    from app.server.request_body import ApiError, parse
+    from app.server.requests.openai import ApiError, parse
 
     def options(messages, **body):
         v = parse({"messages": messages, **body}, True, Settings(), ("model", "ngram", "none")).template_variables

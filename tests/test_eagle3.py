@@ -89,12 +89,12 @@ def test_the_api_names_the_head_and_drafts_by_llama_server_names(pair):
 
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
-    from app.server.openai_api import OpenAIServer
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(pair[0]), draft=str(pair[1]), ctx=1024))
     try:
-        with serve_in_thread(lambda port: OpenAIServer(rt).app()) as url:
+        with serve_in_thread(lambda port: ApiServer(rt).app()) as url:
             listed = httpx.get(f"{url}/models", timeout=30).json()["data"][0]
             assert listed["speculation"] == f"EAGLE-3 {pair[1].name}"
             ask = lambda **extra: httpx.post(f"{url}/completions", timeout=120, json={  # noqa: E731

@@ -306,8 +306,8 @@ def test_requests_during_the_reload_get_503_with_retry_after_and_health_says_loa
     from support.servers import serve_in_thread
 
     from app.server.guard import Access, Guard
-    from app.server.llama_server_api import LlamaAliases
-    from app.server.openai_api import OpenAIServer
+    from app.server.apis.llama_server import LlamaAliases
+    from app.server.app import ApiServer
 
     rt = Runtime(worker=True)
     rt.load(LoadSpec(pair="starter", ctx=512))
@@ -315,7 +315,7 @@ def test_requests_during_the_reload_get_503_with_retry_after_and_health_says_loa
     restart = engine._restart
     engine._restart = lambda died: (hold.wait(120), restart(died))  # the reload held until the test has asked
     root = FastAPI()
-    root.mount("/v1", OpenAIServer(rt).app())
+    root.mount("/v1", ApiServer(rt).app())
     body = {"model": "starter", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
     try:
         with serve_in_thread(lambda port: LlamaAliases(Guard(root, Access.serving(port, listen=False)))) as url:
@@ -357,3 +357,4 @@ def test_the_terminal_chat_says_what_killed_its_engine_and_answers_the_next_mess
 def _children_running(proc: subprocess.Popen) -> list[psutil.Process]:
     return [p for p in psutil.Process(proc.pid).children(recursive=True)
             if "app.chat.worker.child" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+

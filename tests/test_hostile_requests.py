@@ -189,22 +189,22 @@ def test_tokenizing_a_prompt_runs_off_the_event_loop(models, monkeypatch):
     """While one request's prompt is being tokenized (held here), the other routes answer."""
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
-    from app.server import openai_api
-    from app.server.openai_api import OpenAIServer
+    from app.server import prepare
+    from app.server.app import ApiServer
 
     tokenizing, release = threading.Event(), threading.Event()
-    real = openai_api.plain_tokens
+    real = prepare.plain_tokens
 
     def slow_tokens(model, text):
         tokenizing.set()
         release.wait(60)
         return real(model, text)
 
-    monkeypatch.setattr(openai_api, "plain_tokens", slow_tokens)
+    monkeypatch.setattr(prepare, "plain_tokens", slow_tokens)
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
     try:
-        with serve_in_thread(lambda port: OpenAIServer(rt).app()) as url:
+        with serve_in_thread(lambda port: ApiServer(rt).app()) as url:
             result = {}
             t = threading.Thread(target=lambda: result.update(r=httpx.post(
                 url + "/completions", json={"prompt": "the cat", "max_tokens": 2}, timeout=120)))

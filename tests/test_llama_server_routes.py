@@ -1,4 +1,4 @@
-"""llama-server's own routes (app/server/llama_server_api.py) on tiny models, in this process, behind the guard as
+"""llama-server's own routes (app/server/apis/llama_server.py) on tiny models, in this process, behind the guard as
 `specchat serve` puts them: /health, /props, /tokenize, /detokenize, /apply-template, /slots, under /v1 and
 without it, and the unprefixed /models, /completions, /chat/completions guarded exactly as /v1."""
 from __future__ import annotations
@@ -31,12 +31,12 @@ def tiny_server(models):
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
     from app.server.guard import Access, Guard
-    from app.server.llama_server_api import LlamaAliases
-    from app.server.openai_api import OpenAIServer
+    from app.server.apis.llama_server import LlamaAliases
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
-    api = OpenAIServer(rt)
+    api = ApiServer(rt)
     with serve_in_thread(lambda port: LlamaAliases(Guard(_root(api), Access.serving(port, listen=False)))) as url:
         yield url, rt, api
     rt.close()
@@ -192,12 +192,12 @@ def listening(models):
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
     from app.server.guard import Access, Guard
-    from app.server.llama_server_api import LlamaAliases
-    from app.server.openai_api import OpenAIServer
+    from app.server.apis.llama_server import LlamaAliases
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=256))
-    api = OpenAIServer(rt)
+    api = ApiServer(rt)
     with serve_in_thread(lambda port: LlamaAliases(Guard(_root(api), Access.serving(port, True, KEY)))) as url:
         yield url, api
     rt.close()

@@ -94,12 +94,12 @@ def test_the_api_drafts_with_mtp_by_default_and_by_llama_server_names(mtp_path):
 
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
-    from app.server.openai_api import OpenAIServer
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(mtp_path), ctx=1024))
     try:
-        with serve_in_thread(lambda port: OpenAIServer(rt).app()) as url:
+        with serve_in_thread(lambda port: ApiServer(rt).app()) as url:
             listed = httpx.get(f"{url}/models", timeout=30).json()["data"][0]
             assert listed["speculation"] == "MTP (1 layer of the model's own)"
             ask = lambda **extra: httpx.post(f"{url}/completions", timeout=120, json={  # noqa: E731

@@ -84,12 +84,12 @@ def server(models):
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
     from app.server.guard import Access, Guard
-    from app.server.llama_server_api import LlamaAliases
-    from app.server.openai_api import OpenAIServer
+    from app.server.apis.llama_server import LlamaAliases
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=512, batch=16))
-    api = OpenAIServer(rt)
+    api = ApiServer(rt)
 
     def app(port):
         root = FastAPI()

@@ -182,7 +182,7 @@ def test_non_function_tools_are_skipped_and_the_unprefixed_route_answers(server)
 
 
 def test_items_are_read_into_chat_messages():
-    from app.server.responses_api import chat_body
+    from app.server.requests.responses import chat_body
 
     body = chat_body({"instructions": "Be brief.", "max_output_tokens": 9, "tools": [WEATHER], "input": [
         {"role": "user", "content": "weather?"},

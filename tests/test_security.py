@@ -27,11 +27,11 @@ def guarded(models):
     from app.chat.runtime import Runtime
     from app.models.loader import LoadSpec
     from app.server.guard import Access, Guard
-    from app.server.openai_api import OpenAIServer
+    from app.server.app import ApiServer
 
     rt = Runtime()
     rt.load(LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ctx=8192))  # room for long answers
-    api = OpenAIServer(rt)
+    api = ApiServer(rt)
     root = FastAPI()
     root.mount("/v1", api.app())
     root.get("/")(lambda: {"page": "the app"})

@@ -20,8 +20,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from ..chat.runtime import Runtime  # noqa: E402
-from ..chat.worker import load_crashes  # noqa: E402
 from ..chat.settings import Settings, load_settings, save_settings, saved_at  # noqa: E402
+from ..chat.worker import load_crashes  # noqa: E402
 from ..engine import EngineError  # noqa: E402
 from ..models.hardware import unused_gpu_advice  # noqa: E402
 from ..models.loader import LoadSpec  # noqa: E402
@@ -31,8 +31,8 @@ from ..resources import resource  # noqa: E402
 if TYPE_CHECKING:  # imported where they are used: FastAPI, Gradio and uvicorn are heavy
     import uvicorn
 
+    from ..server.app import ApiServer
     from ..server.guard import Access
-    from ..server.openai_api import OpenAIServer
     from ..ui.app import SpecChatUI
 
 STARTER = LoadSpec(pair="starter")
@@ -87,8 +87,8 @@ def serve(requested: LoadSpec | None, overrides: dict, port: int | None, listen:
     Jinja template the target's prompts are rendered with instead of its own (--chat-template); ``tags``: shown in
     /v1/models (--tags); ``verbose``: answers carry llama-server's ``__verbose`` object (--verbose); ``slots``: serve
     llama-server's /slots (--no-slots: 501)."""
+    from ..server.apis.llama_server import LlamaAliases
     from ..server.guard import Access, Guard
-    from ..server.llama_server_api import LlamaAliases
 
     clear_stale_temp_folders()  # exports a crashed SpecChat left behind
     runtime = Runtime(worker=True)  # the pair in a process of its own: a crash in llama.cpp is not the app's
@@ -143,7 +143,7 @@ def start_runtime(runtime: Runtime, requested: LoadSpec | None, overrides: dict,
 
 def request_defaults(args) -> dict:
     """llama-server's flags for what a request leaves out, as Settings fields (only those given)."""
-    from ..server.request_body import NO_LIMIT
+    from ..server.requests.openai import NO_LIMIT
 
     given = dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                  max_tokens=NO_LIMIT if args.max_tokens == -1 else args.max_tokens,
@@ -193,16 +193,16 @@ def _session_key(listen: bool, api_key: str | None, no_auth: bool) -> tuple[str 
 
 def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bool, host: str, port: int,
              api_key: str | None, cors: list[str] | None, max_body: int | None = None,
-             api_options: dict | None = None) -> tuple[object, OpenAIServer, SpecChatUI | None]:
+             api_options: dict | None = None) -> tuple[object, ApiServer, SpecChatUI | None]:
     """The ASGI app: the API at /v1 and, ``with_ui``, the Gradio UI at /. Returns it, the API and the UI (or None).
-    ``api_options``: OpenAIServer's (metrics, aliases, tags)."""
+    ``api_options``: ApiServer's (metrics, aliases, tags)."""
     from fastapi import FastAPI
 
-    from ..server.openai_api import OpenAIServer
+    from ..server.app import ApiServer
 
     # What a request leaves out: the app's settings as last saved by the UI, or this command's.
     defaults = (lambda: load_settings()[0]) if with_ui else (lambda: settings)
-    api = OpenAIServer(runtime, defaults, max_body=max_body, **(api_options or {}))
+    api = ApiServer(runtime, defaults, max_body=max_body, **(api_options or {}))
     root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     root.mount("/v1", api.app(cors))
     if not with_ui:
@@ -272,7 +272,7 @@ def _announce(runtime: Runtime, port: int, with_ui: bool, listen: bool, access: 
             print(f"specchat: on your network: http://{lan}:{port}/", flush=True)
 
 
-def _shut_down(server: uvicorn.Server, thread: threading.Thread, api: OpenAIServer, ui: SpecChatUI | None,
+def _shut_down(server: uvicorn.Server, thread: threading.Thread, api: ApiServer, ui: SpecChatUI | None,
                runtime: Runtime) -> None:
     """End answers and API requests in progress, stop serving, close the conversations and the backend."""
     # Saved files are written atomically, so a stuck shutdown loses nothing: if it takes over 15 s, print

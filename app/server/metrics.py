@@ -2,7 +2,7 @@
 ``server_task_result_metrics::to_metrics``), counted over every generation the API served, speculative counters
 included. Served only when the server was started with ``--metrics``, as llama-server; otherwise 501.
 
-Every generation passes through ``Metrics.observe`` (``OpenAIServer._generate`` wraps its batches), so each endpoint
+Every generation passes through ``Metrics.observe`` (``slot.Slot.generate`` wraps its batches), so each endpoint
 is counted alike, once, when its answer is done. The gauges of throughput are averaged over the time since the last
 scrape, as llama-server's are."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Token probabilities in the API: the shapes answers carry them in.
 
-Asked for (``request_body.logprobs_asked``) with chat's ``logprobs: true`` and ``top_logprobs`` 0-20 (alternatives
+Asked for (``requests.openai.logprobs_asked``) with chat's ``logprobs: true`` and ``top_logprobs`` 0-20 (alternatives
 per token; 0 when left out, as OpenAI), the completions' legacy ``logprobs: N`` (0-20), or llama-server's ``n_probs``
 (1-20; 0 is off) on any endpoint; ``post_sampling_probs: true`` reports the sampling chain's distribution instead of
 the raw softmax (``app.engine.logprobs``). ``entries`` is llama-server's ``probs_vector_to_json`` (``id``,

@@ -7,22 +7,28 @@ llama-server also serves ``/models``, ``/chat/completions`` (and its ``/input_to
 ``/completions`` (its native completion, as ``/completion``) without the ``/v1`` prefix; ``LlamaAliases`` (an ASGI
 wrapper put outside ``guard.Guard``) rewrites those unprefixed paths to their ``/v1`` ones before anything else sees
 them, so the guard decides on them exactly as on ``/v1`` (Origin, the key) and the same handlers answer. While no
-pair is loaded these routes answer as llama-server does while loading: 503 ``{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}``.
+pair is loaded these routes answer as llama-server does while loading: 503 ``{"error": {"code": 503, "message":
+"Loading model", "type": "unavailable_error"}}``.
 
 Tokenizing and rendering a template are CPU work: they run on a worker thread, like the OpenAI handlers' parsing.
 """
 from __future__ import annotations
 
 import asyncio
-from importlib.metadata import PackageNotFoundError, version
+import json
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..engine import OFF, EngineError, ModelsUnloaded
-from ..engine.drafters import registry
-from ..prompts import chat_prompt, image_messages, tool_prompt
-from .request_body import ApiError, parse
+from ...engine import OFF, Done, EngineError, ModelsUnloaded
+from ...engine.drafters import registry
+from ...prompts import chat_prompt, image_messages, tool_prompt
+from .. import token_probs
+from ..answer import Answer, Step, progress_stats, prompt_progress, stream, timings
+from ..http import ApiError, json_body, sse
+from ..native_fields import build_info, native_result
+from ..requests.openai import parse, prompts
 
 # llama-server's paths that SpecChat serves under /v1 too; without the prefix they are rewritten to it.
 ROUTES = ("/health", "/props", "/tokenize", "/detokenize", "/apply-template", "/slots", "/completion", "/metrics")
@@ -66,8 +72,8 @@ class LlamaAliases:
         return await self.app(scope, receive, send)
 
 
-def register(api: FastAPI, server) -> None:
-    """Add llama-server's routes to ``api`` (the ``/v1`` app of ``openai_api.OpenAIServer`` ``server``)."""
+def routes(api: FastAPI, server) -> None:
+    """llama-server's routes on ``api``, answered by ``server`` (the app's ``ApiServer``)."""
     routes = _Routes(server)
     api.get("/health")(routes.health)
     api.get("/props")(routes.props)
@@ -76,11 +82,101 @@ def register(api: FastAPI, server) -> None:
     api.post("/tokenize")(routes.tokenize)
     api.post("/detokenize")(routes.detokenize)
     api.post("/apply-template")(routes.apply_template)
-    from .native_completion import NativeCompletion  # (it imports this module)
-
     api.post("/completion")(NativeCompletion(server).completion)
     for path, what in NOT_SUPPORTED.items():
         api.api_route(path, methods=["GET", "POST"], include_in_schema=False)(_not_supported(what))
+
+
+class NativeCompletion:
+    """llama-server's native completion, ``POST /completion`` (and unprefixed ``/completions``): ``prompt`` (text,
+    token ids with strings mixed in, ``{"prompt_string"}``, or a list of those answered one after the other),
+    ``n_predict`` and the OpenAI fields, answered in llama-server's native fields (``native_fields``);
+    ``return_tokens`` adds the generated ids, ``response_fields`` keeps only the fields named (``a/b`` a nested one),
+    ``n_probs`` adds ``completion_probabilities``. Streamed: one ``data: {"content", "tokens", "stop": false, …}``
+    event per batch (per token with ``n_probs``), the whole answer's fields on the last, no ``[DONE]``."""
+
+    def __init__(self, server):
+        self.server = server
+
+    async def completion(self, request: Request):
+        body = await json_body(request)
+        if self.server.runtime.engine is None or self.server.loaded_name() is None:
+            return loading()
+        given = prompts(body.get("prompt")) if isinstance(body, dict) and body.get("prompt") is not None else [None]
+        if len(given) == 1:
+            return await self._one(request, body)
+        if body.get("stream"):
+            raise ApiError(400, "Several prompts are answered whole: leave out 'stream'.", param="stream")
+        return [await self._one(request, {**body, "prompt": p}) for p in given]  # one after the other, in order
+
+    async def _one(self, request: Request, body):
+        given = body if isinstance(body, dict) else {}
+        fields = given.get("response_fields") or []
+        if not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+            raise ApiError(400, "'response_fields' must be a list of field names.", param="response_fields")
+        answer = await self.server.begin(request, body, False, id=f"cmpl-{uuid.uuid4().hex[:24]}")
+        native = Native(fields, given.get("return_tokens") is True)
+        if answer.job.stream:
+            return sse(stream(answer, native, self.server.log))
+        done = await answer.finish()
+        self.server.log(answer)
+        return native.result(answer, done)
+
+
+class Native:
+    """A native completion's answer: whole (``result``), or streamed as llama-server sends it."""
+
+    def __init__(self, fields: list[str], return_tokens: bool):
+        self.fields, self.return_tokens = fields, return_tokens
+        self.texts = None  # (what each token streamed adds to the text)
+
+    def result(self, answer: Answer, done: Done) -> dict:
+        out = native_result(answer.engine, answer.ids, done, answer.job.params, answer.model, answer.job.stream,
+                            self.return_tokens)
+        if done.logprobs is not None and not answer.job.stream:
+            out["completion_probabilities"] = token_probs.entries(answer.vocab, done.logprobs,
+                                                                  token_probs.Texts(answer.vocab),
+                                                                  answer.params.post_sampling_probs)
+        return _only(out, self.fields) if self.fields else out
+
+    def start(self, answer: Answer):
+        self.texts = token_probs.Texts(answer.vocab)
+        return ()
+
+    def step(self, answer: Answer, step: Step):
+        for ev in step.progress:  # (asked for with return_progress, before any token)
+            chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
+                     "tokens_evaluated": answer.prompt_n, "prompt_progress": prompt_progress(ev)}
+            if answer.job.timings_per_token:
+                chunk["timings"] = timings(progress_stats(ev))
+            yield f"data: {json.dumps(chunk)}\n\n"
+        for chunk in self._chunks(answer, step):
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    def end(self, answer: Answer, done: Done):
+        yield f"data: {json.dumps(self.result(answer, done), ensure_ascii=False)}\n\n"
+
+    def error(self, exc: EngineError) -> str:
+        return f"data: {json.dumps({'error': {'code': 500, 'message': str(exc), 'type': 'server_error'}})}\n\n"
+
+    def _chunks(self, answer: Answer, step: Step):
+        """The events for a batch's text: one for all of it, or, with probabilities, one per token as llama-server
+        sends them (a token whose text is not whole yet comes with empty content)."""
+        base = {"stop": False, "id_slot": 0, "tokens_predicted": step.stats.n_tokens,
+                "tokens_evaluated": answer.prompt_n}
+        if answer.job.params.logprobs is None:
+            if step.deltas:
+                yield {"index": 0, "content": "".join(ev.text for ev in step.deltas),
+                       "tokens": [t for ev in step.deltas for t in ev.token_ids], **base}
+            return
+        post = answer.params.post_sampling_probs
+        for ev in step.deltas:
+            if not ev.token_ids:  # (text held back for a stop string, let go at the end)
+                yield {"index": 0, "content": ev.text, "tokens": [], **base}
+            for i, (tok, prob) in enumerate(zip(ev.token_ids, ev.logprobs)):
+                last = i == len(ev.token_ids) - 1
+                yield {"index": 0, "content": ev.text if last else "", "tokens": [tok], **base,
+                       "completion_probabilities": token_probs.entries(answer.vocab, [prob], self.texts, post)}
 
 
 def _not_supported(what: str):
@@ -97,7 +193,7 @@ class _Routes:
     def _engine(self):
         """The loaded engine, or None while no pair is (llama-server: still loading)."""
         engine = self.server.runtime.engine
-        return engine if engine is not None and engine.ready and self.server._loaded_name() is not None else None
+        return engine if engine is not None and engine.ready and self.server.loaded_name() is not None else None
 
     async def health(self):
         return {"status": "ok"} if self._engine() is not None else loading()
@@ -151,17 +247,17 @@ class _Routes:
         return {
             "default_generation_settings": {"params": params, "n_ctx": engine.n_ctx},
             "total_slots": 1,
-            "model_alias": self.server.model_name(self.server._loaded_name()),
+            "model_alias": self.server.model_name(self.server.loaded_name()),
             "model_path": str(model.path),
             "modalities": {"vision": engine.projector is not None, "video": False, "audio": False},
             "endpoint_slots": False, "endpoint_props": False,
             "endpoint_metrics": self.server.metrics_enabled,
             "chat_template": model.chat_template() or "",
             "bos_token": bos, "eos_token": eos,
-            "build_info": _build_info(),
+            "build_info": build_info(),
             "is_sleeping": False,
             "speculative": {  # SpecChat's own: the pair and how it speculates by default
-                "pair": self.server._loaded_name(), "target": model.path.name,
+                "pair": self.server.loaded_name(), "target": model.path.name,
                 "draft": draft.path.name if draft is not None else None,
                 "drafter": drafter, "drafters": list(engine.drafters), "speculation": engine.speculation(drafter),
                 "draft_max": s.draft_max, "draft_min": s.draft_min, "draft_p_min": s.draft_p_min,
@@ -178,9 +274,7 @@ class _Routes:
         return await self._run(request, self._apply_template)
 
     async def _run(self, request: Request, work):
-        from .openai_api import _json_body
-
-        body = await _json_body(request)
+        body = await json_body(request)
         engine = self._engine()
         if engine is None:
             return loading()
@@ -237,16 +331,16 @@ def _piece(raw: bytes):
         return list(raw)
 
 
-def fingerprint() -> str:
-    """``system_fingerprint``: what built the answer (llama-server: its build number and commit)."""
-    try:
-        return f"specchat-llama-cpp-python-{version('llama_cpp_python')}"
-    except PackageNotFoundError:
-        return "specchat"
-
-
-def _build_info() -> str:
-    try:
-        return f"llama-cpp-python {version('llama_cpp_python')} (SpecChat)"
-    except PackageNotFoundError:
-        return "SpecChat"
+def _only(out: dict, fields: list[str]) -> dict:
+    """llama-server's ``response_fields``: each field named, ``a/b`` the field ``b`` of ``a``; missing ones left out."""
+    kept = {}
+    for name in fields:
+        value, found = out, True
+        for key in name.split("/"):
+            found = isinstance(value, dict) and key in value
+            if not found:
+                break
+            value = value[key]
+        if found:
+            kept[name] = value
+    return kept

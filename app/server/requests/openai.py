@@ -1,180 +1,26 @@
-"""An OpenAI request body read into what the engine runs: messages or prompt, sampling, stop strings and the
-per-request speculation llama-server names (``speculative.n_max`` 0 = off, ``speculative.n_min``, ``.p_min``).
-
-A body is bounded before it is read (``BodyLimit``: 413), decoded only into JSON of bounded depth whose strings are
-text and whose numbers are finite (``decode``), and every field is checked for its type and range (``parse``): what
-a client sends is a 4xx in OpenAI's shape, never a 500."""
+"""An OpenAI request body read into the one job every API runs (``Job``): messages or prompt, sampling, stop strings,
+tools, a grammar and the per-request speculation llama-server names (``speculative.n_max`` 0 = off,
+``speculative.n_min``, ``.p_min``). Every field is checked for its type and range: a mistake is a 400 naming it."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import json
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
-from ..chat.settings import Settings
-from ..engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
-from ..engine.drafters import NgramParams, registry
-from ..engine.grammar import Grammar
-from ..engine.grammar_limits import check_schema
-from ..engine.logprobs import MAX_TOP
-from ..prompts.tools import Tool, ToolChoice
+from ...chat.settings import Settings
+from ...engine import DRAFTERS, OFF, EngineError, GenerationParams, drafter_for
+from ...engine.drafters import NgramParams, registry
+from ...engine.grammar import Grammar
+from ...engine.grammar_limits import check_schema
+from ...engine.logprobs import MAX_TOP
+from ...prompts.tools import Tool, ToolChoice
+from ..http import ApiError, decode
 
-
-class ApiError(Exception):
-    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status, and
-    llama-server's fields where it has them (``extra``: ``n_prompt_tokens`` and ``n_ctx`` of a prompt too long)."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None, extra: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers, self.extra = headers or {}, extra or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
-                          **self.extra}}
-
-
-# The largest body /v1 takes unless --max-body-mb says otherwise: 64 bytes of JSON per token of the loaded context,
-# and never less than 16 MiB. A token of English is about 4 bytes; one of escaped non-ASCII text (\uXXXX, 6 bytes a
-# character) or of a run of spaces in code is longer, so 64 holds any prompt the context can take, with its history
-# and tools, many times over. 16 MiB is that for the largest context a catalog pair loads (262,144 tokens): a pair
-# loaded with a bigger --ctx raises the limit with it. A body within it is decoded and tokenized off the event loop.
-BODY_BYTES_PER_TOKEN = 64
-MIN_BODY_BYTES = 16 * 1024 * 1024
-MAX_DEPTH = 100  # JSON nesting: deeper is a 400 (json.loads gives up, with RecursionError, at about 1,000)
-DRAIN_SECONDS, DRAIN_BYTES = 5.0, 256 * 1024 * 1024  # what is read and dropped of a body refused for its size
 NO_LIMIT = 2 ** 31 - 1  # max_tokens for n_predict -1: the context ends the answer
 INT_LIMIT = 2 ** 63  # integers beyond int64 are refused: llama.cpp and numpy take no more
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def body_limit(n_ctx: int | None) -> int:
-    """The default body limit for a pair loaded with an ``n_ctx``-token context (None: none loaded)."""
-    return max(MIN_BODY_BYTES, (n_ctx or 0) * BODY_BYTES_PER_TOKEN)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body larger than ``limit()`` bytes is refused with 413 in OpenAI's shape, at once
-    when its Content-Length says so, else as soon as the bytes sent pass it; the app never sees a byte of it. A
-    body within the limit is read whole and handed on (its end then is the client's disconnect, as before)."""
-
-    def __init__(self, app, limit):
-        self.app, self.limit = app, limit  # limit(): bytes, asked per request (the loaded context may change)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        limit = self.limit()
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            return await _refuse_body(receive, send, limit, int(declared), headers)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client went away before its body was whole: nobody to answer
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > limit:
-                chunks.clear()
-                return await _refuse_body(receive, send, limit, None, headers)
-            if not message.get("more_body"):
-                break
-        body, given = b"".join(chunks), False
-
-        async def replay():
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-
-async def _refuse_body(receive, send, limit: int, declared: int | None, headers: dict) -> None:
-    """413, then the rest of the body read and dropped (up to DRAIN_SECONDS and DRAIN_BYTES), so that a client
-    that writes its whole body before it reads (most do) gets the answer, not a connection reset."""
-    size = f"{declared / 2**20:.1f} MB" if declared is not None else f"over {limit / 2**20:.1f} MB"
-    error = ApiError(413, f"The request body is {size}; this server takes at most {limit / 2**20:.1f} MB (start it "
-                          "with a larger --max-body-mb to raise that).", code="request_too_large")
-    payload = json.dumps(error.body()).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": payload, "more_body": True})
-    # A client that waits for "100 Continue" sends nothing more: it has its answer.
-    if headers.get(b"expect", b"").lower() != b"100-continue":
-        loop = asyncio.get_running_loop()
-        deadline, dropped = loop.time() + DRAIN_SECONDS, 0
-        while dropped < DRAIN_BYTES and (left := deadline - loop.time()) > 0:
-            try:
-                message = await asyncio.wait_for(receive(), left)
-            except asyncio.TimeoutError:
-                break
-            dropped += len(message.get("body", b""))
-            if message["type"] == "http.disconnect" or not message.get("more_body"):
-                break
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def decode(raw: bytes | str, what: str = "The request body", param: str | None = None):
-    """JSON as the API takes it: at most MAX_DEPTH levels deep, strings that are text (no lone surrogate, as
-    ``"\\ud800"`` decodes to) and finite numbers (Python's json reads NaN, Infinity and 1e999 as floats).
-    ``what`` names it in errors, ``param`` is the field they name (None: the top-level key at fault)."""
-    try:
-        value = json.loads(raw)
-    except RecursionError:
-        raise ApiError(400, f"{what} is nested too deeply: at most {MAX_DEPTH} levels.", param=param) from None
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, f"{what} is not valid JSON.", param=param) from None
-    check_values(value, what, param)
-    return value
-
-
-def check_values(value, what: str = "The request body", param: str | None = None) -> None:
-    """Raise a 400 naming where ``value`` (decoded JSON) is nested too deeply, holds a string that is not text
-    or a number that is not finite. Walked without recursion, so no depth can overflow the stack."""
-    stack = [(value, 1, (), None)]  # (value, its depth, the path to its container, its key there)
-    while stack:
-        v, depth, path, key = stack.pop()
-        if isinstance(v, str):
-            if _SURROGATE.search(v):
-                _bad(what, param, path, key, "holds a lone UTF-16 surrogate (as \\ud800 decodes to), not text")
-        elif isinstance(v, float):
-            if not math.isfinite(v):
-                _bad(what, param, path, key, f"is {v}: numbers must be finite (NaN and Infinity are not JSON)")
-        elif isinstance(v, (dict, list)):
-            if depth > MAX_DEPTH:
-                _bad(what, param, path, key, f"is nested too deeply: at most {MAX_DEPTH} levels")
-            here = path + (key,) if key is not None else path
-            if isinstance(v, dict):
-                for k, item in v.items():
-                    if _SURROGATE.search(k):
-                        _bad(what, param, here, None, "has a key holding a lone UTF-16 surrogate, not text")
-                    stack.append((item, depth + 1, here, k))
-            else:
-                stack.extend((item, depth + 1, here, i) for i, item in enumerate(v))
-
-
-def _bad(what: str, param: str | None, path: tuple, key, why: str):
-    """The 400 for what ``check_values`` found at ``path`` + ``key``: ``'messages[0].content' holds …``."""
-    where = path + (key,) if key is not None else path
-    name = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" if i else k for i, k in enumerate(where))
-    name = name if len(name) <= 80 else name[:80] + "…"
-    if param is None and where and isinstance(where[0], str):
-        param = where[0]
-    if not where:
-        raise ApiError(400, f"{what} {why}.", param=param)
-    if what == "The request body":
-        raise ApiError(400, f"'{name}' {why}.", param=param)
-    raise ApiError(400, f"{what} at {name} {why}.", param=param)
 
 
 def _shown(value, width: int = 60) -> str:
@@ -597,3 +443,18 @@ def _turn_options(body: dict, messages: list[dict]) -> dict:
     if carry_on and messages[-1].get("tool_calls"):
         raise ApiError(400, "Cannot continue an assistant message that contains tool calls.", param="messages")
     return {"add_generation_prompt": add, "continue_final_message": carry_on}
+
+
+MAX_CHOICES = 8
+
+
+def choices(body) -> int:
+    """``n``: how many choices, answered whole (1 to MAX_CHOICES; more than one is not streamed)."""
+    if not isinstance(body, dict):
+        return 1  # (parse says what is wrong with it)
+    n = _number(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be a whole number from 1 to {MAX_CHOICES}.", param="n")
+    if n > 1 and body.get("stream"):
+        raise ApiError(400, "n > 1 is answered whole: leave out 'stream'.", param="n")
+    return n
