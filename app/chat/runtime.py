@@ -17,6 +17,7 @@ from ..engine.images import through_images
 from ..models.hardware import unused_gpu_advice
 from ..models.loader import LoadSpec, Resolved, load_engine, resolve
 from ..prompts import chat_prompt, chat_tokens, image_messages, prompt_tokens, text_of
+from ..prompts.thinking import OPEN, opens_thinking
 from .acceptance_memory import memory_for
 from .comparison import Comparison
 from .live_answer import Live
@@ -26,8 +27,6 @@ from .server_keys import key_for, save_key
 from .settings import Settings
 from .streaming import INTERVAL, Generation
 from .worker import WorkerEngine
-from ..prompts.thinking import OPEN, opens_thinking
-
 
 RELOAD_WAIT_S = 300  # a chat message waits this long for a crashed worker's pair to load again
 
@@ -241,7 +240,7 @@ class Runtime:
             cmp.phase = phase
             live = getattr(cmp, phase)
             engine.reset(keep)
-            for _ in _stream(lambda c: engine.generate(ids, params, kind, c), cancel, interval, live):
+            for _ in _stream(lambda c, kind=kind: engine.generate(ids, params, kind, c), cancel, interval, live):
                 yield cmp
             if cancel.is_set():
                 break
@@ -260,8 +259,10 @@ class Runtime:
                          by_text=True)
         for phase, server, speculate in (("off", off or on, off is not None), ("on", on, True)):
             cmp.phase = phase
-            for _ in _stream(lambda c: server.generate(messages, params, speculate, c, kwargs), cancel, interval,
-                             getattr(cmp, phase)):
+            def run(c, server=server, speculate=speculate):  # (bound now: called within this turn of the loop)
+                return server.generate(messages, params, speculate, c, kwargs)
+
+            for _ in _stream(run, cancel, interval, getattr(cmp, phase)):
                 yield cmp
             if cancel.is_set():
                 break

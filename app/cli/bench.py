@@ -104,7 +104,7 @@ def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts
                 params = replace(off_params if mode == OFF else on_params, grammar=grammar)
                 runs[mode].append(_run(engine, ids, mode, params, None if mode == OFF else state))
         for name in names:
-            row = _row(p, runs[OFF], runs[name])
+            row = prompt_row(p, runs[OFF], runs[name])
             rows[name].append(row)
             if progress:
                 progress.write(f"[{i + 1}/{len(prompts)}] {row['category']}{f' {name}' * (len(names) > 1)}: off "
@@ -154,7 +154,8 @@ def _per_round(state: dict[str, dict], rounds: int) -> dict | None:
                    "ms": 1e3 * c["seconds"] / rounds, "state_mib": c["bytes"] / 2**20} for role, c in state.items()}
 
 
-def _row(p: dict, off: list[Done], on: list[Done]) -> dict:
+def prompt_row(p: dict, off: list[Done], on: list[Done]) -> dict:
+    """One prompt's row of a bench report: speculation off and on, their tokens/s, speedup and acceptance."""
     def tps(runs):  # total decode tokens over total decode time
         tokens = sum(max(d.stats.n_tokens - 1, 0) for d in runs)
         secs = sum(d.stats.decode_seconds for d in runs)
@@ -201,7 +202,7 @@ def _by_drafter(parts: list[dict]) -> dict:
 
 
 def remote_report(table: list[dict], max_tokens: int, repeats: int, where: dict) -> dict:
-    """The report of a bench against servers from its rows (``_row`` per prompt). No costs or ceiling (the
+    """The report of a bench against servers from its rows (``prompt_row`` per prompt). No costs or ceiling (the
     server's internals are not timed from here); acceptance and rounds only where the server reported them (None,
     not 0, where it did not: llama-server reports no rounds, TGI no drafted count). ``method`` (the server's, or the
     person's label) keeps reports of different methods apart."""
@@ -326,3 +327,18 @@ def print_comparison(reports: list[dict]) -> None:
         print(f"{r['drafter'][:32]:32} {o['speedup']:7.2f}x {o['min_speedup']:5.2f}x "
               + " ".join(f"{r['categories'][c]['speedup']:9.2f}x" for c in cats)
               + f"  {'yes' if o['all_identical'] else 'NO'}")
+
+
+def summary_line(stats) -> str:
+    """One answer's figures on a line: tokens, tokens/s, the drafter, acceptance, first token, a chain's members."""
+    return (
+        f"[{stats.n_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, drafter {stats.drafter}, "
+        f"acceptance {stats.acceptance_rate:.1%} ({stats.n_accepted}/{stats.n_drafted}), "
+        f"{stats.mean_accepted_per_round:.2f} accepted/round, first token {stats.time_to_first_token_s * 1000:.0f} ms"
+        + (f", {stats.n_forced} forced by the grammar" if stats.n_forced else "") + by_drafter(stats) + "]"
+    )
+
+
+def by_drafter(stats) -> str:
+    """A chain's members: the rounds each drafted and the tokens each had accepted."""
+    return "".join(f"; {name}: {r} rounds, {a}/{d} accepted" for name, (r, d, a) in stats.by_drafter.items())

@@ -79,7 +79,8 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
     src.add_argument("--threads-draft", "-td", "--spec-draft-threads", dest="threads_draft", type=int, default=0,
                      help="CPU threads for the draft (default: -t)")
-    src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0, help="target layers on the GPU (-1: all)")
+    src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0,
+                     help="target layers on the GPU (-1: all)")
     src.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int, default=0,
                      help="draft layers on the GPU")
     src.add_argument("-b", "--batch-size", dest="batch", type=int, default=0,

@@ -12,12 +12,13 @@ from ..chat.acceptance_memory import memory_for
 from ..chat.method_ranking import recall
 from ..chat.runtime import RELOAD_WAIT_S
 from ..chat.worker import WorkerEngine
-from ..engine import Done, DraftParams, Engine, EngineError, GenerationParams
+from ..engine import (Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams, TextDelta,
+                      batch_invariant)
 from ..engine.drafters import OFF, registry
-from ..engine import SamplingParams, TextDelta, batch_invariant
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 from ..prompts import chat_tokens, plain_tokens
+from .bench import summary_line
 from .flags import (Parser, drafter_name, hub_refs, model_flags, ngram_settings, remote_flags, sampling_flags,
                     serving_flags)
 
@@ -130,7 +131,8 @@ def _model_commands(sub) -> None:
     ck.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (default: one found beside it)")
     ck.add_argument("--no-mmproj", action="store_true", help="judge the pair without a projector")
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
-    ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, help="target layers on the GPU (default: recommended)")
+    ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int,
+                    help="target layers on the GPU (default: recommended)")
     ck.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int,
                     help="draft layers on the GPU")
     ck.add_argument("--measure", nargs="?", type=int, const=64, default=0, metavar="N",
@@ -140,7 +142,8 @@ def _model_commands(sub) -> None:
 
 
 # --- shared set-up -------------------------------------------------------------------------------------------
-LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld", "ctx_checkpoints", "batch")  # argparse dests named as LoadSpec's fields
+# argparse dests named as LoadSpec's fields
+LOAD_FLAGS = ("ctx", "threads", "threads_draft", "ngl", "ngld", "ctx_checkpoints", "batch")
 
 
 def load_spec(args) -> LoadSpec:
@@ -204,7 +207,8 @@ def build_engine(args, worker: bool = False) -> tuple[Engine, str, DraftParams]:
             raise EngineError(f"--drafter {part} needs {what}, or use --drafter "
                               f"{registry.default_method(False, False)}.")
     dp = draft_params(args, resolved.draft_params)
-    # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's --spec-type draft-mtp -md FILE)
+    # (a head is the draft file for the draft model's method and for its own, as in llama.cpp's
+    # --spec-type draft-mtp -md FILE)
     engine = WorkerEngine(spec, resolved) if worker else load_engine(
         spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names),
         memory=memory_for(resolved.target, resolved.draft))
@@ -247,20 +251,6 @@ def _grammar(args):
         except OSError as exc:
             raise EngineError(f"Cannot read the {flag} file: {exc}") from exc
     return Grammar.json_schema(value) if "json" in flag else Grammar.gbnf(value)
-
-
-def summary_line(stats) -> str:
-    return (
-        f"[{stats.n_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, drafter {stats.drafter}, "
-        f"acceptance {stats.acceptance_rate:.1%} ({stats.n_accepted}/{stats.n_drafted}), "
-        f"{stats.mean_accepted_per_round:.2f} accepted/round, first token {stats.time_to_first_token_s * 1000:.0f} ms"
-        + (f", {stats.n_forced} forced by the grammar" if stats.n_forced else "") + by_drafter(stats) + "]"
-    )
-
-
-def by_drafter(stats) -> str:
-    """A chain's members: the rounds each drafted and the tokens each had accepted."""
-    return "".join(f"; {name}: {r} rounds, {a}/{d} accepted" for name, (r, d, a) in stats.by_drafter.items())
 
 
 # --- commands ------------------------------------------------------------------------------------------------
@@ -488,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         from .pairs import cmd_check, cmd_files, cmd_list, cmd_pull, cmd_remove, cmd_search
 
         commands = {"generate": cmd_generate, "bench": cmd_bench, "chat": cmd_chat, "app": cmd_app,
-                    "serve": cmd_app, "prompt": cmd_prompt, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove, "check": cmd_check,
+                    "serve": cmd_app, "prompt": cmd_prompt, "list": cmd_list, "pull": cmd_pull, "remove": cmd_remove,
+                    "check": cmd_check,
                     "search": cmd_search, "files": cmd_files}
         return commands[args.command](args)
     except EngineError as exc:

@@ -5,10 +5,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..models import downloads, hub
-from ..models.catalog import get_pair
 from ..engine import DRAFT_MODEL, OFF, EngineError, method_name
 from ..engine.drafters import registry
+from ..models import downloads, hub
+from ..models.catalog import get_pair
 
 
 def cmd_list(args) -> int:
@@ -42,7 +42,8 @@ def cmd_pull(args) -> int:
             raise EngineError("Give a pair name, --repo and --file, or -hf / -hfd: one of them.")
         chosen = _hub_pair(args.hf, args.hfd, out=sys.stderr)[0]
         files = [(c.repo, c.file) for c in chosen]
-        if args.hf and mmproj and (proj := downloads.hf_projector(chosen[0].repo, chosen[0].file)):  # as llama.cpp's -hf, the target's
+        # (as llama.cpp's -hf, the target's)
+        if args.hf and mmproj and (proj := downloads.hf_projector(chosen[0].repo, chosen[0].file)):
             _print_choice(proj, "projector")
             files.insert(1, (proj.repo, proj.file))
     elif args.repo or args.file:
@@ -152,8 +153,8 @@ def cmd_files(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ..models.loader import LoadSpec, find_projector, resolve
     from ..models.check import check_files, describe
+    from ..models.loader import LoadSpec, find_projector, resolve
 
     if args.hf or args.hfd:
         return _check_on_hub(args.hf, args.hfd)

@@ -82,7 +82,7 @@ def remote_summary(s) -> str:
 
 
 def bench_remote(args, prompts: list[dict]) -> int:
-    from .bench import _row, print_report, remote_report
+    from .bench import print_report, prompt_row, remote_report
 
     if not args.server:
         raise RemoteError("--server-off needs --server (the server that speculates).")
@@ -109,7 +109,7 @@ def bench_remote(args, prompts: list[dict]) -> int:
                             "requested: it does not turn speculation off per request (llama-server does not). Serve "
                             "the same model without a draft model and pass it with --server-off URL.")
                     runs[mode].append(done)
-            row = _row(p, runs["off"], runs["on"])
+            row = prompt_row(p, runs["off"], runs["on"])
             rows.append(row)
             if not args.json:
                 print(f"[{i + 1}/{len(prompts)}] {row['category']}: off {row['tps_off']:.1f} tok/s, on "

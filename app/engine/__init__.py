@@ -11,7 +11,8 @@ from .loop import GenerationParams
 from .sampling import SamplingParams
 
 __all__ = [
-    "Costs", "DRAFT_MODEL", "DRAFTERS", "METHODS", "OFF", "SPEC_TYPES", "Done", "DraftParams", "Engine", "EngineError", "Event", "GenerationParams",
-    "Model", "ModelsUnloaded", "ModelSettings", "PromptProgress", "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant",
-    "drafter_for", "method_name", "quantize", "supports_gpu_offload", "system_info",
+    "Costs", "DRAFT_MODEL", "DRAFTERS", "METHODS", "OFF", "SPEC_TYPES", "Done", "DraftParams", "Engine",
+    "EngineError", "Event", "GenerationParams", "Model", "ModelsUnloaded", "ModelSettings", "PromptProgress",
+    "Round", "SamplingParams", "Stats", "TextDelta", "batch_invariant", "drafter_for", "method_name", "quantize",
+    "supports_gpu_offload", "system_info",
 ]

@@ -7,7 +7,8 @@ from .llama import Model
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
 AS_TEXT = "different vocabularies: drafted as text (slower per token, usually lower acceptance)"
-_VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram", 5: "RWKV", 6: "PLaMo-2"}
+_VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram", 5: "RWKV",
+                6: "PLaMo-2"}
 
 
 def compatibility_problems(target: Model, draft: Model) -> list[str]:
@@ -23,9 +24,11 @@ def compatibility_problems(target: Model, draft: Model) -> list[str]:
     # says nothing of its tokenizer: when both add a BOS, the ids are compared only where both files name one, and the
     # token texts below decide (a same-vocabulary draft is fed the target's ids, BOS included).
     if t.add_bos != d.add_bos or (t.add_bos and t.bos != d.bos and t.bos_named and d.bos_named):
-        problems.append(f"they start text differently (BOS token {t.bos if t.add_bos else 'none'} vs {d.bos if d.add_bos else 'none'})")
+        problems.append(f"they start text differently (BOS token {t.bos if t.add_bos else 'none'} vs "
+                        f"{d.bos if d.add_bos else 'none'})")
     if t.add_eos != d.add_eos or (t.add_eos and t.eos != d.eos):
-        problems.append(f"they end text differently (EOS token {t.eos if t.add_eos else 'none'} vs {d.eos if d.add_eos else 'none'})")
+        problems.append(f"they end text differently (EOS token {t.eos if t.add_eos else 'none'} vs "
+                        f"{d.eos if d.add_eos else 'none'})")
     diff = abs(t.n_vocab - d.n_vocab)
     if diff > VOCAB_MAX_SIZE_DIFFERENCE:
         problems.append(

@@ -82,14 +82,16 @@ def _checked_header(path: Path) -> _Header:
     if head[:4] != GGUF_MAGIC:
         raise EngineError(
             f"{path.name} is not a GGUF file (it starts with {head[:4]!r}, not b'GGUF'). "
-            "SpecChat runs llama.cpp GGUF models: download a .gguf file or convert with llama.cpp's convert_hf_to_gguf.py."
+            "SpecChat runs llama.cpp GGUF models: download a .gguf file or convert with llama.cpp's "
+            "convert_hf_to_gguf.py."
         )
     if len(head) < 8 or struct.unpack("<I", head[4:8])[0] not in (2, 3):
         raise EngineError(f"{path.name} has an unsupported or damaged GGUF header.")
     try:
         header = _parse(path)
     except Exception:
-        raise EngineError(f"{path.name} is a damaged GGUF file: its header cannot be read. Download it again.") from None
+        raise EngineError(f"{path.name} is a damaged GGUF file: its header cannot be read. "
+                          "Download it again.") from None
     expected = header.data_end
     tokens = header.kv.get("tokenizer.ggml.tokens") or []
     if len(set(tokens)) != len(tokens):  # llama.cpp aborts the whole process on such a vocabulary

@@ -15,13 +15,13 @@ import numpy as np
 
 from .constraint import Constrained, Constraint
 from .draft_control import MAX_DRAFT, DraftLength, DraftParams
-from .measured import Measured
 from .drafters import Draft, Drafter
 from .errors import EngineError
 from .events import Done, Event, PromptProgress, Round, Stats, TextDelta
 from .grammar import Grammar
 from .llama import Cancelled, Context, Model
 from .logprobs import MAX_TOP, TokenLogprob, certain, from_dist, from_logits
+from .measured import Measured
 from .sampling import Noise, SamplingParams, distribution, greedy_token, sample
 from .text_stream import TextStream
 

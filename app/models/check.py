@@ -6,17 +6,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import size_ratio
-from .catalog import load_catalog, local_path, status
-from .hardware import unused_gpu_advice
 from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_of
-from ..engine.pair import DEFAULT_CTX
+from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
 from ..engine.gguf_file import GgufInfo, metadata, not_a_model, read_info
 from ..engine.llama import ModelSettings, gpus
-from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
+from ..engine.pair import DEFAULT_CTX
+from . import size_ratio
+from .catalog import load_catalog, local_path, status
+from .hardware import unused_gpu_advice
 
 SPEC_TYPE_OF = {m.name: m.spec_types[0] for m in METHODS}  # llama.cpp's name for each method
 NOT_A_MODEL = ("not usable as the target: this file is {}, not a model; give it as the draft (-md) of the model it "
@@ -174,7 +174,8 @@ def describe(r: PairReport) -> list[str]:
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
     ngl, ngld = r.recommended
-    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}" + ("" if r.fit.vram_free is not None else " (no GPU in this build)"))
+    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}"
+                 + ("" if r.fit.vram_free is not None else " (no GPU in this build)"))
     if r.gpu_advice:
         lines.append(f"note: {r.gpu_advice}")
     if r.suggestions:

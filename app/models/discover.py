@@ -154,7 +154,8 @@ def advise(target: GgufChoice, draft: GgufChoice, hits: dict[str, RepoHit] | Non
         lines.append(f"architectures differ ({ta} vs {da}); a draft of another architecture can still share the "
                      "tokenizer, the header check decides")
     size = f"size: {size_ratio.describe(draft.size, target.size)}"
-    lines.append(size + ("; the draft is not smaller than the target: drafting will not pay" if draft.size >= target.size
+    lines.append(size + ("; the draft is not smaller than the target: drafting will not pay"
+                         if draft.size >= target.size
                          else "; over a third of the target: drafting rarely pays" if draft.size * 3 > target.size
                          else ""))
     if not read_headers:

@@ -21,13 +21,8 @@ from urllib.parse import urlparse
 
 import httpx2
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-)
+from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RemoteEntryNotFoundError,
+                                    RepositoryNotFoundError)
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
@@ -264,7 +259,8 @@ def _download_resuming(remote: RemoteFile, part: Path, report, cancel) -> str:
             report(done, f"Connection lost: resuming in {delay:g} s (retry {retry + 1} of {RETRIES}).")
             if cancel is not None:
                 if cancel.wait(delay):
-                    raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull again to resume.")
+                    raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull again to "
+                                            "resume.") from None
             else:
                 time.sleep(delay)  # Ctrl-C interrupts the sleep at once
     raise AssertionError("unreachable")
@@ -301,7 +297,8 @@ def _download(remote: RemoteFile, part: Path, report, cancel) -> str:
                 with open(part, mode) as f:
                     for chunk in resp.iter_bytes():  # as it arrives: a cut loses nothing received
                         if cancel is not None and cancel.is_set():
-                            raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull again to resume.")
+                            raise DownloadCancelled(f"Download of {remote.name} stopped; run the pull "
+                                                    "again to resume.") from None
                         f.write(chunk)
                         hasher.update(chunk)
                         done += len(chunk)

@@ -8,9 +8,9 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
+from ..engine import EngineError
 from ..models import discover, downloads, hf_files, hub
 from ..models.catalog import get_pair, load_catalog
-from ..engine import EngineError
 from ..models.check import check_files, describe, own_drafting
 from . import render
 

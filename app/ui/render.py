@@ -388,7 +388,8 @@ def api_panel(info: dict, pair: str | None) -> str:
         f"<td>{html.escape(r.finish)}</td></tr>" for r in info["served"])
     return (
         f'<div class="spec-api"><p>Base URL <code>{html.escape(base)}</code> — point any OpenAI client at it '
-        f'(<code>OPENAI_BASE_URL={html.escape(base)}</code>). {"A key is required." if info["key"] else "No key is required (loopback only unless --listen)."}</p>'
+        f'(<code>OPENAI_BASE_URL={html.escape(base)}</code>). '
+        f'{"A key is required." if info["key"] else "No key is required (loopback only unless --listen)."}</p>'
         f'<p>curl</p><pre><code>{html.escape(curl)}</code></pre><p>Python</p><pre><code>{html.escape(py)}</code></pre>'
         f'<p>Structured output: the answer follows a JSON schema (exact under speculation; the keys and punctuation '
         f'the schema forces are drafted free, <code>draft_n_forced</code>)</p>'

@@ -13,8 +13,8 @@ import threading
 from collections import deque
 from pathlib import Path
 
-import numpy as np
 import llama_cpp.llama_cpp as ll
+import numpy as np
 
 from ..errors import EngineError
 from ..fit import Gpu
@@ -27,7 +27,7 @@ _echo = False  # also write each of them to stderr (``echo_log``)
 
 
 @ll.llama_log_callback
-def _log_callback(level: int, text: bytes, _user_data) -> None:
+def log_callback(level: int, text: bytes, _user_data) -> None:
     # GGML_LOG_LEVEL_WARN = 3, ERROR = 4. Everything else is noise for a chat app.
     if level in (3, 4) and text:
         line = text.decode("utf-8", "replace").strip()
@@ -59,7 +59,7 @@ def init_backend() -> None:
         if _initialised:
             return
         if not os.environ.get("SPECCHAT_LLAMA_LOG"):
-            ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            ll.llama_log_set(log_callback, ctypes.c_void_p(0))
         ll.llama_backend_init()
         _initialised = True
 

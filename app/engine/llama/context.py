@@ -8,12 +8,13 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-import numpy as np
 import llama_cpp.llama_cpp as ll
+import numpy as np
 
 from ..errors import EngineError
 from .backend import Cancelled, failure, log_tail, logits_row
 from .model import Model
+
 
 @dataclass
 class _Saved:

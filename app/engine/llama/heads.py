@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
 import llama_cpp.llama_cpp as ll
+import numpy as np
 
 from ..errors import EngineError
 from .backend import FloatRow, ext, failure, in_sequence, logits_row

@@ -11,6 +11,7 @@ import llama_cpp.llama_cpp as ll
 from ..gguf_file import check_gguf_file, read_info
 from .backend import failure, init_backend, log_tail
 
+
 @dataclass(frozen=True)
 class ModelSettings:
     """How to load one GGUF model and size its context (llama.cpp's -c, -t, -ngl)."""

@@ -18,7 +18,7 @@ import llama_cpp.llama_cpp as ll
 
 from ..errors import EngineError
 from ..gguf_file import check_gguf_file
-from .backend import Cancelled, _log_callback, failure, init_backend, log_tail
+from .backend import Cancelled, failure, init_backend, log_callback, log_tail
 from .model import Model
 
 KEEP_IMAGES = 64  # prepared images kept for the prompts that name them (each holds its preprocessed pixels)
@@ -47,7 +47,7 @@ class Projector:
         self.path = Path(path)
         check_gguf_file(self.path)
         mt = self._mt = _mtmd()
-        mt.mtmd_helper_log_set(_log_callback, ctypes.c_void_p(0))  # its warnings and errors into our log tail
+        mt.mtmd_helper_log_set(log_callback, ctypes.c_void_p(0))  # its warnings and errors into our log tail
         params = mt.mtmd_context_params_default()
         params.use_gpu = bool(use_gpu)
         params.n_threads = n_threads

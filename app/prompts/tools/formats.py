@@ -11,7 +11,6 @@ from .lfm2 import Lfm2
 from .llama3 import Llama3
 from .mistral import Mistral
 
-
 # Formats told by their template's markers (llama.cpp's own checks, common/chat.cpp), most specific first; the
 # families SpecChat does not read yet are refused by name rather than answered in another family's format.
 FORMATS: list[tuple[tuple[str, ...], Format | str]] = [
