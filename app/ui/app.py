@@ -23,7 +23,7 @@ from ..chat.runtime import Runtime
 from ..chat.server_keys import key_for
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
 from ..chat.worker import WorkerDied
-from ..engine import METHODS, EngineError, Stats, method_name
+from ..engine import EngineError, Stats
 from ..models import hardware
 from ..models.loader import LoadSpec
 from ..paths import temp_folder
@@ -32,6 +32,7 @@ from . import attachments, render
 from .chat_tab import ChatTab
 from .compare_tab import CompareTab
 from .models_tab import FILES, SERVER, ModelsView, ready_pairs
+from .settings_panel import SettingsPanel, drafter_choices
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
@@ -61,15 +62,6 @@ def collect(values) -> Settings:
             d[name] = int(v)
     saved = load_settings()[0]
     return replace(base, **{n: getattr(saved, n) for n in NOT_IN_PANEL}, **d)
-
-
-def _drafter_choices(drafter: str) -> list[tuple[str, str]]:
-    """The Drafter choices: every method, and the drafter chosen where it is none of them (an n-gram kind or a chain,
-    from serve --spec-type or what check --measure found fastest)."""
-    choices = [(m.choice, m.name) for m in METHODS]
-    if drafter not in dict(choices).values():
-        choices.append((method_name(drafter), drafter))
-    return choices
 
 
 class SpecChatUI:
@@ -428,7 +420,7 @@ class SpecChatUI:
         else:
             msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
         return (render.notice(msg, "info"), self._header(), self._hardware(),
-                gr.update(choices=_drafter_choices(settings.drafter), value=settings.drafter,
+                gr.update(choices=drafter_choices(settings.drafter), value=settings.drafter,
                           info=self._drafter_note()),
                 settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
                 self._server_fields(self.runtime.spec)[1], self._image_note())
@@ -487,66 +479,32 @@ class SpecChatUI:
                 with gr.Tab("API", id="api", visible=self.api_info is not None) as api_tab:
                     api_panel = gr.HTML(elem_id="api-panel")
                     api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
-            with gr.Sidebar(label="Settings", open=False, position="right", width=360):
-                gr.Markdown("### Speculation")
-                drafter = gr.Radio(_drafter_choices(s.drafter), value=s.drafter, label="Drafter", elem_id="drafter",
-                                   info=self._drafter_note())
-                draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")
-                draft_min = gr.Slider(0, 64, s.draft_min, step=1, label="Draft min", elem_id="draft-min")
-                draft_p_min = gr.Slider(0, 1, s.draft_p_min, step=0.01, label="Draft p-min")
-                adaptive = gr.Checkbox(s.adaptive, label="Adaptive draft length (learns when drafting pays)")
-                enable_thinking = gr.Checkbox(s.enable_thinking, label="Let reasoning models think (Qwen3's "
-                                              "enable_thinking)", elem_id="enable-thinking")
-                gr.Markdown("### Sampling")
-                temperature = gr.Slider(0, 2, s.temperature, step=0.05, label="Temperature (0 = greedy)")
-                top_p = gr.Slider(0.01, 1, s.top_p, step=0.01, label="Top-p")
-                top_k = gr.Number(s.top_k, label="Top-k (0 = off)", precision=0, elem_id="top-k")
-                min_p = gr.Slider(0, 0.99, s.min_p, step=0.01, label="Min-p")
-                seed = gr.Number(s.seed, label="Seed (-1 = random)", precision=0)
-                max_tokens = gr.Number(s.max_tokens, label="Max tokens", precision=0, elem_id="max-tokens")
-                gr.Markdown("### Models")
-                pair = gr.Dropdown(ready_pairs(), value="starter", label="Pair", elem_id="pair")
-                target = gr.Textbox(label="Target GGUF (with the files option)", elem_id="target-path")
-                draft = gr.Textbox(label="Draft GGUF (optional)", elem_id="draft-path")
-                ctx = gr.Number(0, label="Context size (0 = model default, at most 4096)", precision=0)
-                ngl = gr.Number(0, label="GPU layers, target (-ngl; -1 = all)", precision=0)
-                ngld = gr.Number(0, label="GPU layers, draft (-ngld)", precision=0)
-                with gr.Accordion("Server (llama-server, vLLM, SGLang, TGI, specchat serve)", open=False,
-                                  elem_id="server-box"):
-                    s_url = gr.Textbox(label="Server URL", placeholder="http://127.0.0.1:8080", elem_id="server-url")
-                    s_key = gr.Textbox(label="API key (optional; saved for this server, readable only by you)",
-                                       type="password", elem_id="server-key")
-                    s_model = gr.Dropdown([], label="Model", allow_custom_value=True, elem_id="server-model")
-                    s_off = gr.Textbox(label="Speculation-off server (optional: the same model without a draft, "
-                                       "for Compare where a server cannot turn speculation off per request)",
-                                       elem_id="server-off")
-                    s_method = gr.Textbox(label="Method label (optional, e.g. EAGLE-3 or draft 0.5B)",
-                                          elem_id="server-method")
-                    s_test = gr.Button("Test connection", size="sm", elem_id="server-test")
-                load = gr.Button("Load models", variant="primary", elem_id="load")
-
-            by_name = dict(system_prompt=chat.system, drafter=drafter, temperature=temperature, top_k=top_k,
-                           top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens, draft_max=draft_max,
-                           draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
-                           enable_thinking=enable_thinking,
-                           show_draft_tokens=chat.show_draft)
+            panel = SettingsPanel(s, self._drafter_note())
+            by_name = dict(system_prompt=chat.system, drafter=panel.drafter, temperature=panel.temperature,
+                           top_k=panel.top_k, top_p=panel.top_p, min_p=panel.min_p, seed=panel.seed,
+                           max_tokens=panel.max_tokens, draft_max=panel.draft_max, draft_min=panel.draft_min,
+                           draft_p_min=panel.draft_p_min, adaptive=panel.adaptive,
+                           enable_thinking=panel.enable_thinking, show_draft_tokens=chat.show_draft)
             values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
             # What load_models reads before the settings: the pair or files, then the server's fields.
-            to_load = [pair, target, draft, ctx, ngl, ngld, s_url, s_key, s_model, s_off, s_method]
+            to_load = [panel.pair, panel.target, panel.draft, panel.ctx, panel.ngl, panel.ngld, panel.s_url,
+                       panel.s_key, panel.s_model, panel.s_off, panel.s_method]
             view = [history, conv, chat.chatbot, chat.live, chat.notice, chat.conv_list, chat.title, chat.undo]
             demo.load(self.page_load, None, [*view[:-1], header, hw, *to_load, *values, self.models.table,
                                              chat.images])
             self._wire_chat(chat, history, conv, values)
             self._wire_conversations(chat, view, deleted)
             self._wire_compare(cmp, rows, values)
-            load.click(self.load_models, [*to_load, *values], [chat.notice, header, hw, drafter, draft_max, draft_min,
-                                                              draft_p_min, adaptive, s_key, chat.images], **ENGINE)
-            for trigger in (s_test.click, s_url.submit):
-                trigger(self.test_server, [s_url, s_key, s_model], [pair, s_model, chat.notice])
+            panel.load.click(self.load_models, [*to_load, *values],
+                             [chat.notice, header, hw, panel.drafter, panel.draft_max, panel.draft_min,
+                              panel.draft_p_min, panel.adaptive, panel.s_key, chat.images], **ENGINE)
+            for trigger in (panel.s_test.click, panel.s_url.submit):
+                trigger(self.test_server, [panel.s_url, panel.s_key, panel.s_model], [panel.pair, panel.s_model,
+                                                                                    chat.notice])
             for trigger, fn, out in ((hw_tab.select, self._hardware, hw), (hw_refresh.click, self._hardware, hw),
                                      (api_tab.select, self._api, api_panel), (api_refresh.click, self._api, api_panel)):
                 trigger(fn, None, out, queue=False)
-            self.models.wire(pair, target, draft)
+            self.models.wire(panel.pair, panel.target, panel.draft)
         return demo
 
     def _wire_chat(self, chat: ChatTab, history: gr.State, conv: gr.State, values: list) -> None:
