@@ -358,3 +358,10 @@ def _children_running(proc: subprocess.Popen) -> list[psutil.Process]:
     return [p for p in psutil.Process(proc.pid).children(recursive=True)
             if "app.chat.worker.child" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
 
+
+def test_every_method_forwarded_to_the_worker_is_one_it_answers():
+    from app.chat.worker.parent import WorkerEngine
+    from app.chat.worker.protocol import CALLS
+
+    forwarded = {name for name, v in vars(WorkerEngine).items() if getattr(v, "__qualname__", "") == name}
+    assert len(forwarded) >= 12 and forwarded <= CALLS, forwarded - CALLS

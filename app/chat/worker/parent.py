@@ -84,6 +84,15 @@ def _how(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def _forwarded(method: str):
+    """The engine's ``method``, called in the worker: its arguments and answer pickled, its error raised here."""
+    def call(self, *args):
+        return self._call(method, *args)
+
+    call.__name__ = call.__qualname__ = method
+    return call
+
+
 class WorkerEngine:
     """An engine in a worker process: ``Engine``'s face, over the socket."""
 
@@ -284,44 +293,16 @@ class WorkerEngine:
     def detokenize(self, ids: list[int]) -> str:
         return self.model.detokenize(ids)
 
-    def check_drafter(self, kind: str) -> None:
-        self._call("check_drafter", kind)
-
-    def check_logit_bias(self, sampling) -> None:
-        self._call("check_logit_bias", sampling)
-
-    def speculation(self, kind: str) -> str:
-        return self._call("speculation", kind)
-
     def reset(self, keep: list[int] = ()) -> None:
         self._call("reset", list(keep))
 
-    def alternatives(self) -> tuple[str, ...]:
-        return self._call("alternatives")
-
-    def ceiling(self, draft_max: int, drafter: str):
-        return self._call("ceiling", draft_max, drafter)
-
-    def measure_costs(self, draft_max: int, drafter: str = DRAFT_MODEL):
-        return self._call("measure_costs", draft_max, drafter)
-
-    def forget_costs(self) -> None:
-        self._call("forget_costs")
-
-    def started_from_kept(self, drafter: str) -> bool:
-        return self._call("started_from_kept", drafter)
-
-    def threads(self) -> dict:
-        return self._call("threads")
-
-    def memory_bytes(self) -> int:
-        return self._call("memory_bytes")
-
-    def state_costs(self) -> dict[str, dict]:
-        return self._call("state_costs")
-
-    def recurrent_states(self) -> list[dict]:
-        return self._call("recurrent_states")
+    # (the rest of protocol.CALLS: asked of the engine in the worker, as they are)
+    check_drafter, check_logit_bias = _forwarded("check_drafter"), _forwarded("check_logit_bias")
+    speculation, alternatives, ceiling = _forwarded("speculation"), _forwarded("alternatives"), _forwarded("ceiling")
+    measure_costs, forget_costs = _forwarded("measure_costs"), _forwarded("forget_costs")
+    started_from_kept, threads = _forwarded("started_from_kept"), _forwarded("threads")
+    memory_bytes, state_costs = _forwarded("memory_bytes"), _forwarded("state_costs")
+    recurrent_states = _forwarded("recurrent_states")
 
     def process_info(self) -> dict:
         """The worker as Hardware shows it: its pid, state and memory, and where its log is."""
