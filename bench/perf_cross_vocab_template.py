@@ -30,7 +30,7 @@ class OwnTemplateDrafter(TextDrafter):
     """The prompt rendered with the draft's own chat template, then the answer so far as the target wrote it."""
 
     def __init__(self, ctx, target: Model, messages: list[dict], n_prompt: int):
-        super().__init__(ctx, target, 0.0)
+        super().__init__(ctx, target)
         self.head = chat_prompt(self.draft, messages).encode()
         self.n_prompt = n_prompt - 1 if target.add_bos else n_prompt  # TextDrafter leaves a leading BOS out
 
@@ -65,7 +65,7 @@ def main() -> None:
         ids = chat_tokens(engine.model, messages)
         outputs = []
         for name in totals:
-            drafter = (TextDrafter(engine.draft.ctx, engine.target.model, 0.0) if name == "target's text"
+            drafter = (TextDrafter(engine.draft.ctx, engine.target.model) if name == "target's text"
                        else OwnTemplateDrafter(engine.draft.ctx, engine.target.model, messages, len(ids)))
             engine.reset()
             done = [ev for ev in engine.generate(ids, params, drafter) if isinstance(ev, Done)][0]

@@ -291,3 +291,19 @@ def test_the_live_panel_and_the_details_say_what_each_member_contributed():
         assert "(ngram-mod): 2 rounds, 8/8 accepted" in text and ": 1 round, 1/2 accepted" in text
     assert list(Stats.from_dict(json.loads(json.dumps(s.as_dict()))).by_drafter["model"]) == [1, 2, 1]  # saved with the conversation and back
 
+
+def test_a_wrapper_reads_its_drafter_through_and_a_chain_on_images_is_a_new_one():
+    """What a wrapper does not change is its drafter's, read at the time (never a copy that could drift), and
+    on a prompt with images a chain's text drafters are wrapped in a new chain: the one given is left as it was."""
+    from app.engine.images import TextOnly, for_images
+
+    model = Fixed("draft", [1, 2], prior=0.7)
+    wrapped = TextOnly(model)
+    assert (wrapped.name, wrapped.SIGNAL_PRIOR, wrapped.speculates, wrapped.p_min) == ("draft", (0.7,), True, 0.0)
+    assert wrapped.with_p_min(0.4) is wrapped and model.p_min == wrapped.p_min == 0.4
+    model.SIGNAL_PRIOR = (0.2,)
+    assert wrapped.SIGNAL_PRIOR == (0.2,)
+    chain = ChainDrafter([(model, True), (NgramSimple(NgramParams()), False)])
+    on_images = for_images(chain)
+    assert on_images is not chain and [m.drafter for m in chain.members][0] is model
+    assert all(isinstance(m.drafter, TextOnly) for m in on_images.members) and on_images.name == chain.name

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from .drafters import Draft, Drafter, Gate
+from .drafters import Draft, Drafter, Gate, Wrapper
 from .errors import EngineError
 from .grammar import Grammar
 from .grammar_sandbox import on_big_stack, verdict
@@ -142,7 +142,7 @@ class Constraint:
             self.seconds += time.perf_counter() - t0
 
 
-class Constrained(Drafter):
+class Constrained(Wrapper):
     """A drafter under a grammar: the grammar's part of a round, behind the drafter seam. Its draft: the tokens the
     grammar forces, then what the drafter proposes after them (up to ``n_max`` of its own), then the tokens forced
     after those, and so on; forced tokens cost no draft step and do not count against ``n_max``, only against
@@ -156,21 +156,15 @@ class Constrained(Drafter):
     would no longer be the target's). The grammar is left where it was.
     """
 
+    AFTER_FORCED = True  # (its own rounds: the inner drafter's AFTER_FORCED decides where that one drafts)
+
     def __init__(self, drafter: Drafter, constraint: Constraint):
-        self.drafter, self.constraint = drafter, constraint
-        self.name, self.label = drafter.name, drafter.label
-        for attr in ("SIGNAL_EDGES", "SIGNAL_PRIOR", "SIGNAL_GROWS"):
-            setattr(self, attr, getattr(drafter, attr))
-
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.drafter.begin(prompt_ids)
-
-    def accept(self, n_accepted: int) -> None:
-        self.drafter.accept(n_accepted)
+        super().__init__(drafter)
+        self.constraint = constraint
 
     def draft_round(self, history: list[int], n_max: int, limit: int, sp: SamplingParams,
                     rng: Noise, gate: Gate | None) -> Draft:
-        drafter, constraint = self.drafter, self.constraint
+        drafter, constraint = self.inner, self.constraint
         out = Draft(signals=[] if gate else None)
         consumed = own = calls = 0
         after_forced = drafter.AFTER_FORCED

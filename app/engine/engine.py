@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Iterator
 
 from .costs import Costs, measure
-from .measured import AcceptanceMemory, Measured
 from .drafters import Drafter, ModelDrafter, registry
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
@@ -15,6 +14,7 @@ from .fair_lock import FairLock
 from .images import for_images, has_images
 from .llama import Model, ModelSettings, Projector, default_threads
 from .loop import GenerationParams, logit_bias_for, speculative_generate
+from .measured import AcceptanceMemory, Measured
 from .pair import Loaded, LoadedPair
 from .speedup import Ceiling
 from .threads import RECHECK_S, ThreadChooser
@@ -106,9 +106,7 @@ class Engine:
     def make_drafter(self, kind: str, params: GenerationParams) -> Drafter:
         """The drafter ``kind`` names (a method, an n-gram kind, or a chain of them), for this pair."""
         self.check_drafter(kind)
-        drafter = registry.make(kind, self._pair, params.draft)
-        drafter.p_min = params.draft.draft_p_min
-        return drafter
+        return registry.make(kind, self._pair, params.draft)
 
     def check_logit_bias(self, sampling) -> None:
         """A logit bias on a token outside the target's vocabulary is refused before anything runs."""

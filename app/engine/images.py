@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import warnings
 
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, Wrapper
 from .drafters.chain import ChainDrafter
 from .errors import EngineError
 from .sampling import Noise, SamplingParams
@@ -85,22 +85,18 @@ def text_view(ids: list[int], placeholder: tuple[int, ...] = ()) -> list[int]:
 def for_images(d: Drafter) -> Drafter:
     """``d`` on a prompt with images: a drafter that reads text sees the text around them, a head the target's
     state, which saw them; a chain, each member as it reads."""
-    if isinstance(d, ChainDrafter):
-        for m in d.members:
-            m.drafter = for_images(m.drafter)
-        return d
+    if isinstance(d, ChainDrafter):  # (a new chain: the one given is left as it was)
+        return ChainDrafter([(for_images(m.drafter), m.costly) for m in d.members])
     return TextOnly(d) if d.speculates and d.READS_TEXT and not isinstance(d, TextOnly) else d
 
 
-class TextOnly(Drafter):
+class TextOnly(Wrapper):
     """A drafter that reads text, on a prompt with images: it sees the prompt's text view and the answer so far.
     Everything else (its name, signals, contexts) is the wrapped drafter's."""
 
     def __init__(self, inner: Drafter, placeholder: tuple[int, ...] = ()):
-        self.inner, self.placeholder = inner, placeholder
-        for attr in ("name", "label", "SIGNAL_EDGES", "SIGNAL_PRIOR", "SIGNAL_GROWS", "AFTER_FORCED", "speculates",
-                     "p_min"):
-            setattr(self, attr, getattr(inner, attr))
+        super().__init__(inner)
+        self.placeholder = placeholder
         self._n_prompt = 0
         self._text: list[int] = []
 
@@ -116,15 +112,3 @@ class TextOnly(Drafter):
 
     def draft_round(self, history, n_max, limit, sp, rng, gate) -> Draft:
         return self.inner.draft_round(self._view(history), n_max, limit, sp, rng, gate)
-
-    def accept(self, n_accepted: int) -> None:
-        self.inner.accept(n_accepted)
-
-    def set_threads(self, n: int) -> None:
-        self.inner.set_threads(n)
-
-    def clear(self) -> None:
-        self.inner.clear()
-
-    def close(self) -> None:
-        self.inner.close()

@@ -71,6 +71,12 @@ class Drafter:
     # the target's state by position instead, which saw the images, and takes the image positions as they are.
     READS_TEXT = True
 
+    def with_p_min(self, p_min: float) -> Drafter:
+        """This drafter, for a generation with this --draft-p-min (``registry.make`` sets it, the one place that does;
+        a method that cannot honour it refuses here)."""
+        self.p_min = p_min
+        return self
+
     def begin(self, prompt_ids: list[int]) -> None:
         """A generation starts from this prompt (the drafter may prefill or index it)."""
 
@@ -101,6 +107,46 @@ class Drafter:
 
     def close(self) -> None:
         """Free what the drafter holds of llama.cpp (before the target's context goes)."""
+
+
+def _read_through(attr: str) -> property:
+    return property(lambda self: getattr(self.inner, attr), doc=f"The wrapped drafter's ``{attr}``.")
+
+
+class Wrapper(Drafter):
+    """A drafter around another (``inner``) that changes what it sees or adds to its rounds, not what it is: its
+    name, signals and settings are the inner drafter's, read through (never copied, so they cannot drift apart),
+    and what a wrapper does not override is passed on."""
+
+    name, label, p_min = _read_through("name"), _read_through("label"), _read_through("p_min")
+    SIGNAL_EDGES, SIGNAL_PRIOR = _read_through("SIGNAL_EDGES"), _read_through("SIGNAL_PRIOR")
+    SIGNAL_GROWS, AFTER_FORCED = _read_through("SIGNAL_GROWS"), _read_through("AFTER_FORCED")
+    speculates, READS_TEXT = _read_through("speculates"), _read_through("READS_TEXT")
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+
+    def with_p_min(self, p_min: float) -> Drafter:
+        self.inner.with_p_min(p_min)
+        return self
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.inner.begin(prompt_ids)
+
+    def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
+        return self.inner.propose(history, n_max, sp, rng, gate, stop)
+
+    def accept(self, n_accepted: int) -> None:
+        self.inner.accept(n_accepted)
+
+    def set_threads(self, n: int) -> None:
+        self.inner.set_threads(n)
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class NoDrafter(Drafter):

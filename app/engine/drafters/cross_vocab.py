@@ -27,11 +27,10 @@ class TextDrafter(Drafter):
     SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
     LOOK_BEHIND = 4  # committed target tokens re-tokenized with each proposal
 
-    def __init__(self, ctx: Context, target: Model, p_min: float = 0.0):
+    def __init__(self, ctx: Context, target: Model):
         self.ctx = ctx
         self.draft = ctx.model
         self.target = target
-        self.p_min = p_min
         self._ids: list[int] = []  # target tokens whose text is in _text (a leading BOS left out)
         self._ends: list[int] = []  # where each of them ends in _text
         self._text = b""

@@ -8,9 +8,10 @@ each round decodes ``[last token, <mask> x k]`` at the next positions in one pas
 the block, both ways unless the draft was trained causal. DFlash reads a draft token from each mask row. DSpark
 adds a Markov head (each row's logits are biased by the previous row's pick, chained inside llama.cpp's graph) and
 a confidence head, and reads from the anchor's row on unless its metadata says ``sample_from_anchor = false``; with
-``--draft-p-min`` above 0 it stops where the confidence falls under it, as llama.cpp does. The block's rows are dropped afterwards: the target's features replace them once it has
-verified the block, so greedy output stays identical to plain decoding and sampled output keeps the target's
-distribution (each token is drawn from its row's distribution, which depends on the history alone).
+``--draft-p-min`` above 0 it stops where the confidence falls under it, as llama.cpp does. The block's rows are
+dropped afterwards: the target's features replace them once it has verified the block, so greedy output stays
+identical to plain decoding and sampled output keeps the target's distribution (each token is drawn from its row's
+distribution, which depends on the history alone).
 
 DFlash2 (``dflash.selector_top_k`` > 0: a selector and short convolutions in its layers) is ``draft-dflash`` too:
 its graph scores, per row, its top candidates against each of the previous row's, and the draft walks that lattice
@@ -106,6 +107,7 @@ class DFlashDrafter(Drafter):
     READS_TEXT = False  # its cache mirrors the target's, image positions and all (their features, as the target's)
     SIGNAL_PRIOR = ModelDrafter.SIGNAL_PRIOR
     AFTER_FORCED = False  # drafts from the target's features: never after tokens it has not evaluated
+    FROM_ANCHOR = False  # DFlash reads a draft token from each mask row; DSpark from the anchor's row on
 
     @classmethod
     def kind(cls, info: GgufInfo) -> type[DFlashDrafter]:
@@ -121,23 +123,18 @@ class DFlashDrafter(Drafter):
         return "" if arch in LAYER_INPUT_ARCHS else (
             f"and llama.cpp exposes the layers it reads only for {', '.join(LAYER_INPUT_ARCHS)} targets, not {arch}")
 
-    def __init__(self, target: Context, draft: Model, p_min: float = 0.0):
+    def __init__(self, target: Context, draft: Model):
         if missing := missing_ext(*LAYER_INPUT_FUNCTIONS):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which a block draft needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
         s = self.settings = BlockSettings.of(metadata(draft.path))  # (the pair checked it fits: pair_problems)
-        self.target, self.model, self.p_min = target, draft, p_min
-        self.anchor_drafts = isinstance(self, DSparkDrafter) and s.sample_from_anchor  # the anchor's row drafts
+        self.target, self.model = target, draft
+        self.anchor_drafts = self.FROM_ANCHOR and s.sample_from_anchor  # the anchor's row drafts
         self.max_block = s.block_size if self.anchor_drafts else s.block_size - 1  # tokens one block can draft
         # (made before the target decodes anything: from then on it follows every decode of the target's)
         self.ctx = BlockContext(target, draft, s.layers, s.block_size + 1, s.causal, self.label,
                                 lattice=s.selector_top_k > 0)
-
-    def with_p_min(self, p_min: float) -> DFlashDrafter:
-        """This drafter, for a generation with this --draft-p-min (checked as llama.cpp checks it)."""
-        self.p_min = p_min
-        return self
 
     def set_threads(self, n: int) -> None:
         self.ctx.set_threads(n)
@@ -217,6 +214,7 @@ class DSparkDrafter(DFlashDrafter):
     name = METHOD = "dspark"
     label = "DSpark"
     DESCRIBED = "a DSpark block draft (DFlash with Markov and confidence heads)"
+    FROM_ANCHOR = True  # (unless its metadata says sample_from_anchor = false)
 
     def with_p_min(self, p_min: float) -> DFlashDrafter:
         if p_min > 0.0 and not self.settings.confidence:

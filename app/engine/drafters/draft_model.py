@@ -27,9 +27,8 @@ class ModelDrafter(Drafter):
     SIGNAL_EDGES = (0.05, 0.1, 0.15, 0.3, 1.0, 2.0, 4.0)
     SIGNAL_PRIOR = (0.5, 0.6, 0.8, 0.9, 0.98, 0.99, 0.995, 0.995)
 
-    def __init__(self, ctx: Context, p_min: float = 0.0):
+    def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.p_min = p_min
 
     def begin(self, prompt_ids: list[int]) -> None:
         prefill_draft(self.ctx, prompt_ids)

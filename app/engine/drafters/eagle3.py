@@ -73,12 +73,12 @@ class Eagle3Drafter(MtpDrafter):
     # read must come alone
     SEED_ALONE = True
 
-    def __init__(self, target: Context, head: Model, p_min: float = 0.0):
+    def __init__(self, target: Context, head: Model):
         if missing := missing_ext(*LAYER_INPUT_FUNCTIONS):
             raise EngineError(f"This llama.cpp build does not export {', '.join(missing)}, which an EAGLE-3 head needs "
                               "(llama.cpp's staging API): install llama-cpp-python as the README shows, or draft with "
                               "a draft model or n-gram lookup.")
-        self._open(target, head, head.n_embd, p_min, mtp_type=False)
+        self._open(target, head, head.n_embd, mtp_type=False)
         self.capture = captured(target, LayerInputs, target_layers(metadata(head.path)))
         self._n_feat = 3 * target.model.n_embd
 

@@ -80,8 +80,8 @@ class AssistantDrafter(MtpDrafter):
     pair_problems = staticmethod(assistant_problems)
     N_BATCH = 1  # one row per step
 
-    def __init__(self, target: Context, assistant: Model, p_min: float = 0.0):
-        self._open(target, assistant, target.model.n_embd, p_min, mtp_type=True)
+    def __init__(self, target: Context, assistant: Model):
+        self._open(target, assistant, target.model.n_embd, mtp_type=True)
         self.capture = captured(target, HiddenStates)
 
     def clear(self) -> None:

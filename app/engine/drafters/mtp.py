@@ -44,11 +44,11 @@ class MtpDrafter(Drafter):
     AFTER_FORCED = False  # drafts from the target's own state for history[-1]: never after tokens it has not seen
     READS_TEXT = False  # the target's states after an image saw it (its positions make no rows here: ``_at``)
 
-    def __init__(self, target: Context, p_min: float = 0.0):
+    def __init__(self, target: Context):
         model = target.model
         if model.n_nextn < 1:
             raise EngineError(f"{model.path.name} has no MTP (next-token-prediction) layers to draft with.")
-        self._open(target, model, model.n_embd, p_min, mtp_type=True)
+        self._open(target, model, model.n_embd, mtp_type=True)
         self.capture = captured(target, HiddenStates)
 
     @classmethod
@@ -67,10 +67,10 @@ class MtpDrafter(Drafter):
         either file (``Pair``), and the pair check and the Hub's advice say the same (every head class has one)."""
         return []
 
-    def _open(self, target: Context, model: Model, n_embd: int, p_min: float, mtp_type: bool) -> None:
+    def _open(self, target: Context, model: Model, n_embd: int, mtp_type: bool) -> None:
         """A context for ``model``'s drafting layers on the target's, whose rows carry a token and an ``n_embd``-wide
         hidden state."""
-        self.target, self.model, self.p_min = target, model, p_min
+        self.target, self.model = target, model
         self._held: list[int] = []  # the history whose positions this cache covers (position 0 has no row)
         self._images: list[int] = []  # the prompt's image positions (an answer has none)
         self.ctx = HeadContext(target, model, n_embd, self.N_BATCH, mtp_type, self.label)
@@ -173,8 +173,8 @@ class MtpFileDrafter(MtpDrafter):
     ARCH, METHOD = "", MtpDrafter.name
     DESCRIBED, READS = "a side file of a model's MTP layers", "the target's hidden states"
 
-    def __init__(self, target: Context, layers: Model, p_min: float = 0.0):
-        self._open(target, layers, target.model.n_embd, p_min, mtp_type=True)
+    def __init__(self, target: Context, layers: Model):
+        self._open(target, layers, target.model.n_embd, mtp_type=True)
         self.capture = captured(target, HiddenStates)
 
     @staticmethod

@@ -61,8 +61,8 @@ def _model(pair: Pair, dp) -> Drafter:
     if pair.head is not None:  # a head is the draft file for "model" as well as for its own method
         return pair.head
     if pair.cross_vocab:
-        return TextDrafter(pair.draft_ctx, pair.target_ctx.model, dp.draft_p_min)
-    return ModelDrafter(pair.draft_ctx, dp.draft_p_min)
+        return TextDrafter(pair.draft_ctx, pair.target_ctx.model)
+    return ModelDrafter(pair.draft_ctx)
 
 
 def _own_layers(pair: Pair, dp) -> Drafter:
@@ -87,11 +87,11 @@ METHODS: tuple[Method, ...] = (
     Method(DFlashDrafter.name, "DFlash block draft", ("draft-dflash",),
            "This pair has no DFlash block draft (give one as the draft: -md DFLASH.gguf)",
            "a DFlash block draft: add --draft DFLASH.gguf", _head_for(DFlashDrafter.name),
-           lambda pair, dp: pair.head.with_p_min(dp.draft_p_min)),
+           lambda pair, dp: pair.head),
     Method(DSparkDrafter.name, "DSpark block draft", ("draft-dspark",),
            "This pair has no DSpark block draft (give one as the draft: -md DSPARK.gguf)",
            "a DSpark block draft: add --draft DSPARK.gguf", _head_for(DSparkDrafter.name),
-           lambda pair, dp: pair.head.with_p_min(dp.draft_p_min)),
+           lambda pair, dp: pair.head),
     Method(Lookup.METHOD, "N-gram lookup", tuple(KINDS), "", "", lambda *_: True,
            lambda pair, dp: KINDS[DEFAULT_KIND](dp.ngram)),
     Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, dp: NoDrafter()),
@@ -170,9 +170,11 @@ def _priority(part: str) -> int:
 
 
 def make(name: str, pair: Pair, dp) -> Drafter:
-    """The drafter a drafter name runs, made for this pair and these draft settings."""
+    """The drafter a drafter name runs, made for this pair and these draft settings (--draft-p-min set here, the
+    one place it is: a head is the pair's, shared by every generation)."""
     names = sorted(parts(name), key=_priority)
-    made = [KINDS[p](dp.ngram) if p in KINDS else method(p).make(pair, dp) for p in names]
+    made = [(KINDS[p](dp.ngram) if p in KINDS else method(p).make(pair, dp)).with_p_min(dp.draft_p_min)
+            for p in names]
     if len(made) == 1:
         return made[0]
     if len({id(d) for d in made}) < len(made):
@@ -217,7 +219,8 @@ def needs_draft_file(name: str, draft: Path | None) -> bool:
     """Does this drafter load the pair's draft file (a draft model, a head that answers to it, or any file for a
     method that drafts with one: a file of another kind is then refused in words, naming what it is for)?"""
     head = head_class(draft) if draft else None
-    return any(p == ModelDrafter.name or bool(method(method_of(p)).draft_file) or (head is not None and head.METHOD == p)
+    return any(p == ModelDrafter.name or bool(method(method_of(p)).draft_file)
+               or (head is not None and head.METHOD == p)
                for p in parts(name))
 
 
