@@ -16,6 +16,25 @@ def pytest_configure(config):
     announce.attach(config)  # minutes-long set-up inside a test says so at once (building llama-server)
 
 
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's set-up, call and tear-down, added to its file's time."""
+    name = report.nodeid.split("::")[0]
+    _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time per file, slowest first, in every run's log (with --durations' slowest tests): where CI time goes."""
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("seconds per file")
+    for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}  {name}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}  in all")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def specchat_home(tmp_path_factory):
     """Keep the tests' data (the starter F32 target among it) out of the user's real data dir."""

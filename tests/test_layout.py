@@ -1,5 +1,5 @@
-"""The package's shape: import arrows run one way (DESIGN.md, "Layout"), few modules at the top, each module says
-what it is for. Reads the source with ``ast``; imports inside functions count as much as those at the top."""
+"""The package's shape: import arrows run one way (docs/architecture.md, "Parts and arrows"), no circles, no
+private name taken across modules, few modules at the top, each module says what it is for, and small pieces. Reads the source with ``ast``; imports inside functions count as much as those at the top."""
 from __future__ import annotations
 
 import ast
@@ -110,18 +110,126 @@ def test_every_module_says_what_it_is_for(path):
     assert doc and doc.strip(), f"{path.relative_to(APP)} has no opening docstring"
 
 
-# --- sizes and names (issue "A house that shows its parts") ----------------------------------------------------------
-MAX_MODULE_LINES = 600
-MAX_FUNCTION_LINES = 100
+def test_the_document_the_layout_cites_exists():
+    doc = (APP.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "## Parts and arrows" in doc
+
+
+# --- circles and private names ----------------------------------------------------------------------------------
+def import_graph() -> dict[str, set[str]]:
+    """Each module of app (dotted) and the modules of app it imports (a package's ``__init__`` counts as the
+    package; importing a name from a package counts as importing its module when the name is one)."""
+    names = {".".join(dotted(p)): p for p in modules()}
+    graph = {}
+    for name, path in names.items():
+        package = dotted(path) if path.name == "__init__.py" else dotted(path)[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+                module = ".".join(x for x in (base, node.module or "") if x)
+                targets |= {m for m in [module] + [f"{module}.{a.name}" for a in node.names] if m in names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in names}
+        graph[name] = {t for t in targets if t != name and not t.startswith(name + ".")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (Tarjan's strongly connected
+    components of more than one module)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                on_stack.discard(w)
+                group.append(w)
+            on_stack.discard(v)
+            if group:
+                found.append(sorted(group + [v]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert circles(import_graph()) == [], "modules that import each other are one module in disguise"
+
+
+def test_the_circle_finder_finds_circles():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set(), "c": {"b"}}) == []
+    assert import_graph()["app.server.app"] >= {"app.server.answer", "app.server.apis.openai"}
+
+
+def private_imports(source: str) -> list[str]:
+    """Names starting with one underscore that ``source`` imports from a module of ours."""
+    return [f"line {n.lineno}: {a.name} from {'.' * n.level}{n.module or ''}" for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("app"))
+            for a in n.names if a.name.startswith("_") and not a.name.startswith("__")]
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(APP)))
-def test_modules_and_functions_stay_small(path):
-    source = path.read_text(encoding="utf-8")
-    assert source.count("\n") <= MAX_MODULE_LINES, f"{path.relative_to(APP)} is over {MAX_MODULE_LINES} lines"
-    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
-    assert not long, f"{path.relative_to(APP)}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+def test_no_module_imports_another_modules_private_name(path):
+    taken = private_imports(path.read_text(encoding="utf-8"))
+    assert not taken, f"{path.relative_to(APP)} takes private names: {taken}"
+
+
+def test_the_private_name_check_catches_one():
+    assert private_imports("from .openai import _json_body, sse\nfrom os import _exit\nfrom . import __version__\n") \
+        == ["line 1: _json_body from .openai"]
+
+
+# --- sizes ------------------------------------------------------------------------------------------------------
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 80
+# Pieces still over the limits, each held at most at its size today: a ratchet, not a pass. Split them where their
+# parts have names (issue 65), and take them off this list.
+STILL_LARGE = {"engine/draft_control.py": 570, "engine/draft_control.py:DraftLength": 472, "ui/app.py": 557,
+               "ui/app.py:SpecChatUI": 478, "engine/llama/context.py:Context": 396}
+
+
+def oversized(path: Path) -> list[str]:
+    source, rel = path.read_text(encoding="utf-8"), str(path.relative_to(APP))
+    pieces = [(rel, source.count("\n"), MAX_MODULE_LINES)]
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            pieces.append((f"{rel}:{n.name}", n.end_lineno - n.lineno + 1, MAX_FUNCTION_LINES))
+        elif isinstance(n, ast.ClassDef):
+            pieces.append((f"{rel}:{n.name}", n.end_lineno - n.lineno + 1, MAX_CLASS_LINES))
+    return [f"{name} ({lines} lines; at most {STILL_LARGE.get(name, limit)})" for name, lines, limit in pieces
+            if lines > STILL_LARGE.get(name, limit)]
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(APP)))
+def test_modules_classes_and_functions_stay_small(path):
+    assert not oversized(path), f"over the limits: {oversized(path)}"
+
+
+def test_the_pieces_still_large_are_still_there_and_still_large():
+    """An entry of STILL_LARGE that was split goes off the list, so the limit holds for it from then on."""
+    sizes = {}
+    for path in modules():
+        rel, source = str(path.relative_to(APP)), path.read_text(encoding="utf-8")
+        sizes[rel] = source.count("\n")
+        sizes |= {f"{rel}:{n.name}": n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(source))
+                  if isinstance(n, ast.ClassDef)}
+    limits = {name: MAX_CLASS_LINES if ":" in name else MAX_MODULE_LINES for name in STILL_LARGE}
+    assert {n: sizes.get(n) for n in STILL_LARGE if sizes.get(n, 0) <= limits[n]} == {}
 
 
 def test_only_the_llama_package_imports_llama_cpp():
