@@ -93,7 +93,7 @@ def test_greedy_speculation_is_token_identical_to_plain(engines, case):
     rollbacks, restores = costs.rollbacks - before[0], costs.restores - before[1]
     assert costs.replayed <= 17 * costs.restores  # a restore replays at most a round's accepted tokens
     if spec.target.ctx.n_rs_seq >= 16:
-        assert rollbacks > 0 and costs.saves <= 2 + len(spec.target.ctx._turns)  # snapshots did every round
+        assert rollbacks > 0 and costs.saves <= 2 + len(spec.target.ctx.rollback.turns)  # snapshots did every round
     elif spec.target.ctx.n_rs_seq:
         assert rollbacks > 0 and restores > 0  # short drafts rolled back, long ones restored
     else:

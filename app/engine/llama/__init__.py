@@ -4,7 +4,8 @@ read of the target, ``vision`` a target's image projector (libmtmd), ``backend``
 that stand alone."""
 from .backend import (Cancelled, batch_invariant, builtin_chat, builtin_template_names, default_threads, devices, gpus,
                       quantize, supports_gpu_offload, system_info)
-from .context import Context, StateCosts, common_prefix
+from .context import Context, common_prefix
+from .rollback import StateCosts
 from .model import Model, ModelSettings
 from .vision import Projector
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
-from dataclasses import dataclass
 from typing import Iterator
 
 import llama_cpp.llama_cpp as ll
@@ -14,68 +12,23 @@ import numpy as np
 from ..errors import EngineError
 from .backend import Cancelled, failure, log_tail, logits_row
 from .model import Model
-
-
-@dataclass
-class _Saved:
-    """A saved recurrent state: what the memory held after ``tokens[:n]`` (the recurrent part only, for a hybrid:
-    its attention cache keeps every position and simply drops the tail)."""
-
-    n: int
-    data: ctypes.Array
-
-
-@dataclass
-class StateCosts:
-    """What keeping recurrent state exact cost so far (measured): the price of speculation on such a model."""
-
-    rollbacks: int = 0  # tails dropped through llama.cpp's snapshots (n_rs_seq), for free
-    saves: int = 0  # states copied out (checkpoints)
-    restores: int = 0  # states copied back in
-    replayed: int = 0  # committed tokens evaluated again after a restore
-    seconds: float = 0.0  # spent copying states out and in
-    bytes: int = 0  # size of one saved state
-
-
-_PARTIAL = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a hybrid's recurrent part only; all of a pure recurrent state
+from .rollback import RecurrentRollback, StateCosts
 
 
 class Context:
     """One llama.cpp context (sequence 0) plus the list of tokens its cache holds, position by position.
 
     ``truncate(n)`` keeps ``tokens[:n]`` on every model. An attention cache drops the tail. Recurrent state cannot
-    (it is one summary of everything read), so for those models the context rolls back through llama.cpp's
-    per-token snapshots (``n_rs_seq``, where the architecture keeps them) when the dropped tail lies within the
-    last decode, and otherwise restores the nearest saved state at or before ``n``; the tokens between that state
-    and ``n`` are replayed by the next ``decode``, in the same batch as its own tokens. Saved states come from
-    ``checkpoint()`` (chat-turn boundaries, kept up to ``n_checkpoints``) and from ``decode(n_speculative=k)``,
-    which saves the state before a batch whose last k tokens a later truncate may drop, unless snapshots cover it.
+    (it is one summary of everything read): ``rollback`` (``rollback.RecurrentRollback``) finds the way back, a
+    snapshot or a saved state, and the tokens between that state and ``n`` are replayed by the next ``decode``, in
+    the same batch as its own tokens. ``checkpoint()`` saves one at a chat turn's boundary, and
+    ``decode(n_speculative=k)`` one before a batch whose last k tokens a later truncate may drop.
     """
 
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, n_outputs_max: int = 64,
                  n_rs_seq: int = 0, n_checkpoints: int = 8):
         self.model = model
-        params = ll.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = min(n_batch, n_ctx)
-        params.n_ubatch = min(n_batch, n_ctx)
-        params.n_seq_max = 1
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.n_outputs_max = n_outputs_max
-        # llama.cpp clamps n_rs_seq to 0 where the architecture keeps no snapshots, and aborts the process unless a
-        # micro-batch can hold the n_rs_seq + 1 positions they are taken from plus one more.
-        params.n_rs_seq = max(0, min(n_rs_seq, params.n_ubatch - 2)) if model.recurrent else 0
-        params.no_perf = True
-        # Sliding-window layers (Gemma 3) keep the whole context, not just the window plus a batch: a smaller SWA
-        # cache is a ring whose order our rollbacks and edited turns scramble, so llama-server's test (the oldest
-        # position held reaches back a window) can pass while a position the next token attends to is gone, and
-        # greedy output drift after an edited turn (seen with the tiny Gemma 3 pair of tests/test_sliding_window.py:
-        # with the smaller cache the edited turn's answer changed at its sixth token although that test passed).
-        params.swa_full = True
-        # Flash attention's CPU kernel splits the KV range differently for 1 and for n queries, so batched
-        # verification would round differently from one-token decoding; plain attention is batch-invariant.
-        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params = _params(model, n_ctx, n_threads, n_batch, n_outputs_max, n_rs_seq)
         log_tail.clear()
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
@@ -93,21 +46,21 @@ class Context:
         self._n_vocab = model.n_vocab
         self._cancel: threading.Event | None = None
         self._abort_cb = ll.ggml_abort_callback(self._should_abort)
-        # Recurrent memory only:
         self.recurrent = model.recurrent
-        self.n_rs_seq = int(ll.llama_n_rs_seq(ptr))
-        self.n_checkpoints = n_checkpoints
-        self.state_costs = StateCosts()
+        self.rollback = RecurrentRollback(ptr, self.mem, model.path.name, int(ll.llama_n_rs_seq(ptr)), n_checkpoints)
         self._n_mem = 0  # positions llama.cpp's memory really holds; tokens[_n_mem:] are replayed by the next decode
-        self._rollback = 0  # trailing positions llama_memory_seq_rm can drop now (the last decode's snapshots)
-        self._turns: list[_Saved] = []  # checkpoint()s, by position
-        self._round: _Saved | None = None  # saved before the latest speculative batch
-        self._spec_open = False  # the last decode was speculative and nothing was truncated since
         self.captures: list = []  # what heads read, kept by position after each decode (heads.Capture)
         self.media = None  # a vision.Projector: evaluates the images whose placeholders (negative ids) a prompt holds
-        # (where an image ends in ``tokens``, how far positions run behind indices from there): an M-RoPE model's
-        # image takes fewer positions than cache cells, so after it a token's position is less than its index
-        self._gaps: list[tuple[int, int]] = []
+        self.positions = Positions()
+
+    @property
+    def n_rs_seq(self) -> int:
+        """llama.cpp's per-token snapshots of the recurrent state (0: none, or not recurrent)."""
+        return self.rollback.n_rs_seq
+
+    @property
+    def state_costs(self) -> StateCosts:
+        return self.rollback.costs
 
     @property
     def n_held(self) -> int:
@@ -125,11 +78,7 @@ class Context:
 
     def recurrent_state(self) -> dict:
         """What recurrent memory holds beside the KV cache: the state with its snapshots, and saved states."""
-        saved = [s for s in self._turns + [self._round] if s]
-        live = self.model.recurrent_bytes * (1 + self.n_rs_seq)
-        saved_bytes = sum(len(s.data) for s in saved)
-        return {"snapshots": self.n_rs_seq, "saved": len(saved), "bytes": live + saved_bytes,
-                "saved_bytes": saved_bytes}
+        return self.rollback.describe(self.model.recurrent_bytes)
 
     def memory_pos_max(self) -> int:
         """Highest position llama.cpp's memory holds for sequence 0 (-1 when empty); position(n_held) - 1 where
@@ -155,48 +104,21 @@ class Context:
     # --- cache bookkeeping ----------------------------------------------------------------------------------
     def truncate(self, n_keep: int) -> None:
         """Keep ``tokens[:n_keep]``: drop rejected draft tokens, an edited chat turn."""
-        self._spec_open = False
+        self.rollback.spec_open = False
         n_keep = max(n_keep, 0)
         if n_keep >= len(self.tokens):
             return
-        n_keep = self._image_start(n_keep)  # an image is kept whole or not at all
+        n_keep = _image_start(self.tokens, n_keep, self.media)  # an image is kept whole or not at all
         del self.tokens[n_keep:]
-        self._trim_gaps(n_keep)
+        self.positions.trim(n_keep)
         if not self.recurrent:
             self._drop_from(n_keep)
             return
-        self._turns = [s for s in self._turns if s.n <= n_keep]  # the others saved tokens that are gone
-        if self._round and self._round.n > n_keep:
-            self._round = None
-        if n_keep >= self._n_mem:  # only tokens awaiting replay were dropped
-            return
-        if self._n_mem - n_keep <= self._rollback and ll.llama_memory_seq_rm(self.mem, 0, self.position(n_keep), -1):
-            self.state_costs.rollbacks += 1
-            self._n_mem, self._rollback = n_keep, 0  # a snapshot serves once
-            return
-        self._restore(n_keep)
+        self._n_mem = self.rollback.back_to(n_keep, self._n_mem, self.position)
 
     def position(self, i: int) -> int:
         """The position of ``tokens[i]`` (its index, less what M-RoPE images before it saved)."""
-        for end, behind in reversed(self._gaps):
-            if end <= i:
-                return i - behind
-        return i
-
-    def _trim_gaps(self, n: int) -> None:
-        while self._gaps and self._gaps[-1][0] > n:
-            self._gaps.pop()
-
-    def _image_start(self, n: int) -> int:
-        """``n``, or where the image that position ``n`` falls inside starts."""
-        key = self.tokens[n]
-        if n == 0 or key >= 0 or self.tokens[n - 1] != key:
-            return n
-        start = n
-        while start > 0 and self.tokens[start - 1] == key:
-            start -= 1
-        size = self.media.n_tokens(key) if self.media else n - start  # (the same image twice in a row: two runs)
-        return start + (n - start) // size * size
+        return self.positions.of(i)
 
     def _drop_from(self, n_keep: int) -> None:
         """Attention caches: remove positions >= n_keep (all of them when llama.cpp refuses a partial removal)."""
@@ -204,7 +126,7 @@ class Context:
             ll.llama_memory_clear(self.mem, True)
             n_keep = 0
         del self.tokens[n_keep:]
-        self._trim_gaps(n_keep)
+        self.positions.trim(n_keep)
         self._n_mem = n_keep
 
     def reuse_prefix(self, history: list[int]) -> int:
@@ -217,45 +139,7 @@ class Context:
         so it replays from here instead of re-reading the conversation. Nothing to do for attention caches."""
         if not self.recurrent or self._n_mem != len(self.tokens) or self._n_mem == 0:
             return
-        if any(s.n == self._n_mem for s in self._turns):
-            return
-        if len(self._turns) >= self.n_checkpoints > 0:
-            # Forget the state closest after another: the one whose loss costs the shortest replay.
-            gaps = [self._turns[i].n - (self._turns[i - 1].n if i else 0) for i in range(len(self._turns))]
-            del self._turns[gaps.index(min(gaps))]
-        if self.n_checkpoints > 0:
-            self._turns.append(self._save())
-            self._turns.sort(key=lambda s: s.n)
-
-    def _save(self, reuse: _Saved | None = None) -> _Saved:
-        t0 = time.perf_counter()
-        size = ll.llama_state_seq_get_size_ext(self.ptr, 0, _PARTIAL)
-        buf = reuse.data if reuse is not None and len(reuse.data) == size else (ctypes.c_uint8 * size)()
-        if ll.llama_state_seq_get_data_ext(self.ptr, buf, size, 0, _PARTIAL) != size:
-            raise EngineError(f"llama.cpp could not save the recurrent state of {self.model.path.name}.")
-        costs = self.state_costs
-        costs.saves, costs.bytes = costs.saves + 1, size
-        costs.seconds += time.perf_counter() - t0
-        return _Saved(self._n_mem, buf)
-
-    def _restore(self, n_keep: int) -> None:
-        """Bring the memory back to the nearest saved state at or before ``n_keep`` (or empty it); the tokens after
-        it wait for the next decode."""
-        t0 = time.perf_counter()
-        saved = max((s for s in self._turns + [self._round] if s and s.n <= n_keep), key=lambda s: s.n,
-                    default=None)
-        self._rollback = 0
-        ok = saved is not None and (
-            ll.llama_state_seq_set_data_ext(self.ptr, saved.data, len(saved.data), 0, _PARTIAL) == len(saved.data)
-            # the attention part of a hybrid still holds the later positions
-            and ll.llama_memory_seq_rm(self.mem, 0, self.position(saved.n), -1))
-        if ok:
-            self._n_mem = saved.n
-            self.state_costs.restores += 1
-        else:
-            ll.llama_memory_clear(self.mem, True)
-            self._n_mem = 0
-        self.state_costs.seconds += time.perf_counter() - t0
+        self.rollback.checkpoint(self._n_mem)
 
     # --- evaluation -----------------------------------------------------------------------------------------
     def decode(self, tokens: list[int], n_logits: int = 1, n_speculative: int = 0) -> None:
@@ -277,7 +161,7 @@ class Context:
             )
         batch = self.tokens[self._n_mem :] + tokens
         if self.recurrent:
-            self._prepare(len(batch), n_speculative)
+            self.rollback.prepare(len(batch), n_speculative, self._n_mem)
         # ggml polls the abort callback at every graph node: a Python call each time, too slow for per-token
         # decodes, so only long (prompt) decodes are made interruptible.
         abortable = self._cancel is not None and len(batch) > 64
@@ -330,18 +214,6 @@ class Context:
         """The odd-sized batch of ``n`` positions split into n_batch ones (n_batch when they divide evenly)."""
         return (n - 1) % self.n_batch + 1
 
-    def _prepare(self, n_batch: int, n_speculative: int) -> None:
-        """Before a recurrent decode: make sure a later truncate into its speculative tokens has a way back."""
-        if n_speculative <= 0:
-            self._spec_open = False
-            return
-        if self._spec_open:
-            return  # the way back saved for the speculative decode before this one covers these tokens too
-        self._spec_open = True
-        if n_speculative <= min(self.n_rs_seq, n_batch - 1):
-            return  # llama.cpp's snapshots of this batch's last positions will do
-        self._round = self._save(reuse=self._round)
-
     def _evaluate(self, tokens: list[int], start: int, n_logits: int) -> None:
         """Decode ``tokens`` at ``start``: text in batches, each image's positions through the projector."""
         if min(tokens) >= 0:
@@ -362,12 +234,11 @@ class Context:
                         capture.skip(start + i, j - i - n_last)
                         capture.keep(start + j - n_last, n_last)
                     behind = start + j - (pos + self.media.n_pos(tokens[i]))
-                    if behind and (not self._gaps or self._gaps[-1][0] < start + j):  # (a replay notes it once)
-                        self._gaps.append((start + j, behind))
+                    self.positions.note(start + j, behind)
                 else:
                     self._decode_chunks(tokens[i:j], start + i, min(n_logits, j - i) if last else 0)
         except BaseException:
-            self._trim_gaps(len(self.tokens))
+            self.positions.trim(len(self.tokens))
             self._undo_failed(start)
             raise
 
@@ -402,7 +273,7 @@ class Context:
             for capture in self.captures:
                 capture.keep(start + done, n)
             done += n
-            self._rollback = min(self.n_rs_seq, n - 1)
+            self.rollback.snapshots = min(self.n_rs_seq, n - 1)
         # llama_decode may return before the backend is done (a GPU's queue, the outputs' copy to the host); the
         # first read of an output would then wait. Waiting here keeps a decode's whole cost inside this call, where
         # the draft-length controller's timers (and the loop-cost benchmark) put it.
@@ -415,7 +286,7 @@ class Context:
         if not self.recurrent:
             self._drop_from(start)
             return
-        self._restore(start)  # the state moved on: back to a saved one, the rest replays later
+        self._n_mem = self.rollback.restore(start, self.position)  # back to a saved state; the rest replays later
 
     def logits(self, i: int) -> np.ndarray:
         """Logits (a view, valid until the next decode) of the i-th requested output of the last decode.
@@ -436,6 +307,69 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+class Positions:
+    """Where each token of a cache sits. An M-RoPE model's image takes fewer positions than cache cells, so after it
+    a token's position is less than its index: ``gaps`` holds where each such image ends in the tokens, and how far
+    positions run behind indices from there."""
+
+    def __init__(self):
+        self.gaps: list[tuple[int, int]] = []
+
+    def of(self, i: int) -> int:
+        for end, behind in reversed(self.gaps):
+            if end <= i:
+                return i - behind
+        return i
+
+    def note(self, end: int, behind: int) -> None:
+        if behind and (not self.gaps or self.gaps[-1][0] < end):  # (a replay notes it once)
+            self.gaps.append((end, behind))
+
+    def trim(self, n: int) -> None:
+        """Forget the images past ``n`` tokens."""
+        while self.gaps and self.gaps[-1][0] > n:
+            self.gaps.pop()
+
+
+def _image_start(tokens: list[int], n: int, media) -> int:
+    """``n``, or where the image that position ``n`` falls inside starts (``media``: the projector, or None)."""
+    key = tokens[n]
+    if n == 0 or key >= 0 or tokens[n - 1] != key:
+        return n
+    start = n
+    while start > 0 and tokens[start - 1] == key:
+        start -= 1
+    size = media.n_tokens(key) if media else n - start  # (the same image twice in a row: two runs)
+    return start + (n - start) // size * size
+
+
+def _params(model: Model, n_ctx: int, n_threads: int, n_batch: int, n_outputs_max: int, n_rs_seq: int):
+    """llama.cpp's context parameters, as SpecChat needs them: one sequence, batch-invariant attention, the whole
+    sliding window, and recurrent snapshots where they can be kept."""
+    params = ll.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = min(n_batch, n_ctx)
+    params.n_ubatch = min(n_batch, n_ctx)
+    params.n_seq_max = 1
+    params.n_threads = n_threads
+    params.n_threads_batch = n_threads
+    params.n_outputs_max = n_outputs_max
+    # llama.cpp clamps n_rs_seq to 0 where the architecture keeps no snapshots, and aborts the process unless a
+    # micro-batch can hold the n_rs_seq + 1 positions they are taken from plus one more.
+    params.n_rs_seq = max(0, min(n_rs_seq, params.n_ubatch - 2)) if model.recurrent else 0
+    params.no_perf = True
+    # Sliding-window layers (Gemma 3) keep the whole context, not just the window plus a batch: a smaller SWA
+    # cache is a ring whose order our rollbacks and edited turns scramble, so llama-server's test (the oldest
+    # position held reaches back a window) can pass while a position the next token attends to is gone, and
+    # greedy output drift after an edited turn (seen with the tiny Gemma 3 pair of tests/test_sliding_window.py:
+    # with the smaller cache the edited turn's answer changed at its sixth token although that test passed).
+    params.swa_full = True
+    # Flash attention's CPU kernel splits the KV range differently for 1 and for n queries, so batched
+    # verification would round differently from one-token decoding; plain attention is batch-invariant.
+    params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return params
 
 
 def _runs(tokens: list[int], image_size) -> list[tuple[int, int, bool]]:
