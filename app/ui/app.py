@@ -1,38 +1,34 @@
 """The Gradio app: thin views over app.chat.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
-The page is built here (header, Settings sidebar, the events); the tabs' layouts come from chat_tab.py,
-compare_tab.py and models_tab.py.
+The page is built here (the header, the tabs, the events) with the chat's handlers; each part's components and
+handlers stand beside it: chat_tab.py, conversations_view.py (the conversation list), compare_tab.py,
+models_tab.py and settings_panel.py (the Settings sidebar).
 
 Every handler that touches the engine shares one concurrency slot ("engine"), so two tabs sending at once are
 queued (Gradio shows the queue) rather than interleaved; Stop runs outside the queue so it acts at once.
 """
 from __future__ import annotations
 
-import csv
-import json
-import tempfile
 import threading
 import time
 from dataclasses import fields, replace
-from pathlib import Path
 
 import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
-from ..chat.remote_server import RemoteServer, ServerSpec, base_url
 from ..chat.runtime import Runtime
-from ..chat.server_keys import key_for
 from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
 from ..chat.worker import WorkerDied
-from ..engine import EngineError, Stats
+from ..engine import EngineError
 from ..models import hardware
 from ..models.loader import LoadSpec
 from ..paths import temp_folder
 from ..resources import resource
 from . import attachments, render
 from .chat_tab import ChatTab
-from .compare_tab import CompareTab
+from .compare_tab import CompareRuns, CompareTab
+from .conversations_view import ConversationsView
 from .models_tab import FILES, SERVER, ModelsView, ready_pairs
-from .settings_panel import SettingsPanel, drafter_choices
+from .settings_panel import SettingsPanel, drafter_choices, server_fields, server_spec, test_server
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
@@ -64,6 +60,16 @@ def collect(values) -> Settings:
     return replace(base, **{n: getattr(saved, n) for n in NOT_IN_PANEL}, **d)
 
 
+def api_panel(api_info, runtime: Runtime) -> str:
+    """The API tab: where this app serves the OpenAI-compatible API (``api_info``: None where it does not)."""
+    if not api_info:
+        return ""
+    if runtime.remote is not None:  # this app's /v1 serves a local pair; the server has its own API
+        return render.notice(f"The chat runs on {runtime.remote.base}, which serves the OpenAI-compatible API itself: "
+                             "point your clients there. This app's /v1 answers when a local pair is loaded.", "info")
+    return render.api_panel(api_info(), runtime.info()["pair"])
+
+
 class SpecChatUI:
     def __init__(self, runtime: Runtime, startup_notes: list[str] | None = None, api_info=None):
         """``api_info()``, where the app serves the OpenAI-compatible API too: its base URL, whether a key is
@@ -80,6 +86,8 @@ class SpecChatUI:
         self.logo = resource("assets/logo.svg").read_text(encoding="utf-8")
         self.exports = temp_folder("compare")  # removed at exit
         self.models = ModelsView(self._tab, lambda: self.runtime.spec.pair if self.runtime.spec else None)
+        self.conversations = ConversationsView(self.store, self.busy, self._tab, self.exports)
+        self.comparisons = CompareRuns(runtime, self._cancel_for, self._images, collect, self.exports)
 
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
@@ -103,13 +111,7 @@ class SpecChatUI:
         return render.hardware_panel(hardware.snapshot(), self.runtime.info())
 
     def _api(self) -> str:
-        if not self.api_info:
-            return ""
-        if self.runtime.remote is not None:  # this app's /v1 serves a local pair; the server has its own API
-            return render.notice(f"The chat runs on {self.runtime.remote.base}, which serves the OpenAI-compatible "
-                                 "API itself: point your clients there. This app's /v1 answers when a local pair is "
-                                 "loaded.", "info")
-        return render.api_panel(self.api_info(), self.runtime.info()["pair"])
+        return api_panel(self.api_info, self.runtime)
 
     def _save(self, settings: Settings) -> None:
         try:
@@ -118,84 +120,6 @@ class SpecChatUI:
         except OSError as exc:
             self.notes.append(f"Settings could not be saved: {exc}")
 
-    # --- conversations --------------------------------------------------------------------------------------
-    def _choices(self, query: str = "") -> list[tuple[str, int]]:
-        return [(c["title"], c["id"]) for c in self.store.list(query)]
-
-    def _open(self, conv: int | None, show_draft: bool, notice: str = "", query: str = "", undo: bool = False):
-        """Show one conversation (None: a new, empty one). Outputs: history, conv, chatbot, live panel, notice,
-        conversation list, title, undo button."""
-        history = self.store.messages(conv) if conv is not None else []
-        answers = [m for m in history if m.get("stats")]
-        if answers:  # the panel shows the last answer's figures (its chart points are not kept)
-            last = answers[-1]
-            panel = render.live_panel(Stats.from_dict(last["stats"]), [],
-                                      render.FINISH_STATE.get(last.get("finish"), "done"))
-        else:
-            panel = render.live_panel(None, [], "idle")
-        return (history, conv, render.chat_messages(history, show_draft), panel, notice,
-                gr.Radio(choices=self._choices(query), value=conv),
-                self.store.title(conv) if conv is not None else "", gr.Button(visible=undo))
-
-    def _refuse_if_busy(self, request: gr.Request | None, conv):
-        """Switching while this tab's answer streams would mix two conversations: refuse, keep the current one."""
-        if self._tab(request) not in self.busy:
-            return None
-        message = render.notice("An answer is being written: stop it (Stop) or let it finish, then switch.",
-                                "warning")
-        return (gr.skip(), gr.skip(), gr.skip(), gr.skip(), message, gr.Radio(value=conv), gr.skip(), gr.skip())
-
-    def select(self, picked, conv, show_draft: bool, query: str, request: gr.Request):
-        if (refused := self._refuse_if_busy(request, conv)) is not None:
-            return refused
-        return self._open(int(picked) if picked is not None and self.store.exists(int(picked)) else None,
-                          show_draft, query=query)
-
-    def new_chat(self, conv, show_draft: bool, request: gr.Request):
-        if (refused := self._refuse_if_busy(request, conv)) is not None:
-            return refused
-        return self._open(None, show_draft)
-
-    def delete(self, conv, show_draft: bool, request: gr.Request):
-        """Outputs: as _open, plus the id Undo restores."""
-        if conv is None:
-            return *self._open(None, show_draft), None
-        if (refused := self._refuse_if_busy(request, conv)) is not None:
-            return *refused, gr.skip()
-        title = self.store.title(conv)
-        self.store.delete(conv)
-        rest = self.store.list()
-        note = render.notice(f"Deleted “{title}”. Undo brings it back until the app restarts.", "info")
-        return *self._open(rest[0]["id"] if rest else None, show_draft, note, undo=True), conv
-
-    def undelete(self, deleted, conv, show_draft: bool, request: gr.Request):
-        if deleted is None:
-            return *self._open(conv, show_draft), gr.skip()
-        if (refused := self._refuse_if_busy(request, conv)) is not None:
-            return *refused, gr.skip()
-        self.store.undelete(deleted)
-        return *self._open(deleted, show_draft), None
-
-    def rename(self, title: str, conv, query: str):
-        if conv is None:
-            return gr.skip(), render.notice("Send a message first: a new chat is saved with its first message.",
-                                            "warning")
-        self.store.rename(conv, title or "")
-        return gr.Radio(choices=self._choices(query), value=conv), ""
-
-    def search(self, query: str, conv):
-        return gr.Radio(choices=self._choices(query), value=conv)
-
-    def export(self, conv):
-        if conv is None:
-            return gr.File(visible=False), render.notice("Nothing to export yet: this chat is empty.", "warning")
-        folder = Path(tempfile.mkdtemp(prefix="specchat-chat-", dir=self.exports))
-        name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in self.store.title(conv))[:60] or "chat"
-        md, js = folder / f"{name}.md", folder / f"{name}.json"
-        md.write_text(self.store.export_markdown(conv), encoding="utf-8")
-        js.write_text(json.dumps(self.store.export(conv), indent=1, ensure_ascii=False), encoding="utf-8")
-        return gr.File(value=[str(md), str(js)], visible=True), ""
-
     # --- page load ------------------------------------------------------------------------------------------
     def page_load(self):
         settings, s_warning = load_settings()
@@ -203,22 +127,13 @@ class SpecChatUI:
         spec = self.runtime.spec or settings.models or LoadSpec(pair="starter")
         values = [getattr(settings, n) for n in SETTING_NAMES]
         recent = self.store.list()
-        view = list(self._open(recent[0]["id"] if recent else None, settings.show_draft_tokens))
+        view = list(self.conversations.open(recent[0]["id"] if recent else None, settings.show_draft_tokens))
         view[4] = render.notice(" ".join(notes), "warning") if notes else ""
         return [*view[:-1], self._header(), self._hardware(),
                 gr.Dropdown(choices=ready_pairs(), value=SERVER if spec.server else spec.pair or FILES),
                 spec.target or "", spec.draft or "", spec.ctx, spec.ngl, spec.ngld,
-                *self._server_fields(spec if spec.server else settings.server or LoadSpec()),
+                *server_fields(spec if spec.server else settings.server or LoadSpec()),
                 *values, self.models.refresh(), self._image_note()]
-
-    @staticmethod
-    def _server_fields(spec: LoadSpec) -> list:
-        """URL, key box, model, speculation-off URL, method label. The key itself never goes back to the page: the
-        box only says that one is saved."""
-        saved = "a key is saved for this server (type to replace it)" if key_for(spec.server) else "none"
-        return [spec.server or "", gr.Textbox(value="", placeholder=saved),
-                gr.Dropdown(choices=[spec.model] if spec.model else [], value=spec.model),
-                spec.server_off or "", spec.method or ""]
 
     # --- chat -----------------------------------------------------------------------------------------------
     def _images(self, paths: list[str]) -> list[bytes]:
@@ -256,7 +171,7 @@ class SpecChatUI:
         self.busy.add(self._tab(request))
         history = history + [{"id": mid, "role": "user", "content": text, **({"images": images} if images else {})}]
         return (attachments.box_value("", []), history, conv, render.chat_messages(history, show_draft), "",
-                gr.Radio(choices=self._choices(), value=conv), self.store.title(conv),
+                gr.Radio(choices=self.conversations.choices(), value=conv), self.store.title(conv),
                 render.live_panel(None, [], "queued"))
 
     def respond(self, request: gr.Request, history: list, conv, *values):
@@ -350,45 +265,6 @@ class SpecChatUI:
     def redraw(self, history: list, show_draft: bool):
         return render.chat_messages(history, show_draft)
 
-    # --- compare --------------------------------------------------------------------------------------------
-    def compare(self, request: gr.Request, box, rows: list, *values):
-        """Outputs: off pane, on pane, summary, rows state, table, bar chart, CSV file, JSON file. The prompt's
-        images go to both runs."""
-        skip = [gr.skip()] * 5
-        prompt, paths = attachments.box_parts(box)
-        prompt = prompt.strip()
-        if not prompt and not paths:
-            yield gr.skip(), gr.skip(), render.notice("Type a prompt to compare."), *skip
-            return
-        cancel = self._cancel_for(request)
-        try:
-            settings = collect(values)
-            turn = {"role": "user", "content": prompt, "images": self._images(paths)}
-            messages = for_model([turn], settings.system_prompt)
-            for cmp in self.runtime.compare(messages, settings, cancel):
-                yield (render.compare_pane(cmp, "off"), render.compare_pane(cmp, "on"), render.compare_summary(cmp),
-                       *skip)
-        except EngineError as exc:
-            yield gr.skip(), gr.skip(), render.notice(str(exc)), *skip
-            return
-        if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
-            return
-        rows = rows + [render.compare_row(cmp, len(rows) + 1, self.runtime.info()["pair"] or "")]
-        csv_path, json_path = self._export(rows)
-        yield (gr.skip(), gr.skip(), gr.skip(), rows,
-               [list(r.values()) for r in rows], render.bar_chart([r["speedup"] for r in rows]),
-               gr.DownloadButton(value=str(csv_path), interactive=True),
-               gr.DownloadButton(value=str(json_path), interactive=True))
-
-    def _export(self, rows: list[dict]) -> tuple[Path, Path]:
-        csv_path, json_path = self.exports / "specchat-comparisons.csv", self.exports / "specchat-comparisons.json"
-        with open(csv_path, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        json_path.write_text(json.dumps(rows, indent=1, ensure_ascii=False), encoding="utf-8")
-        return csv_path, json_path
-
     # --- models ---------------------------------------------------------------------------------------------
     def load_models(self, progress: gr.Progress = gr.Progress(), *args):
         """Inputs: pair, target, draft, ctx, ngl, ngld, the server's URL, key, model, speculation-off URL and
@@ -399,7 +275,7 @@ class SpecChatUI:
         try:
             key = (key or "").strip() or None
             if pair == SERVER:
-                spec = self._server_spec(url, model, url_off, method)
+                spec = server_spec(url, model, url_off, method)
             else:
                 numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
                 spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
@@ -423,38 +299,7 @@ class SpecChatUI:
                 gr.update(choices=drafter_choices(settings.drafter), value=settings.drafter,
                           info=self._drafter_note()),
                 settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
-                self._server_fields(self.runtime.spec)[1], self._image_note())
-
-    @staticmethod
-    def _server_spec(url, model, url_off, method) -> LoadSpec:
-        """The server fields as a LoadSpec (the key goes apart: it is saved once the server accepts it)."""
-        url, url_off = (url or "").strip(), (url_off or "").strip()
-        if not url:
-            raise EngineError("Give the server's URL, e.g. http://127.0.0.1:8080 (llama-server, vLLM, SGLang, "
-                              "specchat serve).")
-        for u in (url, url_off):
-            if u:
-                base_url(u)  # a clear error at once
-        return LoadSpec(server=url, model=(model or "").strip() or None, server_off=url_off or None,
-                        method=(method or "").strip() or None)
-
-    def test_server(self, url, key, model):
-        """Test connection: the server's models and engine, and what it reports. Outputs: pair, model, report."""
-        url = (url or "").strip()
-        server = None
-        try:
-            server = RemoteServer(ServerSpec(url, (key or "").strip() or key_for(url), (model or "").strip() or None))
-            models = server.models()
-            engine, method = server.identify(), server.method()
-        except EngineError as exc:
-            return gr.skip(), gr.skip(), render.notice(str(exc))
-        finally:
-            if server is not None:
-                server.close()
-        chosen = model if model in models else models[0]
-        lines = [f"{engine} at {server.base}", f"models: {', '.join(models)}", f"speculation: {method}"]
-        return gr.Dropdown(value=SERVER), gr.Dropdown(choices=models, value=chosen), \
-            render.notice(" · ".join(lines) + ". Press Load models to use it.", "info")
+                server_fields(self.runtime.spec)[1], self._image_note())
 
     # --- layout ---------------------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -493,13 +338,13 @@ class SpecChatUI:
             demo.load(self.page_load, None, [*view[:-1], header, hw, *to_load, *values, self.models.table,
                                              chat.images])
             self._wire_chat(chat, history, conv, values)
-            self._wire_conversations(chat, view, deleted)
-            self._wire_compare(cmp, rows, values)
+            self.conversations.wire(chat, view, deleted)
+            self.comparisons.wire(cmp, rows, values, self.stop, ENGINE)
             panel.load.click(self.load_models, [*to_load, *values],
                              [chat.notice, header, hw, panel.drafter, panel.draft_max, panel.draft_min,
                               panel.draft_p_min, panel.adaptive, panel.s_key, chat.images], **ENGINE)
             for trigger in (panel.s_test.click, panel.s_url.submit):
-                trigger(self.test_server, [panel.s_url, panel.s_key, panel.s_model], [panel.pair, panel.s_model,
+                trigger(test_server, [panel.s_url, panel.s_key, panel.s_model], [panel.pair, panel.s_model,
                                                                                     chat.notice])
             for trigger, fn, out in ((hw_tab.select, self._hardware, hw), (hw_refresh.click, self._hardware, hw),
                                      (api_tab.select, self._api, api_panel), (api_refresh.click, self._api, api_panel)):
@@ -521,27 +366,6 @@ class SpecChatUI:
         chat.regen.click(self.regenerate, [history, chat.show_draft], [history, chat.chatbot], queue=False) \
             .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
         chat.show_draft.change(self.redraw, [history, chat.show_draft], chat.chatbot, queue=False)
-
-    def _wire_conversations(self, chat: ChatTab, view: list, deleted: gr.State) -> None:
-        """The conversation list: new, switch, search, rename, delete and undo, export. ``view``: what _open
-        returns."""
-        conv, show_draft = view[1], chat.show_draft
-        chat.new_chat.click(self.new_chat, [conv, show_draft], view, queue=False, api_name="new_chat")
-        chat.chatbot.clear(self.new_chat, [conv, show_draft], view, queue=False)  # its bin icon: a fresh chat
-        chat.conv_list.input(self.select, [chat.conv_list, conv, show_draft, chat.search], view, queue=False)
-        chat.search.change(self.search, [chat.search, conv], chat.conv_list, queue=False)
-        chat.title.submit(self.rename, [chat.title, conv, chat.search], [chat.conv_list, chat.notice], queue=False)
-        chat.delete.click(self.delete, [conv, show_draft], [*view, deleted], queue=False)
-        chat.undo.click(self.undelete, [deleted, conv, show_draft], [*view, deleted], queue=False)
-        chat.export.click(self.export, conv, [chat.exported, chat.notice], queue=False)
-
-    def _wire_compare(self, cmp: CompareTab, rows: gr.State, values: list) -> None:
-        """Compare (or Enter) runs the prompt off, then on; Stop ends it. ``rows``: the comparisons so far."""
-        cmp.stop.click(self.stop, None, None, queue=False)
-        for trigger, api in ((cmp.run.click, "public"), (cmp.prompt.submit, "undocumented")):
-            trigger(self.compare, [cmp.prompt, rows, *values],
-                    [cmp.off, cmp.on, cmp.summary, rows, cmp.table, cmp.chart, cmp.export_csv, cmp.export_json],
-                    api_name="compare" if api == "public" else None, api_visibility=api, **ENGINE)
 
 
 def theme() -> gr.themes.Base:

@@ -1,11 +1,19 @@
-"""The Compare tab's layout: a prompt run with speculation off, then on, the two answers side by side, a summary,
-the speedups of the runs so far as a chart and a table, exported as CSV and JSON. Components only: SpecChatUI
-(app.py) holds the handlers and wires the events."""
+"""The Compare tab: a prompt run with speculation off, then on, the two answers side by side, a summary, the speedups
+of the runs so far as a chart and a table, exported as CSV and JSON. ``CompareTab`` is its components, made where
+the page is built (app.py); ``CompareRuns`` its handlers, which the page wires."""
 from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Callable
 
 import gradio as gr
 
-from . import render
+from ..chat.conversations import for_model
+from ..chat.runtime import Runtime
+from ..engine import EngineError
+from . import attachments, render
 
 
 class CompareTab:
@@ -32,3 +40,61 @@ class CompareTab:
                 self.export_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
                 self.export_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
         self.table = gr.Dataframe(headers=render.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table")
+
+
+class CompareRuns:
+    """The tab's handlers: a prompt run off then on over the ``runtime``, the runs so far exported. ``cancel_for``:
+    a request's Stop event; ``images``: the attached images read (an EngineError where the model takes none);
+    ``settings_of``: the settings panel's values as Settings; ``exports``: where the CSV and JSON go."""
+
+    def __init__(self, runtime: Runtime, cancel_for: Callable, images: Callable, settings_of: Callable,
+                 exports: Path):
+        self.runtime, self.cancel_for, self.images, self.settings_of = runtime, cancel_for, images, settings_of
+        self.exports = exports
+
+    def run(self, request: gr.Request, box, rows: list, *values):
+        """Outputs: off pane, on pane, summary, rows state, table, bar chart, CSV file, JSON file. The prompt's
+        images go to both runs."""
+        skip = [gr.skip()] * 5
+        prompt, paths = attachments.box_parts(box)
+        prompt = prompt.strip()
+        if not prompt and not paths:
+            yield gr.skip(), gr.skip(), render.notice("Type a prompt to compare."), *skip
+            return
+        cancel = self.cancel_for(request)
+        try:
+            settings = self.settings_of(values)
+            turn = {"role": "user", "content": prompt, "images": self.images(paths)}
+            messages = for_model([turn], settings.system_prompt)
+            for cmp in self.runtime.compare(messages, settings, cancel):
+                yield (render.compare_pane(cmp, "off"), render.compare_pane(cmp, "on"), render.compare_summary(cmp),
+                       *skip)
+        except EngineError as exc:
+            yield gr.skip(), gr.skip(), render.notice(str(exc)), *skip
+            return
+        if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
+            return
+        rows = rows + [render.compare_row(cmp, len(rows) + 1, self.runtime.info()["pair"] or "")]
+        csv_path, json_path = self._export(rows)
+        yield (gr.skip(), gr.skip(), gr.skip(), rows,
+               [list(r.values()) for r in rows], render.bar_chart([r["speedup"] for r in rows]),
+               gr.DownloadButton(value=str(csv_path), interactive=True),
+               gr.DownloadButton(value=str(json_path), interactive=True))
+
+    def _export(self, rows: list[dict]) -> tuple[Path, Path]:
+        csv_path, json_path = self.exports / "specchat-comparisons.csv", self.exports / "specchat-comparisons.json"
+        with open(csv_path, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        json_path.write_text(json.dumps(rows, indent=1, ensure_ascii=False), encoding="utf-8")
+        return csv_path, json_path
+
+    def wire(self, cmp: CompareTab, rows: gr.State, values: list, stop: Callable, slot: dict) -> None:
+        """Compare (or Enter) runs the prompt off, then on; Stop (``stop``) ends it. ``rows``: the comparisons so
+        far; ``slot``: the engine's concurrency slot, which every handler that touches the engine shares."""
+        cmp.stop.click(stop, None, None, queue=False)
+        for trigger, api in ((cmp.run.click, "public"), (cmp.prompt.submit, "undocumented")):
+            trigger(self.run, [cmp.prompt, rows, *values],
+                    [cmp.off, cmp.on, cmp.summary, rows, cmp.table, cmp.chart, cmp.export_csv, cmp.export_json],
+                    api_name="compare" if api == "public" else None, api_visibility=api, **slot)

@@ -1,12 +1,17 @@
-"""The Settings sidebar's layout: speculation, sampling, the models (a pair, files or a server) and the Load button.
-Components only: SpecChatUI (app.py) reads them into Settings and wires their events."""
+"""The Settings sidebar: speculation, sampling, the models (a pair, files or a server) and the Load button, and what
+the server box's fields mean (``server_fields``, ``server_spec``, ``test_server``). SpecChatUI (app.py) reads the
+components into Settings and wires their events."""
 from __future__ import annotations
 
 import gradio as gr
 
+from ..chat.remote_server import RemoteServer, ServerSpec, base_url
+from ..chat.server_keys import key_for
 from ..chat.settings import Settings
-from ..engine import METHODS, method_name
-from .models_tab import ready_pairs
+from ..engine import METHODS, EngineError, method_name
+from ..models.loader import LoadSpec
+from . import render
+from .models_tab import SERVER, ready_pairs
 
 
 def drafter_choices(drafter: str) -> list[tuple[str, str]]:
@@ -59,3 +64,43 @@ class SettingsPanel:
                                            elem_id="server-method")
                 self.s_test = gr.Button("Test connection", size="sm", elem_id="server-test")
             self.load = gr.Button("Load models", variant="primary", elem_id="load")
+
+
+def server_fields(spec: LoadSpec) -> list:
+    """URL, key box, model, speculation-off URL, method label. The key itself never goes back to the page: the
+    box only says that one is saved."""
+    saved = "a key is saved for this server (type to replace it)" if key_for(spec.server) else "none"
+    return [spec.server or "", gr.Textbox(value="", placeholder=saved),
+            gr.Dropdown(choices=[spec.model] if spec.model else [], value=spec.model),
+            spec.server_off or "", spec.method or ""]
+
+
+def server_spec(url, model, url_off, method) -> LoadSpec:
+    """The server fields as a LoadSpec (the key goes apart: it is saved once the server accepts it)."""
+    url, url_off = (url or "").strip(), (url_off or "").strip()
+    if not url:
+        raise EngineError("Give the server's URL, e.g. http://127.0.0.1:8080 (llama-server, vLLM, SGLang, "
+                          "specchat serve).")
+    for u in (url, url_off):
+        if u:
+            base_url(u)  # a clear error at once
+    return LoadSpec(server=url, model=(model or "").strip() or None, server_off=url_off or None,
+                    method=(method or "").strip() or None)
+
+def test_server(url, key, model):
+    """Test connection: the server's models and engine, and what it reports. Outputs: pair, model, report."""
+    url = (url or "").strip()
+    server = None
+    try:
+        server = RemoteServer(ServerSpec(url, (key or "").strip() or key_for(url), (model or "").strip() or None))
+        models = server.models()
+        engine, method = server.identify(), server.method()
+    except EngineError as exc:
+        return gr.skip(), gr.skip(), render.notice(str(exc))
+    finally:
+        if server is not None:
+            server.close()
+    chosen = model if model in models else models[0]
+    lines = [f"{engine} at {server.base}", f"models: {', '.join(models)}", f"speculation: {method}"]
+    return gr.Dropdown(value=SERVER), gr.Dropdown(choices=models, value=chosen), \
+        render.notice(" · ".join(lines) + ". Press Load models to use it.", "info")
