@@ -303,8 +303,11 @@ def traced(control: type) -> type:
             return self.asked
 
         def update(self, n_drafted, n_accepted, draft_s, verify_s, signals=None, *rest, **kw) -> None:
+            mode = getattr(getattr(self, "_mode", None), "value", None)  # (Round; older checkouts: four flags)
             flag = lambda name: getattr(self, name, False)  # noqa: E731
-            kind = "probe" if flag("_probing") else "look" if flag("_looking") else "measure" * flag("_measuring")
+            kind = ({"probe": "probe", "long look": "look", "measure": "measure", "recheck": "measure"}.get(mode, "")
+                    if mode else "probe" if flag("_probing") else "look" if flag("_looking")
+                    else "measure" * flag("_measuring"))
             print(f"  {self.asked:2} asked, {n_drafted:2} drafted, {n_accepted:2} accepted, "
                   f"{(draft_s + verify_s) * 1e3:6.1f} ms {kind:7} " + " ".join(f"{g:.1f}" for g in signals or []))
             super().update(n_drafted, n_accepted, draft_s, verify_s, signals, *rest, **kw)

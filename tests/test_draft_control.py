@@ -2,7 +2,7 @@
 import time
 from bisect import bisect_right
 
-from app.engine.draft_control import DraftLength, DraftParams, Measured
+from app.engine.draft_control import DraftLength, DraftParams, Measured, Round
 from app.engine.drafters import ModelDrafter
 from app.engine.drafters.ngram import NgramSimple
 
@@ -466,7 +466,7 @@ def test_a_long_look_ends_at_unsure_tokens():
     looks = []
     for _ in range(12):
         k = c.next()
-        looking = c._looking
+        looking = c._mode is Round.LONG_LOOK
         signals, _ = propose(c, k, lambda j: 3.0 if j < 3 else 0.0)  # three sure tokens, then near-ties
         if looking:
             looks.append(len(signals))
@@ -506,7 +506,7 @@ def test_a_long_look_that_fails_does_not_turn_drafting_off():
     looks, drafted = 0, []
     for r in range(60):
         k = c.next()
-        looking = c._looking
+        looking = c._mode is Round.LONG_LOOK
         signals, _ = propose(c, k, lambda j: 3.0 if looking or j % 3 < 2 else 0.0)
         n = len(signals)
         accepted = min(n, 1) if looking else next((j for j, s in enumerate(signals) if s == 0.0), n)
@@ -545,7 +545,7 @@ def test_a_long_look_drafts_only_tokens_it_expects_accepted():
     looks = []
     for _ in range(12):
         k = c.next()
-        looking = c._looking
+        looking = c._mode is Round.LONG_LOOK
         signals, _ = propose(c, k, lambda j: NEAR_TIE if j == 1 else 3.0)
         if looking:
             looks.append(len(signals))
@@ -563,7 +563,7 @@ def test_a_long_look_ends_where_it_is_no_longer_likely_accepted_whole():
     looks = []
     for _ in range(12):
         k = c.next()
-        looking = c._looking
+        looking = c._mode is Round.LONG_LOOK
         signals, _ = propose(c, k, lambda j: 3.0 if j < 2 else 0.2)
         if looking:
             looks.append(len(signals))
@@ -582,7 +582,7 @@ def test_a_token_drafted_to_judge_its_bucket_ends_the_round():
         out = []
         for r in range(rounds):
             k = c.next()
-            measuring, tie = c._measuring, r % 2 == 1
+            measuring, tie = c._mode.measures, r % 2 == 1
             signals, calls = propose(c, k, lambda j: NEAR_TIE if j == 0 and tie else 3.0)
             if tie and signals and not measuring:
                 out.append(len(signals))

@@ -2,67 +2,19 @@
 
 Fixed mode drafts up to ``draft_max`` tokens every round (a model drafter stops earlier on ``draft_p_min``).
 
-Adaptive mode decides token by token, from measurements of this generation:
-- Each drafter reports a confidence *signal* per token: the draft model's top-1 minus top-2 logit gap (greedy
-  rejections cluster at near-ties: on the starter pair every rejection had a gap under 0.25 logits);
-  ``ngram-simple``'s support (how many tokens before the span it copies agree with the context, plus the token's
-  place in the draft); the other n-gram kinds' proposals share one bucket (llama.cpp's kinds report no confidence).
-- A signal that grows along a draft (``Drafter.SIGNAL_GROWS``: the support) puts a round's least sure token
-  first, where a model's unsure tokens come anywhere, in runs: its rounds have no cap or floor (_plan), and each
-  token is proposed while it is worth its place (take), at what an accepted token spares the answer at its pace
-  (the rounds' seconds per token made lately), not at a plain step: once drafting makes tokens twice as fast, a
-  token accepted one time in three no longer pays for its place. Nor is a token drafted to judge its bucket
-  (_explore) where the bucket pays and only the round's reach stopped it.
-- It starts by measuring at little risk: a short draft, then two plain steps (the rate drafting must beat); a pair
-  where drafting cannot pay even if every token were accepted goes off right there, others draft short until a
-  few tokens were judged (not where the estimates carried from the last answers say to draft at length). So a
-  pair where drafting cannot pay loses almost nothing finding out. Where those few were plainly accepted, a long
-  look (a round of up to LONG_LOOK tokens, ending where it is expected accepted whole less often than
-  LONG_LOOK_ACCEPTANCE) times a long verification batch too (short ones alone overstate it).
-- Per signal bucket it learns how often the target accepted such tokens (an optimistic prior, then counts, which
-  the next answer starts from).
-- It proposes a drafted token while P(this token is reached and accepted) x (the target's time for one token)
-  exceeds what one more position costs the verification batch, and drafts another while that product for the
-  next token, its signal unseen yet, exceeds a draft step plus that position (all measured): rounds end at an
-  unsure token, or just before a likely rejection.
-- The draft length cap maximises expected tokens per second over the rounds this controller drafts, which end at
-  the first token whose signal bucket is below a floor chosen with the cap (speedup.round_shape): with s0 how often
-  a round's first draft token is sure enough (as often as any draft token is), s how often one after a sure token
-  is, a how often the target accepts sure ones,
-      tokens(k) = 1 + s0 * a * (1 - (s * a)^k) / (1 - s * a),    time(k) = calls(k) * t_draft + t_verify(1 + sure(k))
-  (every token sure: the geometric model, (1 - a^(k+1)) / (1 - a) tokens in k * t_draft + t_verify(k + 1)), and
-  k = 0 turns speculation off (plain decoding through the same loop) while it loses; a short probe now and
-  then turns it back on when the text becomes predictable. Turning it on needs PAY_MARGIN; staying on, only no
-  loss (a round after one that drafted catches up on nothing). A draft model falls behind while off and catches up
-  on every token made meanwhile when it drafts again, so each probe that changes nothing doubles the wait, and
-  where catching up costs more per token than drafting can save, probes are rare. Probes are priced: the wait
-  between two is at least what the last measuring rounds lost against plain steps, over PROBE_BUDGET of a plain
-  step, so they cost at most that share of the time spent off.
-- Plain steps are timed apart from verification batches: from one token to a few llama.cpp switches to batched
-  kernels, so a line through every batch size overstates the plain step (on Gemma 3 270M drafted by its own
-  Q4_K_M: 17-21 ms from the line against 14.6 measured), and drafting that lost looked like a win.
-- Costs outlive the answer (``Measured``, kept by the engine per drafter and thread count): while the draft was
-  timed less than MEMORY_S ago, the next answer starts from them instead of measuring again, so a pair that
-  cannot pay starts with speculation off and a pair that pays drafts from its first round. While drafting is off,
-  nothing times the draft: an answer that starts off so opens with a short draft (at most every RECHECK_S), which
-  catches up on one token, having just read the prompt; where it drafts faster than the costs say, they were a
-  spell's, and the draft's are timed afresh (_costs_moved).
-- With --draft-p-min a draft model ends a round before a token it is too unsure of; before the first, the round
-  pays a draft call for nothing. Such ends count as the least sure bucket's tokens where the plan learns how sure
-  a round's tokens come, so it prices them.
-- A round costs more than its draft calls and its verification: the draft's first call catches up on the tokens
-  made since the last round (its time beyond a marginal draft call), and the loop's own work between rounds
-  (committing the tokens, the text, whoever reads the events). Both are timed and added to each round's cost (the
-  second to a plain step's too): left out, they favoured short drafts, which pay them more often (on the starter
-  pair, rounds of 3 tokens chosen at 97% acceptance made 70 tokens/s where rounds of 12 made 81).
-- The model can be wrong where the round has costs it does not see (a draft model call that --draft-p-min ends
-  before its first token, a host slower on one of the two models than the timings say), so the rounds that called
-  the draft model are checked: speculation goes off where they made tokens more slowly than plain decoding and took
-  longer than the costs say such rounds take. A loss to rejections is left to the acceptance the plan learns: checked
-  by the rate alone, the hard first lines of an answer turned drafting off for the rest of it.
+Adaptive mode (``DraftLength``) decides token by token, from what it measures in this generation and carries from
+the last (``Measured``): each drafter's confidence signal per token, the acceptance per signal bucket
+(``Acceptance``), the draft step, the verification batch by its size, a plain step and a round's other costs. A token
+is proposed while P(reached and accepted) x (a target step) exceeds what its position costs the batch, and drafting
+goes on while the next, unseen, is worth a draft step too; the cap maximises expected tokens per second
+(``speedup``). It opens by measuring at little risk (a short draft, plain steps), turns speculation off where it
+loses (a short, priced probe now and then turns it back on), and checks the rounds that drafted against plain
+decoding. Each round's purpose is a ``Round``. Why each rule is as it is, with the runs that measured it:
+docs/benchmarks/adaptive.md, "How the controller decides".
 """
 from __future__ import annotations
 
+import enum
 import math
 import time
 from dataclasses import dataclass, field
@@ -94,6 +46,41 @@ class DraftParams:
             )
         if not 0.0 <= self.draft_p_min < 1.0:
             raise EngineError(f"Invalid --draft-p-min {self.draft_p_min}: it must be in [0, 1).")
+
+
+class Round(enum.Enum):
+    """What the round ``next`` chose is for: the controller's one state between a round's ``next`` and its
+    ``update``."""
+
+    PLAN = "plan"  # drafts what the plan says (or nothing)
+    MEASURE = "measure"  # drafts a set length whatever the signals: to time the draft and to see acceptance
+    RECHECK = "recheck"  # ...an answer's first, where the costs carried in said drafting cannot pay (_costs_moved)
+    LONG_LOOK = "long look"  # ...a long look (_long_look_due)
+    PROBE = "probe"  # ...a probe, after rounds off
+
+    @property
+    def measures(self) -> bool:
+        return self is not Round.PLAN
+
+
+@dataclass
+class DraftedRounds:
+    """The rounds that called a draft model, decayed: how many, the tokens they made, their seconds, and what the
+    costs said they would take (_measured_loss)."""
+
+    rounds: float = 0.0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    modelled: float = 0.0
+
+
+@dataclass
+class Pace:
+    """Every round, decayed: the tokens made and their seconds (what an accepted token spares under a growing
+    signal: _token_time)."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
 
 
 class DraftLength:
@@ -150,17 +137,12 @@ class DraftLength:
         self._draft_costs()
         self._between = m.between
         self._verify = m.verify
-        # rounds that called a draft model (decayed): count, tokens made, seconds, and what the costs said they would
-        # take (_measured_loss)
-        self._spec = [0.0, 0.0, 0.0, 0.0]
-        self._pace = [0.0, 0.0]  # every round (decayed): tokens made, seconds (a growing signal's bar: _min_acceptance)
+        self._spec = DraftedRounds()
+        self._pace = Pace()
         self._off_rounds = 0
         self._quiet_until = 0  # while off, rounds up to this many off go without a plan (REPLAN_OFF)
         self._failed_probes = 0  # probes in a row after which speculation stayed off
-        self._measuring = False  # this round drafts what next() said, to measure
-        self._rechecking = False  # ...and it is an answer's first, where the carried costs said it cannot pay
-        self._looking = False  # ...and it is a long look (_long_look_due)
-        self._probing = False  # ...and it is a probe, after rounds off
+        self._mode = Round.PLAN  # what this round is for
         self._plain_rounds = 0  # rounds that drafted nothing and called no draft model
         self._examined = 0  # draft tokens the target has judged, all told (the measuring phase needs a few)
         self._rounds = 0
@@ -174,7 +156,7 @@ class DraftLength:
         """The most tokens to draft this round; ``room``: how many more the answer may make (max_tokens)."""
         self._reach, self._explored = 1.0, False
         self._accepts.start_round()
-        was_probe, self._measuring, self._looking, self._probing = self._probing, False, False, False
+        was_probe, self._mode = self._mode is Round.PROBE, Round.PLAN
         if not self.p.adaptive or self.p.draft_max == 0:
             return self.p.draft_max
         if self._off_rounds and not was_probe and self._off_rounds < self._quiet_until:
@@ -182,17 +164,16 @@ class DraftLength:
             return 0
         if (not self._rounds and self._known and not self._best_k(0.999)
                 and time.monotonic() - self._measured.draft_timed_at >= self.RECHECK_S):
-            self._rechecking = True  # (_costs_moved: at little cost, the draft having just read the prompt)
-            return self._measure(self._short)
+            # (_costs_moved: at little cost, the draft having just read the prompt)
+            return self._measure(self._short, Round.RECHECK)
         if self._examined and self._plain_rounds < self.PLAIN_SAMPLES and not self._known:
             return 0  # plain steps: what drafting must beat (the second replaces the first, a new shape's timing)
         if not self._costs_timed():
             return self._measure(self._short)  # measure before judging
         if self._long_look_due():
             self._long_looks += 1
-            self._looking = True
             self._floor = self.LONG_LOOK_ACCEPTANCE  # (it drafts the tokens it expects accepted: _long_look_due, take)
-            return self._measure(min(self.p.draft_max, self.LONG_LOOK))
+            return self._measure(min(self.p.draft_max, self.LONG_LOOK), Round.LONG_LOOK)
         # Drafting could pay: learn the acceptance before drafting at length. Not once rounds went off: a draft model
         # would first catch up on each token made since (the starter on a slow spell, 57 rounds into an answer: two
         # such drafts took 271 ms, 17 plain steps, and it stayed off). A probe does that, priced. Nor where the last
@@ -224,10 +205,10 @@ class DraftLength:
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
             wait = max(every, self._priced_wait())
             if self._off_rounds >= wait:
-                self._off_rounds, self._probing = 0, True
+                self._off_rounds = 0
                 # (off for a measured loss where the model says drafting pays: a probe of the length it says, so
                 # that one round can outweigh the loss)
-                return self._measure(max(min(2, self.p.draft_max), best))
+                return self._measure(max(min(2, self.p.draft_max), best), Round.PROBE)
             self._quiet_until = min(self._off_rounds + self.REPLAN_OFF, math.ceil(min(wait, 1e9)) - 1)
         else:
             self._off_rounds = 0
@@ -316,10 +297,10 @@ class DraftLength:
                                  range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999, self.PAY_MARGIN)
         return k > 0
 
-    def _measure(self, k: int) -> int:
+    def _measure(self, k: int, mode: Round = Round.MEASURE) -> int:
         """A round that drafts ``k`` tokens whatever their signals: it is there to time the draft and to see
         acceptance (a round whose first token is turned down times nothing, and the costs never settle)."""
-        self._measuring = True
+        self._mode = mode
         return k
 
     # The drafter has paid for a token by the time it asks to take it: taking it costs only its place in the
@@ -333,9 +314,10 @@ class DraftLength:
         self._accepts.count_shape(i)
         rate = self._accepts.rate(i)
         reach = self._reach * rate
-        forced = self._measuring and not self._looking  # (a long look ends at its own floor, on its reach too)
+        looking = self._mode is Round.LONG_LOOK
+        forced = self._mode.measures and not looking  # (a long look ends at its own floor, on its reach too)
         if not forced and (reach < self._min_acceptance(draft_step=False) or rate < self._floor
-                           or (self._looking and reach < self.LONG_LOOK_ACCEPTANCE)):
+                           or (looking and reach < self.LONG_LOOK_ACCEPTANCE)):
             # (a growing signal's bucket that pays, cut by the round's reach: the bucket is judged in other rounds)
             if (self._grows and rate >= self._min_acceptance(draft_step=False)) or not self._explore(i):
                 return False
@@ -347,7 +329,7 @@ class DraftLength:
         """Draft one more token after those taken?"""
         if self._explored:
             return False
-        return self._measuring or self._reach * self._accepts.unseen() >= self._min_acceptance(draft_step=True)
+        return self._mode.measures or self._reach * self._accepts.unseen() >= self._min_acceptance(draft_step=True)
 
     def prices(self) -> tuple[float, float]:
         """What one more verified position and one more draft step cost, in accepted tokens' worth (Gate.prices)."""
@@ -397,7 +379,8 @@ class DraftLength:
         """What an accepted token spares: a plain step, or at the answer's pace (the rounds' seconds per token
         lately) where that is less."""
         plain = self._verify.time(1)
-        return min(plain, self._pace[1] / self._pace[0]) if at_pace and self._pace[0] else plain
+        pace = self._pace
+        return min(plain, pace.seconds / pace.tokens) if at_pace and pace.tokens else plain
 
     def _measured_loss(self) -> bool:
         """Have the rounds that drafted made tokens more slowly than plain decoding does, and taken more than UNSEEN
@@ -406,9 +389,9 @@ class DraftLength:
         answer turned drafting off, and the probes, each catching the draft up on the tokens made since, never
         turned it back on: the starter's "why is the sky blue" answer made 0.94x of plain where drafting on made
         1.08x.)"""
-        rounds, tokens, seconds, modelled = self._spec
-        return (rounds >= 6 and tokens / seconds < 1.0 / self._verify.time(1)
-                and seconds > modelled * (1.0 + self.UNSEEN))
+        s = self._spec
+        return (s.rounds >= 6 and s.tokens / s.seconds < 1.0 / self._verify.time(1)
+                and s.seconds > s.modelled * (1.0 + self.UNSEEN))
 
     def _modelled(self, n_drafted: int, n_evals: int) -> float:
         """Seconds the costs say a round of ``n_evals`` draft calls and ``n_drafted`` tokens takes (_measured_loss).
@@ -489,8 +472,7 @@ class DraftLength:
         """One round's outcome: ``forced`` marks, per draft token, those a grammar forced (not the drafter's);
         ``unsure``: the drafter ended the round itself, at a token it was too unsure to draft (--draft-p-min)."""
         d = DECAY
-        rechecking, self._rechecking = self._rechecking, False
-        if rechecking:  # (_costs_moved)
+        if self._mode is Round.RECHECK:  # (_costs_moved)
             if not self._costs_moved(draft_s, n_evals):
                 self._rounds += 1
                 self._measured.draft_timed_at = time.monotonic()  # (as timed: they are where they were)
@@ -517,7 +499,7 @@ class DraftLength:
         self._time_draft(draft_s, first_s, n_evals, n_first, own)
         if between_s is not None:
             self._between.add(between_s)
-        if self._measuring and not self._looking and not rechecking and 1 in self._verify:  # what this probe
+        if self._mode in (Round.MEASURE, Round.PROBE) and 1 in self._verify:  # what this probe
             # lost (or won) against plain steps (a long look, up to LONG_LOOK tokens, says nothing of what a short
             # probe costs, nor an answer's first round of what one costs after rounds off: it catches up on nothing)
             self._probe_loss.add(draft_s + verify_s - (n_accepted + 1) * self._verify.time(1))
@@ -527,14 +509,16 @@ class DraftLength:
         # its tokens faster than plain decoding starts the record again: the rounds that lost were another spell's,
         # and without the looks' to dilute them one probe could not outweigh them. Its catching up on the tokens made
         # while off is left out: that is the price of having been off, paid once, not a cost of drafting on.
-        if n_evals and not self._looking:
+        if n_evals and self._mode is not Round.LONG_LOOK:
             r, spent = self._spec, draft_s + verify_s
-            if self._probing:
+            if self._mode is Round.PROBE:
                 spent -= max(first_s - self._t_draft.value - self._first_extra.value, 0.0)
                 if (n_accepted + 1) * self._verify.time(1) > spent:
-                    r = [0.0] * 4
-            self._spec = [d * r[0] + 1, d * r[1] + n_accepted + 1, d * r[2] + spent, d * r[3] + modelled]
-        self._pace = [d * self._pace[0] + n_accepted + 1, d * self._pace[1] + draft_s + verify_s + (between_s or 0.0)]
+                    r = DraftedRounds()
+            self._spec = DraftedRounds(d * r.rounds + 1, d * r.tokens + n_accepted + 1, d * r.seconds + spent,
+                                       d * r.modelled + modelled)
+        pace = self._pace
+        self._pace = Pace(d * pace.tokens + n_accepted + 1, d * pace.seconds + draft_s + verify_s + (between_s or 0.0))
         self._rounds += 1
         self._plain_rounds += not (n_drafted or n_evals)
         self._empty = 0 if n_drafted else self._empty + (n_evals > 0)
