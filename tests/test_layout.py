@@ -199,7 +199,7 @@ MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 80
 # Pieces still over the limits, each held at most at its size today: a ratchet, not a pass. Split them where their
 # parts have names (issue 65), and take them off this list.
-STILL_LARGE = {"engine/draft_control.py": 554, "engine/draft_control.py:DraftLength": 469}
+STILL_LARGE = {"engine/draft_control.py": 509, "engine/draft_control.py:DraftLength": 424}
 
 
 def oversized(path: Path) -> list[str]:

@@ -23,7 +23,7 @@ from .acceptance import Acceptance
 from .drafters.ngram import NgramParams
 from .errors import EngineError
 from .measured import DECAY, Measured
-from .speedup import best_draft_length
+from .draft_prices import Prices
 
 MAX_DRAFT = 64  # the target's batch holds draft_max + 1 outputs; keeps the logits buffer small
 
@@ -134,9 +134,7 @@ class DraftLength:
         self._floor = 0.0  # a signal bucket whose acceptance is below this ends the round (_plan)
         self._explored = False  # this round proposed a token only to judge its bucket (_explore): it ends there
         self._refused = [0] * (len(signal_edges) + 1)  # per bucket: tokens the estimates said not to draft
-        self._draft_costs()
-        self._between = m.between
-        self._verify = m.verify
+        self._prices = Prices(m, params.draft_min, params.draft_max)
         self._spec = DraftedRounds()
         self._pace = Pace()
         self._off_rounds = 0
@@ -150,6 +148,14 @@ class DraftLength:
         self._empty = 0  # rounds that called the draft model and drafted nothing, since one drafted
         self._called_last = False  # the last round called the draft model (this answer's)
         self._bars: tuple[float, float] | None = None  # _min_acceptance without and with a draft step, this round
+
+    # The live estimates, the prices' (Prices.refresh reads the draft's again once the Measured forgot them)
+    _verify = property(lambda self: self._prices.verify)
+    _between = property(lambda self: self._prices.between)
+    _t_draft = property(lambda self: self._prices.t_draft)
+    _t_catch_up = property(lambda self: self._prices.t_catch_up)
+    _probe_loss = property(lambda self: self._prices.probe_loss)
+    _first_extra = property(lambda self: self._prices.first_extra)
 
     # --- decisions ------------------------------------------------------------------------------------------
     def next(self, room: int | None = None) -> int:
@@ -199,7 +205,8 @@ class DraftLength:
                 every = float("inf")
             elif not self._settled():
                 every = self.PROBE_EVERY_UNSETTLED
-            elif self._measured.calls_model and self._best_saving() <= self._t_catch_up.value:
+            elif (self._measured.calls_model
+                  and self._prices.best_saving(None, self.PAY_MARGIN) <= self._t_catch_up.value):
                 every = self.PROBE_EVERY_WHEN_COSTLY
             else:  # ...and each probe that changed nothing doubles the wait, up to the costly pairs' rate
                 every = min(self.PROBE_EVERY << min(self._failed_probes, 8), self.PROBE_EVERY_WHEN_COSTLY)
@@ -222,7 +229,7 @@ class DraftLength:
         answer went back on 20 tokens from its end, catching up on 91 tokens in 448 ms.) A probe, priced, still may."""
         if not (self._off_rounds and self._measured.calls_model and rate and room):
             return True
-        return self._best_saving(rate) * room > self._off_rounds * self._t_catch_up.value
+        return self._prices.best_saving(rate, self.PAY_MARGIN) * room > self._off_rounds * self._t_catch_up.value
 
     def _priced_wait(self) -> float:
         """Rounds off between two probes so that probes lose at most PROBE_BUDGET of the time spent off: a pair
@@ -245,14 +252,8 @@ class DraftLength:
         cold and 93.4% warm, 93.1% and 94.4% ending by the look's reach.)"""
         return (self._long_looks < self.LONG_LOOKS and self._examined >= 2
                 and self.acceptance() >= self.LONG_LOOK_ACCEPTANCE
-                and not self._long_batch_timed() and self._short + 1 < self.p.draft_max
+                and not self._prices.long_batch_timed(self._short) and self._short + 1 < self.p.draft_max
                 and self._could_pay())
-
-    def _long_batch_timed(self) -> bool:
-        """A batch longer than a measuring round's timed twice (a new shape's first call pays extra: on the starter
-        13 tokens took 74 ms the first time, 63 after, and judged by the first, drafting could not pay)."""
-        n = max(self._verify, default=1)
-        return n > self._short + 1 and self._verify[n].n > 0
 
     def _hopeless(self) -> bool:
         """A draft model that cannot pay even at full acceptance and by the optimistic guess of _could_pay, by
@@ -269,33 +270,11 @@ class DraftLength:
         without it). Where they held, the round changes nothing: counted, a few sure tokens at a base model's opening
         turned Gemma 3 270M by its own Q4_K_M on, at the edge of paying, and each answer lost 1-5%."""
         return (n_evals > 1 and self._t_draft.n > 0
-                and draft_s < (1.0 - self.UNSEEN) * self._draft_time(n_evals))
-
-    def _draft_costs(self) -> None:
-        """Read the draft's costs from the ``Measured`` (again, once it forgot them)."""
-        m = self._measured
-        self._t_draft, self._t_catch_up, self._probe_loss, self._first_extra = (m.t_draft, m.t_catch_up,
-                                                                               m.probe_loss, m.first_extra)
+                and draft_s < (1.0 - self.UNSEEN) * self._prices.draft_time(n_evals))
 
     def _could_pay(self) -> bool:
-        """Could drafting pay at full acceptance if a long batch's extra positions cost only LONG_BATCH_GUESS of
-        what the short ones measured each (on the starter pair they cost half)? If not, a long look cannot change
-        the verdict (on Gemma 3 270M drafted by its own Q4_K_M, a draft token costs 0.8 of a target step: each
-        extra position would have to cost under a fifth of what it measured), and neither can a probe. Once a long
-        batch was timed, no guess: the measured costs say; and where one was timed in an earlier launch, at about
-        this plain step's speed (a host, not another: a GPU's), what its positions weighed against a plain step
-        then. (Guessed, Gemma's first answer of each launch looked twice and probed, each probe catching the draft
-        up on the 35-48 tokens made since: 0.85-0.88x of plain, where the next answers made 0.97-1.0x.)"""
-        if self._long_batch_timed():
-            return self._best_k(0.999) > 0
-        plain, slope = self._verify.time(1) + self._between.value, self.LONG_BATCH_GUESS * self._verify.slope()
-        if kept := self._measured.kept_long_batch:
-            share, kept_plain = kept
-            if 1.0 / self.KEPT_SPAN <= self._verify.time(1) / kept_plain <= self.KEPT_SPAN:
-                slope = share * self._verify.time(1)
-        k, _ = best_draft_length(lambda n: plain + slope * (n - 1), self._draft_time,
-                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), 0.999, self.PAY_MARGIN)
-        return k > 0
+        """Prices.could_pay, at this controller's margin, guess and span."""
+        return self._prices.could_pay(self._short, self.PAY_MARGIN, self.LONG_BATCH_GUESS, self.KEPT_SPAN)
 
     def _measure(self, k: int, mode: Round = Round.MEASURE) -> int:
         """A round that drafts ``k`` tokens whatever their signals: it is there to time the draft and to see
@@ -393,27 +372,14 @@ class DraftLength:
         return (s.rounds >= 6 and s.tokens / s.seconds < 1.0 / self._verify.time(1)
                 and s.seconds > s.modelled * (1.0 + self.UNSEEN))
 
-    def _modelled(self, n_drafted: int, n_evals: int) -> float:
-        """Seconds the costs say a round of ``n_evals`` draft calls and ``n_drafted`` tokens takes (_measured_loss).
-        A round that drafted nothing is a plain step: its draft call, ended before a first token by --draft-p-min,
-        is a cost the plan does not see."""
-        drafting = n_evals * self._t_draft.value + self._first_extra.value if n_drafted else 0.0
-        return drafting + self._verify.time(n_drafted + 1)
-
     def _best_k(self, acceptance: float | None = None) -> int:
         return self._best(acceptance)[0]
 
     def _best(self, acceptance: float | None = None) -> tuple[int, float]:
         """The draft length that makes tokens fastest at this acceptance (0: plain decoding; None: the drafter's
-        acceptance, every token proposed), and that rate: a round of k costs its draft (_draft_time), its
+        acceptance, every token proposed), and that rate: a round of k costs its draft (Prices.draft_time), its
         verification and the time between rounds; a plain step, the last two."""
-        return self._best_at(self.acceptance() if acceptance is None else acceptance)
-
-    def _best_at(self, acceptance: float, sure: float = 1.0, sure_next: float | None = None,
-                 margin: float | None = None, flat: float = 0.0) -> tuple[int, float]:
-        return best_draft_length(lambda n: self._verify.time(n) + self._between.value, self._draft_time,
-                                 range(max(1, self.p.draft_min), self.p.draft_max + 1), min(acceptance, 0.999),
-                                 self.PAY_MARGIN if margin is None else margin, sure, sure_next, flat)
+        return self._prices.best_at(self.acceptance() if acceptance is None else acceptance, self.PAY_MARGIN)
 
     def _plan(self) -> tuple[int, float, float]:
         """(The draft length to draft this round at most, the acceptance below which a signal bucket's tokens end the
@@ -440,21 +406,10 @@ class DraftLength:
         margin = 0.0 if self._called_last else self.PAY_MARGIN
         best_k, best_rate, floor = 0, 0.0, 1.0
         for q, acceptance, sure, sure_next in self._accepts.round_shapes(self._min_acceptance(draft_step=False)):
-            k, rate = self._best_at(acceptance, sure, sure_next, margin, self.FLAT)
+            k, rate = self._prices.best_at(acceptance, margin, sure, sure_next, self.FLAT)
             if k and rate > best_rate:
                 best_k, best_rate, floor = k, rate, q
         return best_k, floor, best_rate
-
-    def _draft_time(self, k: int) -> float:
-        """Seconds drafting k tokens: k draft calls, the first catching up on the tokens made since the last round."""
-        return k * self._t_draft.value + (self._first_extra.value if k else 0.0)
-
-    def _best_saving(self, rate: float | None = None) -> float:
-        """Seconds per token drafting saves at ``rate`` (tokens per second; by default the best, every draft token
-        accepted), by the measured costs. A draft model that was off pays about its catch-up cost for every token
-        made meanwhile when it drafts again: where that is more than drafting can save, turning it back on does not
-        pay even if it stays on as long."""
-        return self._verify.time(1) + self._between.value - 1.0 / (rate or self._best(0.999)[1])
 
     # --- feedback -------------------------------------------------------------------------------------------
     def record(self, draft, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float,
@@ -478,8 +433,8 @@ class DraftLength:
                 self._measured.draft_timed_at = time.monotonic()  # (as timed: they are where they were)
                 return
             self._measured.forget_draft_costs()
-            self._draft_costs()
-        modelled = self._modelled(n_drafted, n_evals) if self._costs_timed() else draft_s + verify_s
+            self._prices.refresh()
+        modelled = self._prices.modelled(n_drafted, n_evals) if self._costs_timed() else draft_s + verify_s
         self._bars = None
         if unsure:  # (where the plan sees how sure tokens come, as the least sure bucket's: a round that ends there
             # before a first token pays a draft call for nothing, which the plan prices only so)
