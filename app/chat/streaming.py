@@ -9,7 +9,7 @@ import asyncio
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncGenerator, Callable, Iterator
 
 from ..engine import Done, Event
 
@@ -70,7 +70,7 @@ class Generation:
 
 async def batches_async(run: Callable[[threading.Event], Iterator[Event]],
                         on_end: Callable[[], None] = lambda: None,
-                        cancel: threading.Event | None = None) -> AsyncIterator[list[Event]]:
+                        cancel: threading.Event | None = None) -> AsyncGenerator[list[Event], None]:
     """The same worker thread for an asyncio viewer (the HTTP API): as soon as there are events, all there are (a
     verification round commits several tokens at once; sending them together saves the viewer work). Leaving early,
     or being cancelled because the client went away, cancels the generation at once; so does setting ``cancel``

@@ -22,7 +22,7 @@ class Prices:
         self.t_draft, self.t_catch_up, self.probe_loss, self.first_extra = (m.t_draft, m.t_catch_up, m.probe_loss,
                                                                             m.first_extra)
 
-    def draft_time(self, k: int) -> float:
+    def draft_time(self, k: float) -> float:
         """Seconds drafting k tokens: k draft calls, the first catching up on the tokens made since the last round."""
         return k * self.t_draft.value + (self.first_extra.value if k else 0.0)
 

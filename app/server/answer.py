@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterable, Protocol
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterable, Protocol
 
 from ..engine import Done, EngineError, GenerationParams, PromptProgress, Round, Stats, TextDelta
 from ..engine.logprobs import TokenLogprob
@@ -99,11 +99,11 @@ class Answer:
     job: Job
     ids: list[int]
     params: GenerationParams
-    reader: object | None
-    engine: object
+    reader: Any  # a tool format (prompts.tools): visible(text), parse(text, tools); None where no call is read
+    engine: Any  # an Engine or a WorkerEngine
     model: str
     first: list
-    batches: AsyncIterator
+    batches: AsyncGenerator
     watch: asyncio.Future
     chat: bool
     id: str = ""
@@ -180,8 +180,9 @@ async def stream(answer: Answer, renderer: Renderer, log: Callable[[Answer], Non
         async for step in answer.steps():
             for event in renderer.step(answer, step):
                 yield event
-        for event in renderer.end(answer, answer.done):
-            yield event
+        if answer.done is not None:  # (steps ends at the Done)
+            for event in renderer.end(answer, answer.done):
+                yield event
     except EngineError as exc:  # after the headers went out: the error as the stream's last event
         yield renderer.error(exc)
     finally:

@@ -100,9 +100,10 @@ class ApiServer:
         """The largest request body taken now, in bytes."""
         if self.max_body:
             return self.max_body
+        engine = self.runtime.engine
         try:
-            return body_limit(self.runtime.engine.n_ctx)
-        except AttributeError:  # no pair loaded (or it was closed meanwhile)
+            return body_limit(engine.n_ctx if engine is not None else None)
+        except AttributeError:  # (closed meanwhile)
             return body_limit(None)
 
     def loaded_name(self) -> str | None:
@@ -153,6 +154,8 @@ class ApiServer:
     def log(self, answer: Answer) -> None:
         """An answer that ended, for the app's API section."""
         done = answer.done
+        if done is None:
+            return
         s = done.stats
         self.served.appendleft(Served(time.time(), "chat" if answer.chat else "completions", answer.model,
                                       s.n_tokens, s.tokens_per_second if s.rate_measured else None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 from ..engine import Done, Round, Stats
 
@@ -24,7 +24,7 @@ class Metrics:
         self.processing = 0
         self._bucket = [0, 0.0, 0, 0.0]  # since the last scrape: prompt tokens, their seconds, predicted, seconds
 
-    async def observe(self, batches: AsyncIterator[list]) -> AsyncIterator[list]:
+    async def observe(self, batches: AsyncGenerator[list, None]) -> AsyncGenerator[list, None]:
         """``batches`` passed on, counted: a generation is processing from its first batch, and counted when done."""
         drafts, begun = 0, False
         try:

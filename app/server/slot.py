@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import AsyncIterator, Callable
+from typing import AsyncGenerator, Callable
 
 from fastapi import Request
 
@@ -27,7 +27,7 @@ class Slot:
         self._cancels: set[threading.Event] = set()  # one per request queued or running
 
     def generate(self, request: Request, engine, ids: list[int], params, drafter: str
-                 ) -> tuple[AsyncIterator[list], asyncio.Future]:
+                 ) -> tuple[AsyncGenerator[list, None], asyncio.Future]:
         """A prepared request's generation: a place in the queue, its batches (validation errors and the wait for
         the engine come with the first), and a watch that cancels it when the client goes away."""
         cancel = threading.Event()

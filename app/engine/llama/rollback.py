@@ -95,7 +95,7 @@ class RecurrentRollback:
         else:
             ll.llama_memory_clear(self.mem, True)
         self.costs.seconds += time.perf_counter() - t0
-        return saved.n if ok else 0
+        return saved.n if ok and saved is not None else 0
 
     def checkpoint(self, n_mem: int) -> None:
         """Save the state after ``n_mem`` positions, where a later turn may restart (Regenerate, an edited message),
