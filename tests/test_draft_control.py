@@ -1,8 +1,10 @@
 """The adaptive draft-length controller on synthetic measurements (times in seconds, as the loop reports them)."""
+import math
 import time
 from bisect import bisect_right
 
 from app.engine.draft_control import DraftLength, DraftParams, Measured, Round
+from app.engine.draft_probes import Probes
 from app.engine.drafters import ModelDrafter
 from app.engine.drafters.ngram import NgramSimple
 
@@ -94,9 +96,9 @@ def test_probes_back_off_while_acceptance_stays_poor():
     asked = feed(c, 600, lambda k: 0, t_draft=0.002)
     probes = [i for i in range(asked.index(0, 2), len(asked)) if asked[i]]  # after the measuring rounds
     gaps = [b - a for a, b in zip(probes, probes[1:]) if b - a > 1]  # (not the short drafts learning acceptance)
-    priced = (2 * 0.002 + verify(3) - VERIFY_1) / (DraftLength.PROBE_BUDGET * VERIFY_1)
+    priced = (2 * 0.002 + verify(3) - VERIFY_1) / (Probes.BUDGET * VERIFY_1)
     assert all(g > priced for g in gaps)
-    assert gaps[-3:] == [2 * DraftLength.PROBE_EVERY, 4 * DraftLength.PROBE_EVERY, DraftLength.PROBE_EVERY_WHEN_COSTLY]
+    assert gaps[-3:] == [2 * Probes.EVERY, 4 * Probes.EVERY, Probes.EVERY_WHEN_COSTLY]
 
 
 def test_measured_loss_turns_speculation_off_even_where_the_model_says_it_pays():
@@ -217,7 +219,7 @@ def test_short_batches_alone_do_not_judge_what_a_long_one_costs():
 
 def test_a_passing_slowdown_does_not_end_speculation_for_the_whole_answer():
     """A busy machine makes a few draft rounds slow: measured loss, off. Drafting can pay (cheap, accepted), so
-    probes come every PROBE_EVERY rounds and drafting resumes once the slowdown is over."""
+    probes come every Probes.EVERY rounds and drafting resumes once the slowdown is over."""
     c = DraftLength(ADAPTIVE)
     asked = []
     for i in range(120):
@@ -236,14 +238,14 @@ def test_while_off_the_plan_is_made_again_only_every_few_rounds_and_probes_keep_
     every token, off for poor acceptance (priced probes) as off because drafting cannot pay (none)."""
     def run(replan_off: int, t_draft: float, accept) -> tuple[list[int], int]:
         c = DraftLength(ADAPTIVE)
-        c.REPLAN_OFF = replan_off  # 0: a plan at every round, as before
+        c._probes.REPLAN_OFF = replan_off  # 0: a plan at every round, as before
         plans, plan = [], c._plan
         c._plan = lambda: plans.append(1) or plan()
         return feed(c, 600, accept, t_draft), len(plans)
 
     for t_draft, accept in [(0.002, lambda k: 0), (0.011, lambda k: k)]:
         every, n_every = run(0, t_draft, accept)
-        quiet, n_quiet = run(DraftLength.REPLAN_OFF, t_draft, accept)
+        quiet, n_quiet = run(Probes.REPLAN_OFF, t_draft, accept)
         assert quiet == every and every.count(0) > 500
         assert n_every > 500 and n_quiet < n_every / 5
 
@@ -848,3 +850,75 @@ def test_a_launch_that_timed_long_batches_tells_the_next_whether_a_long_look_cou
     elsewhere = Measured()
     elsewhere.kept_long_batch = (share, plain / 10)  # kept at another speed (a GPU's): guessed again
     assert max(answer(elsewhere)) == 8
+
+
+# --- the parts alone ---------------------------------------------------------------------------------------------
+def settled_prices(t_draft: float = 0.002, probe_loss: float | None = None):
+    """Prices over costs timed enough to be settled: a draft token four times, two batch sizes three times."""
+    from app.engine.draft_prices import Prices
+
+    m = Measured()
+    for _ in range(Probes.SETTLED + 1):  # (an Estimate's first sample only stands in)
+        m.t_draft.add(t_draft)
+    for _ in range(4):
+        m.verify.add(1, verify(1))
+        m.verify.add(3, verify(3))
+    if probe_loss is not None:
+        for _ in range(2):
+            m.probe_loss.add(probe_loss)
+    return Prices(m, 0, 8)
+
+
+def rounds_to_probe(probes: Probes, calls_model: bool = True, could_pay=lambda: True, was_probe: bool = False,
+                    limit: int = 10_000) -> int | None:
+    """Rounds off until the probes say to probe (the first after a probe if ``was_probe``); None: none in ``limit``."""
+    for n in range(1, limit + 1):
+        if probes.off(was_probe and n == 1, calls_model, could_pay, 0.08):
+            return n
+    return None
+
+
+def test_probes_alone_double_their_wait_after_each_failed_probe_up_to_the_costly_rate():
+    probes = Probes(settled_prices())
+    gaps = [rounds_to_probe(probes, was_probe=i > 0) for i in range(6)]
+    assert gaps == [Probes.EVERY, 2 * Probes.EVERY, 4 * Probes.EVERY, Probes.EVERY_WHEN_COSTLY,
+                    Probes.EVERY_WHEN_COSTLY, Probes.EVERY_WHEN_COSTLY]
+    probes.on()  # a probe turned drafting back on: when it goes off again, the wait is the shortest again
+    assert rounds_to_probe(probes) == Probes.EVERY
+
+
+def test_probes_alone_are_priced_soon_while_unsettled_and_never_when_hopeless():
+    loss = 0.05  # each probe lost 50 ms against a 10 ms plain step: 250 rounds off keep it under 2%
+    assert rounds_to_probe(Probes(settled_prices(probe_loss=loss))) == math.ceil(loss / (Probes.BUDGET * verify(1)))
+    from app.engine.draft_prices import Prices
+
+    assert rounds_to_probe(Probes(Prices(Measured(), 0, 8))) == Probes.EVERY_UNSETTLED
+    assert rounds_to_probe(Probes(settled_prices()), could_pay=lambda: False) is None
+    # a model-free drafter costs no catch-up: never hopeless, and its failed probes do not lengthen the wait
+    probes = Probes(settled_prices())
+    assert [rounds_to_probe(probes, calls_model=False, could_pay=lambda: False, was_probe=i > 0)
+            for i in range(3)] == [Probes.EVERY] * 3
+
+
+def test_while_off_the_probes_say_which_rounds_need_no_plan():
+    probes = Probes(settled_prices())
+    assert not probes.quiet(was_probe=False)  # on: every round is planned
+    probes.off(False, True, lambda: True, 0.08)
+    quiet = 0
+    while probes.quiet(was_probe=False):
+        quiet += 1
+    assert quiet == Probes.REPLAN_OFF and probes.off_rounds == Probes.REPLAN_OFF + 1
+
+
+def test_the_tallies_alone_lose_only_to_unseen_costs_and_pace_an_answer():
+    from app.engine.draft_tallies import DraftedRounds, Pace
+
+    slow = seen = DraftedRounds()
+    for _ in range(12):  # (decayed: six rounds' worth)
+        slow = slow.add(2, 0.05, modelled=0.03)  # 40 tokens/s against a plain step's 100, 67% over the costs
+        seen = seen.add(2, 0.05, modelled=0.05)  # as slow, but the costs said so: rejections the plan sees
+    assert slow.lose(VERIFY_1, 0.1) and not seen.lose(VERIFY_1, 0.1)
+    assert not DraftedRounds().add(2, 0.05, 0.03).lose(VERIFY_1, 0.1)  # one round says little
+    pace = Pace().add(5, 0.02)
+    assert pace.token_time(VERIFY_1) == 0.004 and Pace().token_time(VERIFY_1) == VERIFY_1
+    assert Pace().add(1, 0.05).token_time(VERIFY_1) == VERIFY_1  # never more than a plain step
