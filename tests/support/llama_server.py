@@ -11,6 +11,7 @@ does (tests/support/llama_tools.py): no repacked weights, as SpecChat loads them
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -52,6 +53,15 @@ def binary() -> Path:
     if exe.is_file():
         return exe
     home.mkdir(parents=True, exist_ok=True)
+    with open(home / "build.lock", "w") as lock:  # one build for test processes started side by side (-n 2)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not exe.is_file():
+            build_binary(sdist, home, exe)
+    return exe
+
+
+def build_binary(sdist: Path, home: Path, exe: Path) -> None:
+    """Build llama-server from the sdist's llama.cpp in a temporary folder; keep the binary alone as ``exe``."""
     log = home / "build.log"
     say(f"building llama.cpp's llama-server from {sdist.name}, once per machine (15-20 minutes on 2 cores); "
         f"log: {log}")
@@ -72,7 +82,6 @@ def binary() -> Path:
         shutil.copy2(build / "bin" / "llama-server", exe.with_suffix(".part"))
         os.replace(exe.with_suffix(".part"), exe)  # a build killed half-way leaves no binary behind
     say(f"built llama-server in {time.monotonic() - began:.0f} s: {exe}")
-    return exe
 
 
 @contextmanager
