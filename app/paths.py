@@ -81,7 +81,7 @@ def clear_stale_temp_folders(root: Path | None = None) -> list[Path]:
     import tempfile
 
     root = Path(root or tempfile.gettempdir())
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(root.iterdir())
     except OSError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from .measured import Measured
 
@@ -31,7 +31,8 @@ class Acceptance:
             counts[1] += judged * scale
         self._last: int | None = None  # the bucket of the draft token before this one in the round (None: the first)
         self._prior = statistics.fmean(prior)  # the acceptance of a token not drafted yet, before any is judged
-        self.outcomes = [[0, 0] for _ in self._buckets]  # per bucket: accepted, judged (the measurements alone)
+        # per bucket: accepted, judged (the measurements alone)
+        self.outcomes: list[list[float]] = [[0, 0] for _ in self._buckets]
         # accepted draft tokens and those examined by the target (decayed), from the last answers' at first
         scale = min(1.0, self.PRIOR_WEIGHT / m.judged) if m.judged else 0.0
         self._succ, self._seen = m.accepted * scale, m.judged * scale
@@ -90,7 +91,7 @@ class Acceptance:
                    sum(m.after[a][b] for a in sure for b in sure) / after)
 
     # --- what the target judged -----------------------------------------------------------------------------
-    def judge(self, signals: list[float | None], n_accepted: int) -> None:
+    def judge(self, signals: Sequence[float | None], n_accepted: int) -> None:
         """Count a round's draft tokens per signal bucket: those before the first rejection were accepted, that one
         was not, later ones are unseen. A ``None`` signal is a token a grammar forced: not the drafter's to judge."""
         for i, signal in enumerate(signals[: n_accepted + 1]):

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 from urllib.parse import urlparse
 
 import httpx2
@@ -354,7 +354,7 @@ def _forget(blob: Path, cache: Path, remote: RemoteFile) -> None:
     blob.unlink(missing_ok=True)
 
 
-def remove_files(files: list[tuple[str, str]], keep: set[tuple[str, str]] = frozenset(),
+def remove_files(files: list[tuple[str, str]], keep: Collection[tuple[str, str]] = frozenset(),
                  cache: Path | None = None) -> tuple[int, list[str]]:
     """Delete cached files and partial downloads (split GGUFs: every shard) except those in ``keep``;
     return (bytes freed, names removed)."""

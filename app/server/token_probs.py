@@ -48,7 +48,7 @@ def entries(model, probs: list[TokenLogprob], texts: Texts, post: bool = False) 
 
 def legacy(model, probs: list[TokenLogprob], texts: Texts, offset: int = 0) -> dict:
     """OpenAI's completions ``logprobs`` object; ``offset``: characters of the answer before these tokens."""
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for p in probs:
         token = texts(p.token)
         out["tokens"].append(token)

@@ -109,7 +109,7 @@ class NgramCache(Lookup):
             self._size = len(history)
         if len(history) < NGRAM_STATIC:
             return []
-        seq, out = list(history[-NGRAM_MAX:]), []
+        seq, out = list(history[-NGRAM_MAX:]), list[int]()
         while len(out) < N_DRAFT:
             part_static = self.static.get(ngram(seq[-NGRAM_STATIC:]), {})
             grams = [ngram(seq[-size:]) for size in range(NGRAM_MIN, NGRAM_MAX + 1)]
