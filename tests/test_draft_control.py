@@ -4,7 +4,9 @@ import time
 from bisect import bisect_right
 
 from app.engine.draft_control import DraftLength, DraftParams, Measured, Round
+from app.engine.draft_prices import Prices
 from app.engine.draft_probes import Probes
+from app.engine.draft_tallies import DraftedRounds, Pace
 from app.engine.drafters import ModelDrafter
 from app.engine.drafters.ngram import NgramSimple
 
@@ -855,8 +857,6 @@ def test_a_launch_that_timed_long_batches_tells_the_next_whether_a_long_look_cou
 # --- the parts alone ---------------------------------------------------------------------------------------------
 def settled_prices(t_draft: float = 0.002, probe_loss: float | None = None):
     """Prices over costs timed enough to be settled: a draft token four times, two batch sizes three times."""
-    from app.engine.draft_prices import Prices
-
     m = Measured()
     for _ in range(Probes.SETTLED + 1):  # (an Estimate's first sample only stands in)
         m.t_draft.add(t_draft)
@@ -890,8 +890,6 @@ def test_probes_alone_double_their_wait_after_each_failed_probe_up_to_the_costly
 def test_probes_alone_are_priced_soon_while_unsettled_and_never_when_hopeless():
     loss = 0.05  # each probe lost 50 ms against a 10 ms plain step: 250 rounds off keep it under 2%
     assert rounds_to_probe(Probes(settled_prices(probe_loss=loss))) == math.ceil(loss / (Probes.BUDGET * verify(1)))
-    from app.engine.draft_prices import Prices
-
     assert rounds_to_probe(Probes(Prices(Measured(), 0, 8))) == Probes.EVERY_UNSETTLED
     assert rounds_to_probe(Probes(settled_prices()), could_pay=lambda: False) is None
     # a model-free drafter costs no catch-up: never hopeless, and its failed probes do not lengthen the wait
@@ -911,8 +909,6 @@ def test_while_off_the_probes_say_which_rounds_need_no_plan():
 
 
 def test_the_tallies_alone_lose_only_to_unseen_costs_and_pace_an_answer():
-    from app.engine.draft_tallies import DraftedRounds, Pace
-
     slow = seen = DraftedRounds()
     for _ in range(12):  # (decayed: six rounds' worth)
         slow = slow.add(2, 0.05, modelled=0.03)  # 40 tokens/s against a plain step's 100, 67% over the costs

@@ -2,7 +2,7 @@
 (``draft_control.DraftLength``). A probe is a short draft now and then: it tells whether the text became
 predictable, and costs a draft model its catching up on every token made since it last drafted. So how often
 depends on why drafting went off (``Off``), each probe that changed nothing doubles the wait, and every wait is
-priced: probes lose at most PROBE_BUDGET of the time spent off. Why each rule is as it is:
+priced: probes lose at most BUDGET of the time spent off. Why each rule is as it is:
 docs/benchmarks/adaptive.md."""
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ class Probes:
         return False
 
     def why(self, calls_model: bool, could_pay: Callable[[], bool], margin: float) -> Off:
+        """Why drafting is off now (Off), by the costs measured."""
         p = self._prices
         if calls_model and p.t_draft.n > 0 and not could_pay():
             return Off.HOPELESS

@@ -53,7 +53,7 @@ def binary() -> Path:
     if exe.is_file():
         return exe
     home.mkdir(parents=True, exist_ok=True)
-    with open(home / "build.lock", "w") as lock:  # one build for test processes started side by side (-n 2)
+    with open(home / "build.lock", "w") as lock:  # one build for test runs started side by side
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not exe.is_file():
             build_binary(sdist, home, exe)
