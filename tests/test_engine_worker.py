@@ -365,3 +365,16 @@ def test_every_method_forwarded_to_the_worker_is_one_it_answers():
 
     forwarded = {name for name, v in vars(WorkerEngine).items() if getattr(v, "__qualname__", "") == name}
     assert len(forwarded) >= 12 and forwarded <= CALLS, forwarded - CALLS
+
+
+def test_a_fault_while_the_worker_reports_one_is_told_by_the_first():
+    """faulthandler walks every thread's stack while they run, and can fault doing so: the worker then dies of
+    that second signal, and its log (as in a real run: an abort, then a segfault mid-traceback) names the first."""
+    from app.chat.worker.parent import _how
+
+    logged = ('Fatal Python error: Aborted\n\nThread 0x00007f563bfff6c0 (most recent call first):\n'
+              '  File "/app/engine/text_stream.py"Fatal Python error: Segmentation fault\n')
+    assert _how(-signal.SIGSEGV, logged) == "killed by SIGABRT (Aborted; then SIGSEGV while reporting it)"
+    assert _how(-signal.SIGSEGV, "Fatal Python error: Segmentation fault\n") == "killed by SIGSEGV (Segmentation fault)"
+    assert _how(-signal.SIGKILL, "") == "killed by SIGKILL (Killed)"
+    assert _how(3, logged) == "exited with status 3"

@@ -39,6 +39,12 @@ LAST_LINES = 3  # of llama.cpp's lines in the worker's log, quoted when it dies
 FROZEN_FLAG = "--engine-worker"  # a desktop bundle runs the worker as its own executable with this flag first
 # What llama.cpp and ggml say before they end a process (the Python stack a crash prints is left in the log).
 SAID = re.compile(r"^llama\.cpp: |GGML_ASSERT|GGML_ABORT|CUDA error|out of memory|terminate called", re.I)
+# The fatal signals the worker's faulthandler reports, by the words it logs them with. Its report can fault in
+# turn (it walks every thread's stack while they run): the process then dies of the second signal, and the
+# first, the log's, is what killed it.
+FAULTS = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS,
+          "Floating-point exception": signal.SIGFPE, "Illegal instruction": signal.SIGILL}
+FIRST_FAULT = re.compile(r"^Fatal Python error: (" + "|".join(FAULTS) + ")", re.M)
 
 
 class WorkerDied(EngineError):
@@ -74,13 +80,19 @@ def command(fd: int) -> list[str]:
     return [sys.executable, "-m", "app.chat.worker.child", str(fd)]
 
 
-def _how(returncode: int) -> str:
+def _how(returncode: int, logged: str) -> str:
+    """How a worker that ended with ``returncode`` died, by the first fatal signal its ``logged`` text reports
+    where that differs from the one that ended it (see FAULTS)."""
     if returncode < 0:
         try:
             sig = signal.Signals(-returncode)
-            return f"killed by {sig.name} ({signal.strsignal(sig)})"
         except ValueError:
             return f"killed by signal {-returncode}"
+        first = FIRST_FAULT.search(logged)
+        if first and FAULTS[first[1]] != sig:
+            cause = FAULTS[first[1]]
+            return f"killed by {cause.name} ({signal.strsignal(cause)}; then {sig.name} while reporting it)"
+        return f"killed by {sig.name} ({signal.strsignal(sig)})"
     return f"exited with status {returncode}"
 
 
@@ -227,11 +239,11 @@ class WorkerEngine:
         try:
             with open(self.log, "rb") as log:
                 log.seek(self._log_from)
-                lines = [ln.strip() for ln in log.read().decode("utf-8", "replace").splitlines() if SAID.search(ln)]
+                logged = log.read().decode("utf-8", "replace")
         except OSError:
-            lines = []
-        said = " | ".join(lines[-LAST_LINES:])
-        return (f"The engine worker (pid {proc.pid}) {_how(returncode)} while {doing} ({self._target.name})."
+            logged = ""
+        said = " | ".join([ln.strip() for ln in logged.splitlines() if SAID.search(ln)][-LAST_LINES:])
+        return (f"The engine worker (pid {proc.pid}) {_how(returncode, logged)} while {doing} ({self._target.name})."
                 + (f" Its last words: {said}." if said else "") + f" Log: {self.log}.")
 
     # --- asking ---------------------------------------------------------------------------------------------
