@@ -1,5 +1,6 @@
 """The README's set-up commands: the two that CI and a newcomer run, and the GPU lines, which must stay the launch
-command with one GPU switch added (and -DGGML_LLAMAFILE=OFF kept), the same switches the app's rebuild advice gives."""
+command with one GPU switch added (and -DGGML_LLAMAFILE=OFF kept), the same switches the app's rebuild advice gives,
+each with a pip cache of its own (pip keys a built wheel by its source, not by CMAKE_ARGS)."""
 import re
 from pathlib import Path
 
@@ -18,11 +19,13 @@ def test_one_launch_and_one_test_command_both_keeping_exact_kernels():
     (launch,), (tests,) = block("launch-command"), block("test-command")
     assert launch.endswith(".venv/bin/specchat") and tests.endswith("python -m pytest")
     assert 'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF"' in launch and 'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF"' in tests
+    assert "--cache-dir ~/.cache/specchat/pip-cpu " in launch and "--cache-dir ~/.cache/specchat/pip-cpu " in tests
 
 
 def test_one_gpu_line_per_backend_each_the_launch_command_with_its_switch():
     (launch,) = block("launch-command")
     lines = block("gpu-commands")
     assert len(lines) == len(CMAKE_SWITCH) == 3
-    for line, switch in zip(lines, CMAKE_SWITCH.values()):
-        assert line == launch.replace('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF"', f'CMAKE_ARGS="{switch} -DGGML_LLAMAFILE=OFF"')
+    for line, (backend, switch) in zip(lines, CMAKE_SWITCH.items()):
+        assert line == launch.replace('CMAKE_ARGS="-DGGML_LLAMAFILE=OFF"', f'CMAKE_ARGS="{switch} -DGGML_LLAMAFILE=OFF"'
+                                      ).replace("specchat/pip-cpu ", f"specchat/pip-{backend.lower()} ")
