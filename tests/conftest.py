@@ -1,6 +1,8 @@
+import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,22 +19,34 @@ def pytest_configure(config):
 
 
 _FILE_SECONDS: dict[str, float] = {}
+_TEST_SECONDS: dict[str, dict[str, float]] = {}
+_STARTED = (time.monotonic(), os.times())
+ARTIFACTS = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).parent / "artifacts"))
 
 
 def pytest_runtest_logreport(report):
     """Each test's set-up, call and tear-down, added to its file's time."""
     name = report.nodeid.split("::")[0]
     _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
+    _TEST_SECONDS.setdefault(report.nodeid, {})[report.when] = round(report.duration, 3)
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The time per file, slowest first, in every run's log (with --durations' slowest tests): where CI time goes."""
+    """The time per file, slowest first, in every run's log (with --durations' slowest tests): where CI time goes.
+    Beside it the run's CPU time, its own and its finished children's: on 2 cores, wall time can never drop below
+    half of it however the tests are spread. Every test's phases go to artifacts/durations.json."""
     if not _FILE_SECONDS:
         return
     terminalreporter.section("seconds per file")
     for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}  {name}")
     terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}  in all")
+    wall, (t0, now) = time.monotonic() - _STARTED[0], (_STARTED[1], os.times())
+    cpu = sum(b - a for a, b in zip(t0[:4], now[:4]))  # user and system, this process and its reaped children
+    terminalreporter.write_line(f"{cpu:8.1f}  CPU seconds in {wall:.0f} s of wall time "
+                                f"({cpu / wall:.2f} of {os.cpu_count()} cores busy)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "durations.json").write_text(json.dumps(_TEST_SECONDS, indent=0, sort_keys=True))
 
 
 @pytest.fixture(scope="session", autouse=True)
