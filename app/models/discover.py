@@ -60,6 +60,10 @@ class Advice:
 
 
 def api(endpoint: str | None = None) -> HfApi:
+    """HfApi for ``endpoint``, once the Hub there takes connections at all. HfApi's listings retry a refused or
+    unresolvable connection five times over 23 s, in silence (its HEAD for one file does not retry); a Hub that is
+    slow or answers 5xx keeps those retries."""
+    hub.check_reachable(endpoint)
     return HfApi(endpoint=endpoint)
 
 

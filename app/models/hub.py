@@ -138,6 +138,18 @@ def resolve(repo: str, name: str, endpoint: str | None = None) -> RemoteFile:
     return RemoteFile(repo, name, int(meta.size), meta.etag, meta.commit_hash, meta.location, same_host)
 
 
+def check_reachable(endpoint: str | None = None) -> None:
+    """Raise ``httpx2.ConnectError`` (for ``explain``) at once when nothing takes a connection at the Hub's address:
+    no route, a refused port, an unknown host. Any answer at all, even an error status, passes."""
+    hub = (endpoint or constants.ENDPOINT).rstrip("/")
+    try:
+        get_session().head(hub, timeout=constants.HF_HUB_ETAG_TIMEOUT, follow_redirects=False)
+    except httpx2.ConnectError:
+        raise
+    except httpx2.HTTPError:  # slow, or a protocol quirk: the call itself, with its retries, tells
+        pass
+
+
 def explain(exc: Exception, repo: str, name: str, endpoint: str | None = None) -> HubError:
     """Turn a huggingface_hub / network error into what the person should do about it."""
     hub = (endpoint or constants.ENDPOINT).rstrip("/")
