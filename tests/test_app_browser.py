@@ -374,6 +374,8 @@ def test_two_tabs_are_queued_not_interleaved(browser, app_url):
 
 
 def test_hardware_panel(page):
+    # Gradio's footer (its API recorder, developer settings and run history) is not the app's: the API tab is.
+    assert page.page.locator("footer").count() == 0 and page.page.get_by_text("Use via API").count() == 0
     page.page.get_by_role("tab", name="Hardware").click()
     text = page.page.locator("#hardware").inner_text()
     assert "GiB free" in text and "GPU offload" in text and "starter" in text

@@ -220,7 +220,7 @@ def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bo
     demo = ui.build()
     demo.queue(default_concurrency_limit=1)
     root = gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
-                               theme=theme(), css=css(), footer_links=["api", "settings"],
+                               theme=theme(), css=css(), footer_links=[],  # no Gradio footer: the API tab is ours
                                favicon_path=str(resource("assets/logo.svg")))
     return root, api, ui
 
