@@ -570,7 +570,11 @@ def test_switching_conversations_while_an_answer_streams_is_refused(page):
     page.open_conversation("Say hello to the tester.")  # now it may switch, and shows that conversation only
     page.page.locator("#chat").get_by_text("Say hello to the tester.").wait_for(timeout=60_000)
     assert LONG_PROMPT not in page.page.locator("#chat").inner_text()
+    # Back to the module's limit. Settings are saved when a message uses them, so one is sent: else the next test's
+    # page loads 2048, and a crash test's 'Name an animal.' ran 100 s instead of 10 in the full run.
     page.set_number("max-tokens", "512")
+    page.send("Say hi.")
+    assert page.wait_state(("done", "error"))["state"] == "done"
 
 
 @pytest.fixture
