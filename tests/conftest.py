@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import announce  # noqa: E402
+from support import ARTIFACTS, announce  # noqa: E402
 from support.tiny_gguf import write_model  # noqa: E402
 
 
@@ -21,7 +21,6 @@ def pytest_configure(config):
 _FILE_SECONDS: dict[str, float] = {}
 _TEST_SECONDS: dict[str, dict[str, float]] = {}
 _STARTED = (time.monotonic(), os.times())
-ARTIFACTS = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).parent / "artifacts"))
 
 
 def pytest_runtest_logreport(report):

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from support import ARTIFACTS
 from support.servers import App
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-ARTIFACTS = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).parent / "artifacts"))
 LONG_PROMPT = "Write a long story about a lighthouse keeper and a storm, with many details."
 
 

@@ -3,7 +3,6 @@ requests, one key for everything under --listen (login page by keyboard, Bearer 
 owner-only, and requests whose client gave up never holding the engine."""
 from __future__ import annotations
 
-import os
 import re
 import stat
 import threading
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import ARTIFACTS
 from support.servers import App, serve_in_thread
 
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -278,6 +278,5 @@ def test_listen_without_a_key_makes_one_and_the_printed_url_signs_in(keyless_lis
 
 
 def _artifacts() -> Path:
-    folder = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).parent / "artifacts"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS

@@ -4,3 +4,8 @@ started as a person starts them (servers; llama.cpp's llama-server built from th
 sdist read by llama_sdist), a launcher that logs any connection beyond loopback (net_guard, run as a script), and
 the hidden-state head drafters with the tiny models each drafts for (heads). Imported as ``support.<module>``
 (conftest.py puts tests/ on the path)."""
+import os
+from pathlib import Path
+
+# Where runs leave what a person looks at afterwards: screenshots, logs, every test's durations.
+ARTIFACTS = Path(os.environ.get("SPECCHAT_ARTIFACTS", Path(__file__).resolve().parent.parent / "artifacts"))
