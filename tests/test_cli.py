@@ -217,6 +217,62 @@ def test_chat_in_the_terminal(models):
     assert "Traceback" not in r.stderr
 
 
+class Terminal:
+    """A program on a pseudo-terminal, typed at as a person types (keys, arrows, Enter), its screen read back."""
+
+    def __init__(self, argv, env):
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+        os.close(slave)
+        self.screen = ""
+
+    def wait_for(self, text, count=1, timeout=120):
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.screen.count(text) < count:
+            assert time.monotonic() < deadline, f"no {text!r} on the screen:\n{self.screen}"
+            if select.select([self.master], [], [], 1)[0]:
+                try:
+                    self.screen += os.read(self.master, 4096).decode(errors="replace")
+                except OSError:  # (the program ended)
+                    raise AssertionError(f"ended before {text!r}:\n{self.screen}") from None
+
+    def type(self, keys):
+        os.write(self.master, keys.encode())
+
+
+def test_terminal_chat_edits_lines_recalls_them_and_answers_commands(models, tmp_path):
+    """Typed on a real terminal: the arrows edit the line (readline), Up recalls an earlier message, /help and an
+    unknown command are answered by the chat itself and never reach the model, and the history outlives the chat."""
+    term = Terminal([sys.executable, "-m", "app", "chat", "--target", str(models["target"]), "--max-tokens", "8"],
+                    env={**os.environ, "SPECCHAT_HOME": str(tmp_path), "TERM": "xterm"})
+    try:
+        left = "\x1b[D"
+        term.wait_for("> ")
+        term.type("the dog" + left * 3 + "big \r")  # typed "the dog", moved back before "dog", inserted "big "
+        term.wait_for("[8 tokens")
+        term.wait_for("> ", 2)
+        term.type("/help\r")
+        term.wait_for("/reset")
+        term.type("/nope\r")
+        term.wait_for("Unknown command /nope")
+        term.type("\x1b[A" * 3 + "\r")  # Up three times: back past /nope and /help to the first message
+        term.wait_for("[8 tokens", 2)
+        term.type("/quit\r")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.proc.kill()
+        os.close(term.master)
+    assert "Traceback" not in term.screen
+    assert term.screen.count("[8 tokens") == 2  # two answers: the commands were not sent
+    history = (tmp_path / "data" / "chat_history").read_text().splitlines()
+    assert history.count("the big dog") == 2 and "/help" in history, history
+
+
 @pytest.mark.parametrize("args,words", [
     (["--port", "70000"], "Invalid --port"),
     (["--pair", "nosuchpair"], "Unknown pair"),

@@ -19,6 +19,7 @@ from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 from ..prompts import chat_tokens, plain_tokens
 from .bench import summary_line
+from .chat_input import HELP, LineReader, parse
 from .flags import (Parser, drafter_name, hub_refs, model_flags, ngram_settings, remote_flags, sampling_flags,
                     serving_flags)
 
@@ -361,20 +362,31 @@ def cmd_chat(args) -> int:
             return engine.generate(chat_tokens(engine.model, msgs, engine.projector), params, drafter, cancel)
         summary = summary_line
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    print("SpecChat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
+    print("SpecChat — type a message, /help for commands, Ctrl-D to quit.", file=sys.stderr)
+    reader = LineReader()
     while True:
         try:
-            line = input("> ").strip()
+            line = parse(reader.read("> "))
         except EOFError:
             print(file=sys.stderr)
             return 0
-        if not line:
+        if line.unknown:
+            print(f"Unknown command {line.unknown}: /help lists them ('//' sends a message that starts with '/').",
+                  file=sys.stderr)
             continue
-        if line == "/reset":
+        if line.command == "help":
+            print(HELP, file=sys.stderr)
+            continue
+        if line.command == "quit":
+            return 0
+        if line.command == "reset":
             messages = messages[:1] if args.system else []
+            print("(a new conversation)", file=sys.stderr)
+            continue
+        if not line.text:
             continue
         first = not any(m["role"] == "user" for m in messages)
-        messages.append({"role": "user", "content": with_images(line, images if first else [])})
+        messages.append({"role": "user", "content": with_images(line.text, images if first else [])})
         cancel = threading.Event()
         reply = ""
         try:
