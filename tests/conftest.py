@@ -18,9 +18,45 @@ def pytest_configure(config):
     announce.attach(config)  # minutes-long set-up inside a test says so at once (building llama-server)
 
 
+# The test command runs the files on pytest-xdist workers, a file per worker at a time (pyproject.toml's addopts):
+# a file's module fixtures (a started app, a loaded pair) are made once. These files take minutes (the "seconds per
+# file" table in each run's log): they start first, so that no worker is left running one of them while the other
+# has nothing to do. The rest keep their order.
+LONG_FILES = ("test_app_browser.py", "test_starter.py", "test_ngram_kinds.py", "test_bundle.py",
+              "test_exact_sampling.py", "test_heads.py", "test_speculative_servers.py", "test_recurrent.py",
+              "test_cli.py", "test_hostile_requests.py", "test_hub.py", "test_remote.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per core, at most 4 (each may hold a loaded model pair and a browser)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
 _FILE_SECONDS: dict[str, float] = {}
 _TEST_SECONDS: dict[str, dict[str, float]] = {}
 _STARTED = (time.monotonic(), os.times())
+_WORKERS_CPU: list[float] = []  # each xdist worker's CPU seconds, as it reported them on stopping
+
+
+def _cpu_seconds(children: bool = True) -> float:
+    """User and system time since the run began: this process's, and (``children``) its reaped children's."""
+    return sum(b - a for a, b in zip(_STARTED[1][:4 if children else 2], os.times()[:4 if children else 2]))
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its CPU time goes to the controller
+        session.config.workeroutput["cpu_seconds"] = _cpu_seconds()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _WORKERS_CPU.append(getattr(node, "workeroutput", {}).get("cpu_seconds", 0.0))
 
 
 def pytest_runtest_logreport(report):
@@ -32,16 +68,17 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     """The time per file, slowest first, in every run's log (with --durations' slowest tests): where CI time goes.
-    Beside it the run's CPU time, its own and its finished children's: on 2 cores, wall time can never drop below
-    half of it however the tests are spread. Every test's phases go to artifacts/durations.json."""
-    if not _FILE_SECONDS:
+    Beside it the run's CPU time, its own, its workers' and their children's: on 2 cores, wall time can never drop
+    below half of it however the tests are spread. Every test's phases go to artifacts/durations.json."""
+    if not _FILE_SECONDS or hasattr(terminalreporter.config, "workerinput"):  # (the controller reports for all)
         return
     terminalreporter.section("seconds per file")
     for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}  {name}")
     terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}  in all")
-    wall, (t0, now) = time.monotonic() - _STARTED[0], (_STARTED[1], os.times())
-    cpu = sum(b - a for a, b in zip(t0[:4], now[:4]))  # user and system, this process and its reaped children
+    wall = time.monotonic() - _STARTED[0]
+    # (xdist's workers are the controller's children: counted once, as each reported its own and its children's)
+    cpu = _cpu_seconds(children=not _WORKERS_CPU) + sum(_WORKERS_CPU)
     terminalreporter.write_line(f"{cpu:8.1f}  CPU seconds in {wall:.0f} s of wall time "
                                 f"({cpu / wall:.2f} of {os.cpu_count()} cores busy)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

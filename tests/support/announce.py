@@ -17,9 +17,12 @@ def say(line: str) -> None:
     plugins = _config.pluginmanager if _config is not None else None
     capture = plugins and plugins.getplugin("capturemanager")
     reporter = plugins and plugins.getplugin("terminalreporter")
-    if not (capture and reporter):
+    if not capture:
         print(line, file=sys.stderr, flush=True)
         return
     with capture.global_and_fixture_disabled():
-        reporter.ensure_newline()
-        reporter.write(line + "\n", flush=True)
+        if reporter and not hasattr(_config, "workerinput"):
+            reporter.ensure_newline()
+            reporter.write(line + "\n", flush=True)
+        else:  # an xdist worker: its terminal reporter's lines go nowhere, its stderr is the run's
+            print(line, file=sys.stderr, flush=True)
