@@ -25,6 +25,13 @@ class Line:
     command: str = ""
     unknown: str = ""  # a slash word that is no command: said so, sent nowhere
 
+    @property
+    def reply(self) -> str:
+        """What the chat itself answers (help, an unknown command, a reset), printed instead of sending."""
+        if self.unknown:
+            return f"Unknown command {self.unknown}: /help lists them ('//' sends a message that starts with '/')."
+        return HELP if self.command == "help" else "(a new conversation)" if self.command == "reset" else ""
+
 
 def parse(raw: str) -> Line:
     line = raw.strip()

@@ -19,7 +19,7 @@ from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 from ..prompts import chat_tokens, plain_tokens
 from .bench import summary_line
-from .chat_input import HELP, LineReader, parse
+from .chat_input import LineReader, parse
 from .flags import (Parser, drafter_name, hub_refs, model_flags, ngram_settings, remote_flags, sampling_flags,
                     serving_flags)
 
@@ -370,19 +370,12 @@ def cmd_chat(args) -> int:
         except EOFError:
             print(file=sys.stderr)
             return 0
-        if line.unknown:
-            print(f"Unknown command {line.unknown}: /help lists them ('//' sends a message that starts with '/').",
-                  file=sys.stderr)
-            continue
-        if line.command == "help":
-            print(HELP, file=sys.stderr)
-            continue
         if line.command == "quit":
             return 0
         if line.command == "reset":
             messages = messages[:1] if args.system else []
-            print("(a new conversation)", file=sys.stderr)
-            continue
+        if line.reply:
+            print(line.reply, file=sys.stderr)
         if not line.text:
             continue
         first = not any(m["role"] == "user" for m in messages)
