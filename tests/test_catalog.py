@@ -35,6 +35,10 @@ def test_shipped_catalog_has_the_starter_pair():
     ("[pairs.x]\ntarget = { repo = 'a/b', quantization = 'Q4_K_M' }\n"
      "draft = { repo = 'a/b', quantization = 'Q8_0', side_file = 'medusa' }\n",
      "side_file must be one of mtp, eagle3, dflash, dspark, not 'medusa'"),
+    ("[pairs.x]\nreleased = 'spring 2026'\ntarget = { builtin = 'smollm2-135m-instruct-f32' }\n"
+     "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "released must be a month as YYYY-MM"),
+    ("[pairs.x]\ntarget = { repo = 'a/b', file = 'a.gguf', size_gb = 2.0, active_gb = 3.0 }\n"
+     "draft = { builtin = 'smollm2-135m-instruct-q4_1' }\n", "active_gb must be the GB one token reads"),
 ])
 def test_bad_catalog_entries_are_explained(tmp_path, body, words):
     f = tmp_path / "models.toml"
@@ -182,3 +186,28 @@ def test_the_fixed_entries_find_todays_files_and_would_have_found_yesterdays(pai
         if s.repo in BEFORE:
             old = hf_files.pick(hf_files.group(s.repo, [(n, 1) for n in BEFORE[s.repo]]), s.repo, s.tag, s.side_file)
             assert old.file in BEFORE[s.repo] and len(old.shards) == (3 if "120b" in s.repo else 1)
+
+
+def test_the_catalog_lists_the_newest_families_first_each_with_its_speed_here_and_one_recommended():
+    """`specchat list` and the Models view: 2026's families before 2024's Qwen2.5, a decoding speed estimated for
+    every pair that runs on this machine's CPU (from its size and the memory bandwidth measured here), a pair that
+    fits but would crawl said to, and one pair recommended."""
+    from app.models import downloads
+    from app.models.expected_speed import CRAWL_TPS, cpu_tps, expected, ram_bandwidth
+
+    rows = downloads.rows()
+    released = [r["released"] for r in rows]
+    assert released == sorted(released, reverse=True) and released[0].startswith("2026")
+    names = [r["pair"] for r in rows]
+    assert names.index("qwen3.5-9b") < names.index("qwen2.5-7b-instruct")
+    assert sum(r["recommended"] for r in rows) == 1
+    on_cpu = [r for r in rows if r["fit"].startswith(("fits in RAM", "tight"))]
+    assert on_cpu and all(r["expected_tps"] > 0 and "tok/s here before speculation" in r["expected"] for r in on_cpu)
+    assert 1e9 < ram_bandwidth() < 1e13  # bytes/s: measured, and of a real machine's order
+    assert cpu_tps(2.0) == pytest.approx(cpu_tps(1.0) / 2)  # twice the weights read, half the speed
+    slow = expected(ram_bandwidth() / CRAWL_TPS / 1e9, "fits in RAM (x GiB of weights)")  # 2x under the crawl line
+    assert "would crawl" in slow.note and not slow.runs_well
+    assert not expected(1.0, "too large: 70 GiB of weights").runs_well
+    gpt_oss = next(r for r in rows if r["pair"] == "gpt-oss-120b")  # a mixture of experts: its active share is read
+    if gpt_oss["expected_tps"] is not None:
+        assert gpt_oss["expected_tps"] > 10 * cpu_tps(63.39)

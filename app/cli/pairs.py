@@ -19,14 +19,15 @@ def cmd_list(args) -> int:
     print(f"Catalog: {hub_note()}")
     for r in rows:
         mark = "ready" if r["ready"] else "not downloaded"
-        print(f"\n{r['pair']}  [{r['use']}, {mark}]  {r['description']}")
+        best = ", recommended for this machine" if r["recommended"] else ""
+        print(f"\n{r['pair']}  [{r['use']}, {r['released'] or 'undated'}, {mark}{best}]  {r['description']}")
         for role in ("target", "draft"):
             quant, gb, state = r[role + "_quant"], r[role + "_gb"], r[role + "_status"]
             print(f"  {role:6} {r[role]}" + (f"  {quant}  ~{gb:.2f} GB  {state}" if quant else ""))
         print(f"  context {r['context']:,}  license: {r['license']}")
         if r["images"]:
             print(f"  images: {r['images']}")
-        print(f"  this machine: {r['fit']}")
+        print(f"  this machine: {r['fit']}" + (f"; {r['expected']}" if r["expected"] else ""))
     print("\nDownload a pair with: specchat pull NAME")
     return 0
 

@@ -12,10 +12,11 @@ from ..engine.gguf_file import shard_names
 from ..resources import resource
 from . import hf_files
 
-_PAIR_KEYS = {"description", "use", "context", "license", "draft_max", "draft_min", "draft_p_min", "adaptive",
-              "target", "draft"}
-_SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "side_file", "size_gb", "mmproj"}
+_PAIR_KEYS = {"description", "use", "released", "context", "license", "draft_max", "draft_min", "draft_p_min",
+              "adaptive", "target", "draft"}
+_SOURCE_KEYS = {"builtin", "repo", "file", "quantization", "side_file", "size_gb", "active_gb", "mmproj"}
 USES = ("chat", "code", "reasoning")
+_RELEASED = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 BUILTINS = ("smollm2-135m-instruct-f32", "smollm2-135m-instruct-q4_1")
 
@@ -39,6 +40,7 @@ class Source:
     file: str | None = None
     quantization: str = ""
     size_gb: float = 0.0
+    active_gb: float = 0.0  # a mixture of experts: the weights one token reads (0: all of them, size_gb)
     side_file: str = ""
     mmproj: Projector | None = None  # a target's vision projector, downloaded with it
 
@@ -46,6 +48,11 @@ class Source:
     def tag(self) -> str:
         """What picks the file from the repo's list: the file name where one is given, else the quantization."""
         return self.file or self.quantization
+
+    @property
+    def read_per_token_gb(self) -> float:
+        """The weights decoding one token reads: all of them, or a mixture of experts' active share."""
+        return self.active_gb or self.size_gb
 
     def describe(self) -> str:
         if self.builtin:
@@ -69,6 +76,7 @@ class Pair:
     draft: Source | None  # None: the target drafts for itself with its own MTP layers
     description: str = ""
     use: str = "chat"
+    released: str = ""  # "YYYY-MM": when the target's family came out (the Models view lists the newest first)
     context: int = 0
     license: str = ""
     draft_params: DraftParams = field(default_factory=DraftParams)
@@ -111,12 +119,16 @@ def load_catalog(path: Path | None = None) -> dict[str, Pair]:
                 raise ValueError(f"use must be one of {', '.join(USES)}, not {use!r}")
             if context < 0:
                 raise ValueError("context must be a positive number of tokens")
+            released = str(raw.get("released", ""))
+            if released and not _RELEASED.match(released):
+                raise ValueError(f"released must be a month as YYYY-MM, not {released!r}")
             pairs[name] = Pair(
                 name=name,
                 target=_source(raw.get("target"), f"{where} target"),
                 draft=_draft(raw["draft"], f"{where} draft") if "draft" in raw else None,
                 description=str(raw.get("description", "")),
                 use=use,
+                released=released,
                 context=context,
                 license=str(raw.get("license", "")),
                 draft_params=dp,
@@ -138,6 +150,8 @@ def _source(raw, where: str) -> Source:
         src = replace(src, mmproj=_projector(raw["mmproj"], src, where))
     if not isinstance(src.size_gb, (int, float)) or src.size_gb < 0 or not isinstance(src.quantization, str):
         raise EngineError(f"{where}: size_gb must be a number of GB and quantization a name like Q4_K_M")
+    if not isinstance(src.active_gb, (int, float)) or not 0 <= src.active_gb <= max(src.size_gb, 0):
+        raise EngineError(f"{where}: active_gb must be the GB one token reads, at most size_gb")
     if src.builtin:
         if src.builtin not in BUILTINS:
             raise EngineError(f"{where}: unknown builtin {src.builtin!r} (known: {', '.join(BUILTINS)})")

@@ -8,6 +8,7 @@ from typing import Callable
 from ..engine.errors import EngineError
 from . import hf_files, hub
 from .catalog import Pair, Projector, Source, load_catalog, local_projector, status
+from .expected_speed import expected, recommend
 from .hf_files import GgufChoice
 
 
@@ -115,15 +116,18 @@ def images_note(target: Source) -> str:
 
 
 def rows() -> list[dict]:
-    """One row per catalog pair for `specchat list` and the Models view."""
+    """One row per catalog pair for `specchat list` and the Models view, the newest families first, each with its
+    expected speed here (expected_speed) and the one pair recommended for this machine marked."""
     from ..engine.llama import gpus
     from .check import fit_note
 
     devices = gpus()  # once for the whole table
     out = []
-    for p in load_catalog().values():
+    for p in sorted(load_catalog().values(), key=lambda p: p.released, reverse=True):  # (stable: catalog order)
         t = status(p.target)
         d = status(p.draft) if p.draft else None  # (none: the target drafts with its own MTP layers)
+        fit = fit_note(p.target.size_gb, p.draft.size_gb if d else 0.0, devices)
+        speed = expected(p.target.read_per_token_gb, fit)
         out.append({
             "pair": p.name, "use": p.use, "context": p.context, "license": p.license,
             "description": p.description,
@@ -132,7 +136,11 @@ def rows() -> list[dict]:
             "draft_gb": p.draft.size_gb if d else 0.0,
             "target_status": t.describe(), "draft_status": d.describe() if d else "in the target's file",
             "ready": t.state in READY and (d is None or d.state in READY),
-            "fit": fit_note(p.target.size_gb, p.draft.size_gb if d else 0.0, devices),
-            "images": images_note(p.target),
+            "fit": fit, "images": images_note(p.target), "vision": p.target.mmproj is not None,
+            "released": p.released, "expected_tps": None if speed.tps is None else round(speed.tps, 1),
+            "expected": speed.note, "runs_well": speed.runs_well,
         })
+    best = recommend(out)
+    for r in out:
+        r["recommended"] = r["pair"] == best
     return out

@@ -1,0 +1,65 @@
+"""How fast a catalog pair would decode on this machine, before speculation, and which pair suits it best.
+
+Plain decoding reads every weight the target uses once per token, so on a CPU the target's size over the memory
+bandwidth bounds its tokens/s. The bandwidth is measured here, once per process: the best of a few copies of a
+buffer larger than any cache. EFFICIENCY is the share of that bound llama.cpp's CPU decoding reaches, measured with
+``bench/expected_speed.py`` (it prints the starter's measured tokens/s beside this estimate, in one run).
+A pair that fits in GPU memory runs there; no GPU bandwidth is measured, so its speed is not guessed.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+EFFICIENCY = 0.5  # measured tokens/s x bytes per token / copy bandwidth, starter F32 target (bench/expected_speed.py)
+CRAWL_TPS = 5.0  # below this a pair that fits would crawl: slower than people read
+GOOD_TPS = 10.0  # from this a pair runs well here (the recommendation's bar)
+_BUFFER = 256 * 2**20  # bytes: well past the last-level cache of desktop CPUs
+
+
+@functools.cache
+def ram_bandwidth() -> float:
+    """Bytes per second a copy moves here (read and write counted), the best of three."""
+    a = np.ones(_BUFFER // 8)
+    b = np.zeros_like(a)  # (touched: the first copy would otherwise time page faults)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.nbytes / best
+
+
+def cpu_tps(active_gb: float) -> float:
+    """Plain decoding's expected tokens/s on the CPU for a target that reads ``active_gb`` GB of weights a token."""
+    return EFFICIENCY * ram_bandwidth() / (active_gb * 1e9) if active_gb > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Expected:
+    tps: float | None  # None: not estimated (it runs on the GPU, or does not fit)
+    note: str  # in words, for the Models view and `specchat list`
+    runs_well: bool  # fits, and fast enough to chat with
+
+
+def expected(active_gb: float, fit: str) -> Expected:
+    """The speed ``fit`` (check.fit_note's verdict) allows a target reading ``active_gb`` GB per token."""
+    if fit.startswith("fits in GPU"):
+        return Expected(None, "on the GPU: faster than the CPU (its speed is not measured here)", True)
+    if fit.startswith("too large"):
+        return Expected(None, "", False)
+    tps = cpu_tps(active_gb)
+    if tps < CRAWL_TPS:
+        return Expected(tps, f"≈{tps:.1f} tok/s here before speculation: it fits, but would crawl", False)
+    return Expected(tps, f"≈{tps:.0f} tok/s here before speculation", tps >= GOOD_TPS)
+
+
+def recommend(rows: list[dict]) -> str | None:
+    """The pair to suggest for this machine: of those that run well here, the largest target (the most capable),
+    the newest family among equals. ``rows``: downloads.rows()."""
+    good = [r for r in rows if r["runs_well"]]
+    best = max(good, key=lambda r: (r["target_gb"], r["released"]), default=None)
+    return best["pair"] if best else None
