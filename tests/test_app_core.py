@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from app.engine import EngineError
+from app.engine import METHODS, EngineError
 from app.engine.drafters import registry
 from app.chat.conversations import for_model
 from app.models.loader import LoadSpec
@@ -78,6 +78,45 @@ def test_invalid_settings_are_explained(change, message):
 
     with pytest.raises(EngineError, match=message):
         replace(Settings(), **change).generation()
+
+
+def test_the_page_names_its_fields_where_the_engine_names_flags():
+    from dataclasses import replace
+
+    from app.ui.render import in_page_words, notice
+
+    with pytest.raises(EngineError) as refused:
+        replace(Settings(), max_tokens=-5).generation()
+    assert "--max-tokens" in str(refused.value)  # the CLI's words, kept there
+    shown = notice(str(refused.value))
+    assert "Invalid Max tokens -5" in shown and "--" not in shown
+    assert in_page_words("a smaller context (--ctx), or --ctx-checkpoints 2") == \
+        "a smaller context (Context size), or --ctx-checkpoints 2"  # a flag the page has no field for stays
+    assert "press Download again (Models tab)" in in_page_words("Check it and run the pull again: it resumes.")
+
+
+def test_the_drafter_list_offers_what_the_pair_can_use_and_names_the_rest():
+    from app.ui.settings_panel import drafter_choices, drafter_for, unusable_note
+
+    usable = ("model", "ngram", "none")  # the starter's: a draft model, no MTP layers, no head
+    assert [name for _, name in drafter_choices("mtp", usable)] == list(usable)
+    assert drafter_for("mtp", usable) == "model" and drafter_for("ngram", usable) == "ngram"
+    assert drafter_choices("ngram-simple", usable)[-1] == ("n-gram lookup (ngram-simple)", "ngram-simple")
+    note = unusable_note(usable)
+    assert "MTP layers (needs MTP layers in the target)" in note and "Draft model" not in note
+    assert len(drafter_choices("model")) == len(METHODS) and unusable_note(()) == ""  # nothing loaded yet
+
+
+def test_the_live_panel_claims_nothing_before_an_answer():
+    from app.engine import Stats
+    from app.ui.render import live_panel
+
+    idle = live_panel(None, [], "idle")
+    assert "0.0%" not in idle and "0 ms" not in idle and 'data-acceptance=""' in idle
+    assert '<span class="drafter"></span>' in idle  # no bare "off" in the corner before anything ran
+    done = live_panel(Stats(drafter="model", n_drafted=4, n_accepted=3, n_tokens=5), [], "done")
+    assert "75.0%" in done and "drafted by draft model" in done
+    assert "speculation off" in live_panel(Stats(drafter="none", n_tokens=5), [], "done")
 
 
 def test_ui_collects_numbers_with_clear_errors():
@@ -306,30 +345,59 @@ def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
 
 def test_compare_marks_the_first_differing_token(runtime):
     from app.chat.comparison import Comparison
-    from app.ui import render
+    from app.ui import compare_html
 
     cmp = Comparison("p", "model", True)
     cmp.off.segments, cmp.on.segments = [["same start, red end", False]], [["same start, blue end", False]]
     cmp.diff_spans = ((11, 15), (11, 16))
-    assert render.compare_pane(cmp, "off").endswith('same start,<mark class="first-diff" '
+    assert compare_html.compare_pane(cmp, "off").endswith('same start,<mark class="first-diff" '
                                                     'title="first token that differs"> red</mark> end')
-    assert '<mark class="first-diff" title="first token that differs"> blue</mark>' in render.compare_pane(cmp, "on")
+    assert '<mark class="first-diff" title="first token that differs"> blue</mark>' in compare_html.compare_pane(cmp, "on")
     # The real thing: identical greedy outputs mark nothing.
     done = _last(runtime.compare([{"role": "user", "content": "the dog"}], Settings(max_tokens=24, draft_max=6)))
-    assert done.diff_spans is None and "<mark" not in render.compare_pane(done, "on")
-    assert render.compare_pane(done, "on").startswith("**Speculation on (draft model) — ")
+    assert done.diff_spans is None and "<mark" not in compare_html.compare_pane(done, "on")
+    assert compare_html.compare_pane(done, "on").startswith("**Speculation on (draft model) — ")
 
 
 def test_compare_samples_both_runs_with_one_seed_and_gets_the_same_answer(runtime):
     """Sampled, both runs draw from the same seed's numbers, keyed on each token's position: speculation changes the
     speed, not the answer, and Compare checks that as it does under greedy decoding."""
-    from app.ui import render
+    from app.ui import compare_html
 
     done = _last(runtime.compare([{"role": "user", "content": "the dog"}],
                                  Settings(max_tokens=32, draft_max=6, temperature=1.0, top_p=1.0, min_p=0.0)))
     assert done.same_tokens and done.on.stats.n_drafted > 0
     assert done.on.done.token_ids == done.off.done.token_ids and done.first_difference() is None
-    assert '<span class="same">outputs identical' in render.compare_summary(done)
+    assert '<span class="same">outputs identical' in compare_html.compare_summary(done)
+
+
+def test_compare_never_shows_a_ceiling_under_its_own_speedup_and_warns_of_a_busy_machine():
+    """The ceiling is timed after the runs: where the runs beat it (a quieter moment), the page says so and shows
+    the measured figure as what the pair reaches, not a red "cannot pay" beside a green speedup. Other programs'
+    load is said from the start and again with the results."""
+    from app.chat.comparison import Comparison
+    from app.engine import Done, Stats
+    from app.engine.speedup import Ceiling
+    from app.ui import compare_html
+
+    cmp = Comparison("p", "model", True, busy_before=1.2, cores=2)
+    cmp.phase = "on"
+    assert "1.2 of 2 cores before it" in compare_html.compare_summary(cmp)
+    for live, seconds in ((cmp.off, 10.0), (cmp.on, 9.0)):  # 1.11x
+        live.done = Done("stop", "x", [5] * 101, Stats(n_tokens=101, decode_seconds=seconds))
+        live.stats = live.done.stats
+    cmp.busy_during, cmp.phase = 0.1, "done"
+    for ceiling in (Ceiling(1.0, 0, 1.4, 0.6), Ceiling(1.05, 3, 0.2, 0.3)):  # cannot pay; pays less than measured
+        cmp.ceiling = ceiling
+        text = compare_html.compare_summary(cmp)
+        assert 'data-ceiling="1.111"' in text and "measured 1.11x, more than the costs timed" in text, text
+        assert "cannot pay" not in text and "reached 10" not in text
+        assert compare_html.compare_row(cmp, 1, "starter")["ceiling"] == 1.111
+    assert "1.2 of 2 cores before it busy" in text and "during it" not in text  # 0.1 core: not worth a word
+    cmp.ceiling = Ceiling(1.5, 4, 0.1, 0.1)
+    assert "reached 74% of it" in compare_html.compare_summary(cmp)
+    cmp.busy_before = 0.0
+    assert "busy" not in compare_html.compare_summary(cmp)
 
 
 def test_compare_locates_the_first_differing_token_in_both_texts(tiny_engine):

@@ -48,6 +48,8 @@ def box_images(page: Page, n: int) -> None:
 
 
 def type_and_enter(page: Page, text: str) -> None:
+    if not page.page.locator("#msg textarea").is_visible():  # (a setting was just changed in its tab)
+        page.tab("Chat")
     page.page.locator("#msg textarea").click()
     page.page.keyboard.type(text)
     page.page.keyboard.press("Enter")
@@ -103,6 +105,7 @@ def test_images_by_paste_and_button_are_answered_and_come_back_after_a_restart(b
         box_images(p, 2)
         assert p.page.locator("#msg textarea").input_value() == "the cat sat on" and user_images(p) == 0
         p.set_number("top-k", "40")
+        p.tab("Chat")
         p.page.locator("#msg textarea").press("Enter")  # sent again as it came back
         box_images(p, 0)  # sent: the box empties (the live panel leaves the last error's state)
         assert p.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
@@ -145,9 +148,11 @@ def test_a_model_without_a_projector_says_so_and_refuses_an_image_keeping_the_te
     app = start(tmp_path, vision, "--no-mmproj")
     p = Page(browser, app.url)
     try:
-        assert "takes no images" in p.page.locator("#image-note [data-images='no']").inner_text()
+        note = p.page.locator("#image-note [data-images='no']")
+        assert "takes no images" in note.inner_text() and not note.is_visible()  # said once an image comes
         p.page.evaluate(DROP, [base64.b64encode(vision["b"].read_bytes()).decode(), "dropped.png"])  # dragged in
         box_images(p, 1)
+        note.wait_for(state="visible", timeout=10_000)
         type_and_enter(p, "What is this?")
         p.page.locator("#notice .error").get_by_text("takes no images").wait_for(timeout=60_000)
         assert p.page.locator("#msg textarea").input_value() == "What is this?"

@@ -26,6 +26,10 @@ class Comparison:
     # pair's other methods by name, for the advice where drafting cannot pay
     ceiling: object | None = None
     others: tuple[str, ...] = ()
+    # Cores other programs kept busy just before the runs and during them (machine_load), of the machine's ``cores``
+    busy_before: float | None = None
+    busy_during: float | None = None
+    cores: int = 1
 
     @property
     def speedup(self) -> float:

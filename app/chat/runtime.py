@@ -21,6 +21,7 @@ from ..prompts.thinking import OPEN, opens_thinking
 from .acceptance_memory import memory_for
 from .comparison import Comparison
 from .live_answer import Live
+from .machine_load import LoadWatch
 from .method_ranking import Ranking, recall
 from .remote_server import RemoteServer, ServerSpec
 from .server_keys import key_for, save_key
@@ -224,9 +225,10 @@ class Runtime:
         params = settings.generation()
         if settings.drafter == OFF:
             raise EngineError("Comparing needs a drafter: choose one in Settings (speculation is off).")
+        watch = LoadWatch()  # other programs' load, before the runs and during them: Compare warns of it
         if self.remote is not None:
             yield from self._compare_remote(messages, params, _template_kwargs(settings), cancel or threading.Event(),
-                                            interval)
+                                            interval, watch)
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
@@ -234,7 +236,8 @@ class Runtime:
         cancel = cancel or threading.Event()
         if params.sampling.seed < 0:  # one seed for both runs: sampled, they then give the same answer too
             params = replace(params, sampling=replace(params.sampling, seed=secrets.randbits(31)))
-        cmp = Comparison(text_of(messages[-1]["content"]), drafter, True)
+        cmp = Comparison(text_of(messages[-1]["content"]), drafter, True, busy_before=watch.before,
+                         cores=watch.cores)
         keep = ids[: through_images(ids)]  # both runs start from the prompt's images, encoded once (before either)
         for phase, kind in (("off", OFF), ("on", drafter)):
             cmp.phase = phase
@@ -249,14 +252,15 @@ class Runtime:
             yield cmp
             cmp.ceiling = engine.ceiling(params.draft.draft_max, drafter)
             cmp.others = tuple(method_name(m) for m in engine.alternatives())
+        cmp.busy_during = watch.since()
         cmp.phase = "done"
         cmp.locate_difference(engine.detokenize)
         yield cmp
 
-    def _compare_remote(self, messages, params, kwargs, cancel, interval) -> Iterator[Comparison]:
+    def _compare_remote(self, messages, params, kwargs, cancel, interval, watch) -> Iterator[Comparison]:
         on, off = self.remote, self.remote_off
         cmp = Comparison(text_of(messages[-1]["content"]), f"server: {on.method()}", params.sampling.temperature == 0,
-                         by_text=True)
+                         by_text=True, busy_before=watch.before, cores=watch.cores)
         for phase, server, speculate in (("off", off or on, off is not None), ("on", on, True)):
             cmp.phase = phase
             def run(c, server=server, speculate=speculate):  # (bound now: called within this turn of the loop)
@@ -271,6 +275,7 @@ class Runtime:
             cmp.note = (f"{on.base} kept drafting ({s.n_drafted} draft tokens) with speculation off requested: it "
                         "cannot turn speculation off per request (llama-server cannot). Serve the same model without a "
                         "draft and give its URL as the speculation-off server under Settings → Models.")
+        cmp.busy_during = watch.since()
         cmp.phase = "done"
         cmp.locate_difference(lambda ids: "")  # by text: no tokens to detokenize
         yield cmp

@@ -63,8 +63,9 @@ class Costs:
         speedup, k = self.ceiling(draft_max)
         n = max(k or draft_max, 1) + 1
         step = self.verify(1)
+        # (a batch timed on a busy moment can come out faster than one step: a position never costs below nothing)
         return Ceiling(speedup, k, self.draft_s[0] / step if self.draft_s else 0.0,
-                       (self.verify(n) - step) / (n - 1) / step)
+                       max(self.verify(n) - step, 0.0) / (n - 1) / step)
 
     def as_dict(self) -> dict:
         out = {"verify_ms": {n: s * 1e3 for n, s in sorted(self.verify_s.items())}}

@@ -62,11 +62,15 @@ class Ceiling:
     def pays(self) -> bool:
         return self.draft_length > 0
 
+    @property
+    def why(self) -> str:
+        return (f"a draft token costs {self.draft_cost:.2f} of a target step and each token verified in a batch "
+                f"{self.position_cost:.2f}")
+
     def explain(self, others: tuple[str, ...] = ()) -> str:
         """In words, for bench and Compare: what the pair can reach and why; where it cannot pay, what could
         (``others``: the other drafters the pair can run, by name)."""
-        why = (f"a draft token costs {self.draft_cost:.2f} of a target step and each token verified in a batch "
-               f"{self.position_cost:.2f}")
+        why = self.why
         if self.pays:
             return (f"This pair can reach at most {self.speedup:.2f}x here ({self.draft_length} draft tokens a "
                     f"round, every one accepted): {why}.")

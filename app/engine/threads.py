@@ -33,6 +33,19 @@ def _cpu_seconds(proc: psutil.Process) -> float:
         return 0.0
 
 
+def cpu_sample(procs) -> tuple[float, float, float]:
+    """(wall clock, the machine's busy CPU seconds, ``procs``' CPU seconds): two of them tell how many cores other
+    programs than ``procs`` kept busy in between (``others_cores``)."""
+    t = psutil.cpu_times()
+    idle = t.idle + sum(getattr(t, k, 0.0) for k in ("iowait", "guest", "guest_nice"))  # guest: counted in user
+    return time.monotonic(), sum(t) - idle, sum(_cpu_seconds(p) for p in procs)
+
+
+def others_cores(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    wall = after[0] - before[0]
+    return max(((after[1] - before[1]) - (after[2] - before[2])) / wall, 0.0) if wall > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class Choice:
     n_threads: int
@@ -50,11 +63,7 @@ class ThreadChooser:
 
     @staticmethod
     def _sample() -> tuple[float, float, float]:
-        """(wall clock, machine busy CPU seconds, this process's CPU seconds)."""
-        t = psutil.cpu_times()
-        idle = t.idle + sum(getattr(t, k, 0.0) for k in ("iowait", "guest", "guest_nice"))  # guest: counted in user
-        busy = sum(t) - idle
-        return time.monotonic(), busy, sum(_cpu_seconds(p) for p in (psutil.Process(), *_ours))
+        return cpu_sample((psutil.Process(), *_ours))
 
     @property
     def since_last_look(self) -> float:
@@ -65,10 +74,8 @@ class ThreadChooser:
         if self.since_last_look < MIN_WINDOW_S:
             return None
         now = self._sample()
-        wall = now[0] - self._last[0]
-        others = ((now[1] - self._last[1]) - (now[2] - self._last[2])) / wall
-        self._last = now
-        return max(others, 0.0)
+        others, self._last = others_cores(self._last, now), now
+        return others
 
     def choose(self) -> Choice:
         """The thread count for what comes next; unchanged when measured too recently."""

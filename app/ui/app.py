@@ -1,7 +1,7 @@
 """The Gradio app: thin views over app.chat.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
 The page is built here (the header, the tabs, the events) with the chat's handlers; each part's components and
 handlers stand beside it: chat_tab.py, conversations_view.py (the conversation list), compare_tab.py,
-models_tab.py and settings_panel.py (the Settings sidebar).
+models_tab.py, settings_panel.py and settings_view.py (the Settings tab: its components, its handlers).
 
 Every handler that touches the engine shares one concurrency slot ("engine"), so two tabs sending at once are
 queued (Gradio shows the queue) rather than interleaved; Stop runs outside the queue so it acts at once.
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import gradio as gr
 
 from ..chat.conversations import Conversations, for_model
 from ..chat.runtime import Runtime
-from ..chat.settings import LOAD_SPECS, Settings, load_settings, save_settings
+from ..chat.settings import Settings, load_settings, save_settings
 from ..chat.worker import WorkerDied
 from ..engine import EngineError
 from ..models import hardware
@@ -28,38 +28,11 @@ from .chat_tab import ChatTab
 from .compare_tab import CompareRuns, CompareTab
 from .conversations_view import ConversationsView
 from .models_tab import FILES, SERVER, ModelsView, ready_pairs
-from .settings_panel import SettingsPanel, drafter_choices, server_fields, server_spec, test_server
+from .settings_panel import server_fields
+from .settings_view import SETTING_NAMES, SettingsView, collect
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
-# Settings edited in the panel, in the order the handlers receive them.
-# Settings the panel does not show: kept as start-up flags or settings.json set them (the n-gram kinds' settings)
-NOT_IN_PANEL = tuple(f.name for f in fields(Settings) if not f.metadata.get("panel", True))
-SETTING_NAMES = [f.name for f in fields(Settings) if f.name not in (*LOAD_SPECS, *NOT_IN_PANEL)]
-LABELS = {"top_k": "Top-k", "seed": "Seed", "max_tokens": "Max tokens", "draft_max": "Draft max",
-          "draft_min": "Draft min", "temperature": "Temperature", "top_p": "Top-p", "min_p": "Min-p",
-          "draft_p_min": "Draft p-min"}
-
-
-def collect(values) -> Settings:
-    """Settings from the panel's values; an empty or malformed number is reported by its label."""
-    d = dict(zip(SETTING_NAMES, values))
-    base = Settings()
-    for name, v in d.items():
-        want = type(getattr(base, name))
-        if want in (int, float) and (v is None or isinstance(v, str)):
-            try:
-                d[name] = want(v)
-            except (TypeError, ValueError):
-                raise EngineError(f"{LABELS.get(name, name)} must be a number (got {v!r}).") from None
-        elif want is int and isinstance(v, float):
-            if v != int(v):
-                raise EngineError(f"{LABELS.get(name, name)} must be a whole number (got {v}).")
-            d[name] = int(v)
-    saved = load_settings()[0]
-    return replace(base, **{n: getattr(saved, n) for n in NOT_IN_PANEL}, **d)
-
-
 def api_panel(api_info, runtime: Runtime) -> str:
     """The API tab: where this app serves the OpenAI-compatible API (``api_info``: None where it does not)."""
     if not api_info:
@@ -88,6 +61,7 @@ class SpecChatUI:
         self.models = ModelsView(self._tab, lambda: self.runtime.spec.pair if self.runtime.spec else None)
         self.conversations = ConversationsView(self.store, self.busy, self._tab, self.exports)
         self.comparisons = CompareRuns(runtime, self._cancel_for, self._images, collect, self.exports)
+        self.settings = SettingsView(runtime, self._save, self._header, self._hardware, self._image_note)
 
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
@@ -101,11 +75,6 @@ class SpecChatUI:
 
     def _header(self) -> str:
         return render.header(self.runtime.info()["pair"], self.logo)
-
-    def _drafter_note(self) -> str | None:
-        """Why the loaded pair drafts as it does, where `specchat check --measure` measured its methods here."""
-        ranking = self.runtime.ranking
-        return ranking.why() if ranking else None
 
     def _hardware(self) -> str:
         return render.hardware_panel(hardware.snapshot(), self.runtime.info())
@@ -126,6 +95,7 @@ class SpecChatUI:
         notes = [n for n in (*self.notes, s_warning) if n]
         spec = self.runtime.spec or settings.models or LoadSpec(pair="starter")
         values = [getattr(settings, n) for n in SETTING_NAMES]
+        values[SETTING_NAMES.index("drafter")] = self.settings.drafter_choice(settings.drafter)
         recent = self.store.list()
         view = list(self.conversations.open(recent[0]["id"] if recent else None, settings.show_draft_tokens))
         view[4] = render.notice(" ".join(notes), "warning") if notes else ""
@@ -265,45 +235,9 @@ class SpecChatUI:
     def redraw(self, history: list, show_draft: bool):
         return render.chat_messages(history, show_draft)
 
-    # --- models ---------------------------------------------------------------------------------------------
-    def load_models(self, progress: gr.Progress = gr.Progress(), *args):
-        """Inputs: pair, target, draft, ctx, ngl, ngld, the server's URL, key, model, speculation-off URL and
-        method label, then the settings. Outputs: notice, header, hardware, drafter, draft max, draft min, draft
-        p-min, adaptive, key box, the words on images."""
-        pair, target, draft, ctx, ngl, ngld, url, key, model, url_off, method, *values = args
-        keep = [gr.skip()] * 6
-        try:
-            key = (key or "").strip() or None
-            if pair == SERVER:
-                spec = server_spec(url, model, url_off, method)
-            else:
-                numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
-                spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
-                    LoadSpec(target=(target or "").strip() or None, draft=(draft or "").strip() or None,
-                             ctx=numbers[0], ngl=numbers[1], ngld=numbers[2])
-                if min(numbers) < -1 or numbers[0] < 0:
-                    raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
-            self.runtime.load(spec, lambda f, msg: progress(f, desc=msg), api_key=key if spec.server else None)
-        except (EngineError, ValueError, TypeError) as exc:
-            return render.notice(str(exc)), self._header(), self._hardware(), *keep, self._image_note()
-        # A new pair brings its recommended draft settings, and the drafter it can use.
-        settings = collect(values).for_pair(self.runtime.recommended, self.runtime.drafters, self.runtime.preferred)
-        self._save(settings)
-        info = self.runtime.info()
-        if server := info["server"]:
-            msg = (f"Connected to {server['engine']} at {server['url']}: model {server['model']}, speculation "
-                   f"{server['method']}" + (f"; speculation off from {server['off']}" if server["off"] else ""))
-        else:
-            msg = f"Loaded {info['pair']}: {info['target']}" + (f" + draft {info['draft']}" if info["draft"] else "")
-        return (render.notice(msg, "info"), self._header(), self._hardware(),
-                gr.update(choices=drafter_choices(settings.drafter), value=settings.drafter,
-                          info=self._drafter_note()),
-                settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
-                server_fields(self.runtime.spec)[1], self._image_note())
-
     # --- layout ---------------------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
-        """The page: the header, the tabs, the Settings sidebar, then their events."""
+        """The page: the header, the tabs, then their events."""
         s = Settings()
         with gr.Blocks(title="SpecChat", analytics_enabled=False) as demo:
             history = gr.State([])
@@ -314,6 +248,8 @@ class SpecChatUI:
             with gr.Tabs():
                 with gr.Tab("Chat", id="chat"):
                     chat = ChatTab(s)
+                with gr.Tab("Settings", id="settings"):
+                    panel = self.settings.panel(s)
                 with gr.Tab("Compare", id="compare"):
                     cmp = CompareTab()
                 with gr.Tab("Models", id="models"):
@@ -324,14 +260,13 @@ class SpecChatUI:
                 with gr.Tab("API", id="api", visible=self.api_info is not None) as api_tab:
                     api_panel = gr.HTML(elem_id="api-panel")
                     api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
-            panel = SettingsPanel(s, self._drafter_note())
             by_name = dict(system_prompt=chat.system, drafter=panel.drafter, temperature=panel.temperature,
                            top_k=panel.top_k, top_p=panel.top_p, min_p=panel.min_p, seed=panel.seed,
                            max_tokens=panel.max_tokens, draft_max=panel.draft_max, draft_min=panel.draft_min,
                            draft_p_min=panel.draft_p_min, adaptive=panel.adaptive,
                            enable_thinking=panel.enable_thinking, show_draft_tokens=chat.show_draft)
             values = [by_name[n] for n in SETTING_NAMES]  # the order collect() reads them in
-            # What load_models reads before the settings: the pair or files, then the server's fields.
+            # What Load models reads before the settings: the pair or files, then the server's fields.
             to_load = [panel.pair, panel.target, panel.draft, panel.ctx, panel.ngl, panel.ngld, panel.s_url,
                        panel.s_key, panel.s_model, panel.s_off, panel.s_method]
             view = [history, conv, chat.chatbot, chat.live, chat.notice, chat.conv_list, chat.title, chat.undo]
@@ -340,12 +275,9 @@ class SpecChatUI:
             self._wire_chat(chat, history, conv, values)
             self.conversations.wire(chat, view, deleted)
             self.comparisons.wire(cmp, rows, values, self.stop, ENGINE)
-            panel.load.click(self.load_models, [*to_load, *values],
-                             [chat.notice, header, hw, panel.drafter, panel.draft_max, panel.draft_min,
-                              panel.draft_p_min, panel.adaptive, panel.s_key, chat.images], **ENGINE)
-            for trigger in (panel.s_test.click, panel.s_url.submit):
-                trigger(test_server, [panel.s_url, panel.s_key, panel.s_model], [panel.pair, panel.s_model,
-                                                                                    chat.notice])
+            demo.load(self.comparisons.restore, None, [rows, cmp.table, cmp.chart, cmp.export_csv, cmp.export_json],
+                      queue=False)
+            self.settings.wire(panel, values, to_load, chat.notice, header, hw, chat.images, ENGINE)
             for trigger, fn, out in ((hw_tab.select, self._hardware, hw), (hw_refresh.click, self._hardware, hw),
                                      (api_tab.select, self._api, api_panel), (api_refresh.click, self._api, api_panel)):
                 trigger(fn, None, out, queue=False)

@@ -1,5 +1,6 @@
 """The Compare tab: a prompt run with speculation off, then on, the two answers side by side, a summary, the speedups
-of the runs so far as a chart and a table, exported as CSV and JSON. ``CompareTab`` is its components, made where
+of the runs so far as a chart and a table (kept in the data dir: a reload or a restart shows them again), exported
+as CSV and JSON. ``CompareTab`` is its components, made where
 the page is built (app.py); ``CompareRuns`` its handlers, which the page wires."""
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from typing import Callable
 import gradio as gr
 
 from ..chat.conversations import for_model
+from ..chat.json_files import load_json, save_json
 from ..chat.runtime import Runtime
 from ..engine import EngineError
-from . import attachments, render
+from ..paths import data_dir
+from . import attachments, compare_html, render
+
+HISTORY = "comparisons.json"
+KEPT = 200  # runs in the history: the newest
 
 
 class CompareTab:
@@ -21,7 +27,7 @@ class CompareTab:
 
     def __init__(self):
         gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the whole machine; "
-                    "both start from an empty cache. Uses the settings from the Chat tab.")
+                    "both start from an empty cache. The drafter, sampling and draft length are the Settings tab's.")
         with gr.Row():
             self.prompt = gr.MultimodalTextbox(label="Prompt (Enter runs, Shift+Enter for a new line; images: attach, "
                                                "paste or drop)", lines=1, max_lines=8, scale=6, elem_id="cmp-prompt",
@@ -39,7 +45,7 @@ class CompareTab:
             with gr.Column():
                 self.export_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
                 self.export_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
-        self.table = gr.Dataframe(headers=render.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table")
+        self.table = gr.Dataframe(headers=compare_html.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table")
 
 
 class CompareRuns:
@@ -51,6 +57,25 @@ class CompareRuns:
                  exports: Path):
         self.runtime, self.cancel_for, self.images, self.settings_of = runtime, cancel_for, images, settings_of
         self.exports = exports
+        self.warning = ""  # a history file that could not be read (set aside) or written
+
+    def _history(self) -> list[dict]:
+        rows, warning = load_json(data_dir() / HISTORY, list)
+        self.warning = warning or ""
+        return [r for r in rows or [] if isinstance(r, dict) and isinstance(r.get("speedup"), (int, float))]
+
+    def _shown(self, rows: list[dict]) -> list:
+        """Rows state, table, chart, CSV and JSON buttons for the runs so far."""
+        if not rows:
+            return [rows, [], "", gr.skip(), gr.skip()]
+        csv_path, json_path = self._export(rows)
+        return [rows, compare_html.compare_table(rows), compare_html.bar_chart(rows),
+                gr.DownloadButton(value=str(csv_path), interactive=True),
+                gr.DownloadButton(value=str(json_path), interactive=True)]
+
+    def restore(self) -> list:
+        """At page load: the runs of earlier sessions (outputs as ``_shown``)."""
+        return self._shown(self._history())
 
     def run(self, request: gr.Request, box, rows: list, *values):
         """Outputs: off pane, on pane, summary, rows state, table, bar chart, CSV file, JSON file. The prompt's
@@ -67,19 +92,22 @@ class CompareRuns:
             turn = {"role": "user", "content": prompt, "images": self.images(paths)}
             messages = for_model([turn], settings.system_prompt)
             for cmp in self.runtime.compare(messages, settings, cancel):
-                yield (render.compare_pane(cmp, "off"), render.compare_pane(cmp, "on"), render.compare_summary(cmp),
-                       *skip)
+                yield (compare_html.compare_pane(cmp, "off"), compare_html.compare_pane(cmp, "on"),
+                       compare_html.compare_summary(cmp), *skip)
         except EngineError as exc:
             yield gr.skip(), gr.skip(), render.notice(str(exc)), *skip
             return
         if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
             return
-        rows = rows + [render.compare_row(cmp, len(rows) + 1, self.runtime.info()["pair"] or "")]
-        csv_path, json_path = self._export(rows)
-        yield (gr.skip(), gr.skip(), gr.skip(), rows,
-               [list(r.values()) for r in rows], render.bar_chart([r["speedup"] for r in rows]),
-               gr.DownloadButton(value=str(csv_path), interactive=True),
-               gr.DownloadButton(value=str(json_path), interactive=True))
+        rows = self._history()  # (the file's: another tab may have added runs since this one loaded)
+        n = max([r["run"] for r in rows if isinstance(r.get("run"), int)], default=0) + 1
+        rows = (rows + [compare_html.compare_row(cmp, n, self.runtime.info()["pair"] or "")])[-KEPT:]
+        try:
+            save_json(data_dir() / HISTORY, rows)
+        except OSError as exc:
+            self.warning = f"The comparison history could not be saved: {exc}"
+        summary = compare_html.compare_summary(cmp) + render.notice(self.warning, "warning")
+        yield (gr.skip(), gr.skip(), summary, *self._shown(rows))
 
     def _export(self, rows: list[dict]) -> tuple[Path, Path]:
         csv_path, json_path = self.exports / "specchat-comparisons.csv", self.exports / "specchat-comparisons.json"

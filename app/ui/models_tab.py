@@ -17,6 +17,18 @@ from . import render
 FILES = "(GGUF files below)"
 SERVER = "(a server, below)"
 POLL = 0.25  # seconds between progress updates
+USE_FILTER = ["all", "chat", "code", "reasoning", "vision"]
+# A row clicked, or focused and Enter pressed, picks its pair (the Pair list below the table follows).
+PICK_ROW = """
+const pick = (e) => {
+  const row = e.target.closest('tr[data-pair]');
+  if (row) trigger('click', {pair: row.dataset.pair});
+};
+element.addEventListener('click', pick);
+element.addEventListener('keydown', (e) => { if (e.key === 'Enter') pick(e); });
+"""
+# The filters only show and hide rows (data attributes the stylesheet reads): nothing is asked of the server.
+FILTER_JS = "(v) => { document.querySelector('#models-table').dataset.{key} = {value}; }"
 
 
 def ready_pairs() -> list[str]:
@@ -39,8 +51,12 @@ class ModelsView:
         names = list(load_catalog())
         gr.Markdown("Pairs from `models.toml`. Downloads go to the Hugging Face cache (`HF_HUB_CACHE` / `HF_HOME`; "
                     "`HF_TOKEN` for gated models), resume after an interruption and are checked against the "
-                    "Hub's SHA-256. A downloaded pair appears in the chat's pair picker (Settings).")
-        self.table = gr.HTML(elem_id="models-table")
+                    "Hub's SHA-256. A downloaded pair appears under Pair in the Settings tab.")
+        with gr.Row():
+            self.use_filter = gr.Radio(USE_FILTER, value="all", label="Show", elem_id="models-use", scale=3)
+            self.well_only = gr.Checkbox(False, label="Only pairs that run well on this machine",
+                                         elem_id="models-well", scale=2)
+        self.table = gr.HTML(elem_id="models-table", js_on_load=PICK_ROW)
         with gr.Row():
             self.pick = gr.Dropdown(names, value=names[0] if names else None, label="Pair", scale=3,
                                     elem_id="models-pair")
@@ -95,6 +111,11 @@ class ModelsView:
                            [self.drafts, self.advice, self.hub_target, self.role])
         self.drafts.input(self.pick_draft, self.drafts, [self.repo, self.file, self.role], queue=False)
         self.stop.click(self.stop_download, None, None, queue=False)
+        self.table.click(self.pick_row, None, self.pick, queue=False)
+        self.use_filter.change(None, self.use_filter, None,
+                               js=FILTER_JS.replace("{key}", "use").replace("{value}", "v"))
+        self.well_only.change(None, self.well_only, None,
+                              js=FILTER_JS.replace("{key}", "well").replace("{value}", "v ? 'yes' : 'any'"))
         self.remove.click(self.remove_pair, [self.pick], [self.progress, self.table, pair], queue=False)
         self.check.click(self.check_pair, [self.own_target, self.own_draft, self.own_ctx], self.report)
         self.use.click(self.use_in_chat, [self.own_target, self.own_draft], [pair, target, draft, self.report],
@@ -103,6 +124,11 @@ class ModelsView:
     # --- handlers -------------------------------------------------------------------------------------------
     def refresh(self) -> str:
         return render.models_table(downloads.rows())
+
+    def pick_row(self, evt: gr.EventData):
+        """A row of the table clicked: its pair becomes the one Download and Remove act on."""
+        pair = (evt._data or {}).get("pair") if isinstance(evt._data, dict) else None
+        return pair if pair in load_catalog() else gr.skip()
 
     def pull_pair(self, name: str, request: gr.Request) -> Iterator[tuple]:
         """Outputs: progress, table, chat pair picker."""

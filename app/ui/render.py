@@ -3,6 +3,7 @@ Styles live in assets/specchat.css."""
 from __future__ import annotations
 
 import html
+import re
 import time
 
 from ..engine import OFF, Stats, method_name
@@ -10,11 +11,11 @@ from ..prompts import thinking
 from .attachments import image_file
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return f"{x:.1%}"
 
 
-def _rate(stats: Stats) -> str:
+def rate(stats: Stats) -> str:
     """Tokens/s, or "—" until two tokens are timed (a rate cannot be measured from one)."""
     return f"{stats.tokens_per_second:.1f}" if stats.rate_measured else "—"
 
@@ -22,7 +23,7 @@ def _rate(stats: Stats) -> str:
 NOT_REPORTED = "not reported"
 
 
-def _figure(stats: Stats, name: str, text: str) -> str:
+def figure(stats: Stats, name: str, text: str) -> str:
     """``text``, or "not reported" where a server does not report the figure (never a zero in its place)."""
     return text if stats.reported(name) else NOT_REPORTED
 
@@ -32,9 +33,9 @@ def stats_title(stats: Stats, finish: str | None) -> str:
     end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped",
            "interrupted": " · interrupted", "error": " · the stream stopped"}.get(finish or "", "")
     if stats.drafter == OFF:
-        return f"⚡ {_rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
-    return (f"⚡ {_rate(stats)} tok/s · acceptance {_figure(stats, 'acceptance_rate', _pct(stats.acceptance_rate))} · "
-            f"{_figure(stats, 'mean_accepted_per_round', f'{stats.mean_accepted_per_round:.2f}')} accepted/round · "
+        return f"⚡ {rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
+    return (f"⚡ {rate(stats)} tok/s · acceptance {figure(stats, 'acceptance_rate', pct(stats.acceptance_rate))} · "
+            f"{figure(stats, 'mean_accepted_per_round', f'{stats.mean_accepted_per_round:.2f}')} accepted/round · "
             f"{stats.n_tokens} tokens{end}")
 
 
@@ -44,8 +45,8 @@ def stats_details(stats: Stats) -> str:
              if busy > 0 else "")
     if stats.unreported:  # a server: say what it reported, and that the rest was not
         rounds = f" in {stats.n_rounds} rounds" if stats.reported("n_rounds") else ""
-        counts = (f"drafted {_figure(stats, 'n_drafted', str(stats.n_drafted))}, accepted "
-                  f"{_figure(stats, 'n_accepted', str(stats.n_accepted))}{rounds}")
+        counts = (f"drafted {figure(stats, 'n_drafted', str(stats.n_drafted))}, accepted "
+                  f"{figure(stats, 'n_accepted', str(stats.n_accepted))}{rounds}")
         server = f" · server says {stats.server_tokens_per_second:.1f} tok/s" if stats.server_tokens_per_second else ""
         error = f" · {stats.error}" if stats.error else ""
         return (f"{stats.method} · {counts} · first token {stats.time_to_first_token_s * 1000:.0f} ms{server} · "
@@ -124,24 +125,37 @@ def _metric(value: str, label: str, key: str) -> str:
     return f'<div class="m" data-key="{key}"><span class="v">{value}</span><span class="k">{label}</span></div>'
 
 
+def _idle_metrics() -> str:
+    """Before any answer: the figures' names with nothing measured yet (no 0% acceptance that never happened)."""
+    names = (("acceptance", "acceptance"), ("tokens/s", "tps"), ("accepted / round", "per-round"),
+             ("accepted / drafted", "counts"), ("first token", "ttft"), ("tokens", "tokens"))
+    return "".join(_metric("—", label, key) for label, key in names)
+
+
 def live_panel(stats: Stats | None, points: list, state: str) -> str:
-    """Acceptance, tokens/s and friends for the answer streaming now (or the last one), with a small chart."""
+    """Acceptance, tokens/s and friends for the answer streaming now (or the last one), with a small chart;
+    ``stats`` None: no answer yet, nothing measured."""
     s = stats or Stats()
     busy = s.draft_seconds + s.verify_seconds
     d = s.draft_seconds / busy if busy else 0.0
     counts = f"{s.n_accepted}/{s.n_drafted}" if s.reported("n_drafted") else \
         f"{s.n_accepted}/—" if s.reported("n_accepted") else NOT_REPORTED
-    metrics = "".join([
-        _metric(_figure(s, "acceptance_rate", _pct(s.acceptance_rate)), "acceptance", "acceptance"),
-        _metric(_rate(s), "tokens/s" + (" measured here" if s.unreported else ""), "tps"),
-        _metric(_figure(s, "mean_accepted_per_round", f"{s.mean_accepted_per_round:.2f}"), "accepted / round",
+    metrics = _idle_metrics() if stats is None else "".join([
+        _metric(figure(s, "acceptance_rate", pct(s.acceptance_rate)), "acceptance", "acceptance"),
+        _metric(rate(s), "tokens/s" + (" measured here" if s.unreported else ""), "tps"),
+        _metric(figure(s, "mean_accepted_per_round", f"{s.mean_accepted_per_round:.2f}"), "accepted / round",
                 "per-round"),
         _metric(counts, "accepted / drafted", "counts"),
         _metric(f"{s.time_to_first_token_s * 1000:.0f} ms", "first token", "ttft"),
         _metric(str(s.n_tokens), "tokens", "tokens"),
     ] + ([_metric(f"{s.server_tokens_per_second:.1f}", "tokens/s the server says", "server-tps")]
          if s.server_tokens_per_second else []))
-    if s.reported("draft_seconds"):
+    # The corner names the drafter that wrote the answer shown ("drafted by ..."): a bare "off" read as a switch.
+    corner = f"drafted by {s.method}" if stats is not None and s.method != method_name(OFF) else \
+        "speculation off" if stats is not None else ""
+    if stats is None:
+        split = ""
+    elif s.reported("draft_seconds"):
         split = (f'<div class="spec-split" title="time spent drafting vs verifying">'
                  f'<div class="draft" style="width:{d:.1%}"></div>'
                  f'<div class="verify" style="width:{1 - d if busy else 0:.1%}"></div>'
@@ -149,13 +163,14 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
                  f'<span class="verify">verifying {1 - d if busy else 0:.0%}</span></div>')
     else:
         split = '<div class="spec-unreported">Drafting / verifying time: not reported by this server.</div>'
-    error = f'<div class="spec-error">{html.escape(s.error)}: the partial answer is kept.</div>' if s.error else ""
+    error = (f'<div class="spec-error">{html.escape(in_page_words(s.error))}: the partial answer is kept.</div>'
+             if s.error else "")
     return (
         f'<div class="spec-live" data-state="{state}" '
-        f'data-acceptance="{f"{s.acceptance_rate:.4f}" if s.reported("acceptance_rate") else ""}" '
+        f'data-acceptance="{f"{s.acceptance_rate:.4f}" if stats and s.reported("acceptance_rate") else ""}" '
         f'data-tps="{f"{s.tokens_per_second:.2f}" if s.rate_measured else ""}" data-tokens="{s.n_tokens}">'
         f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
-        f'<span class="drafter">{html.escape(s.method)}</span></div>'
+        f'<span class="drafter">{html.escape(corner)}</span></div>'
         f'<div class="spec-metrics">{metrics}</div>{split}{error}'
         + "".join(f'<div class="spec-member">{html.escape(m)}</div>' for m in members(s))
         + f'{line_chart(points)}</div>'
@@ -186,103 +201,6 @@ def line_chart(points: list, w: int = 300, h: int = 110) -> str:
         f'<text x="{pad}" y="11" class="tps">tok/s (max {tps_max / 1.15:.0f})</text>'
         f'<text x="{w - pad}" y="11" text-anchor="end" class="acc">acceptance</text></svg>'
     )
-
-
-def bar_chart(values: list[float], w: int = 420, h: int = 140) -> str:
-    """Speedup per comparison run, with the 1.0× line."""
-    if not values:
-        return ""
-    top = max(max(values), 1.0) * 1.15
-    bw = min(40.0, (w - 20) / len(values))
-    base = h - 16
-    bars, labels = [], []
-    for i, v in enumerate(values):
-        bh = (base - 14) * v / top
-        x = 10 + i * bw
-        cls = "win" if v >= 1 else "loss"
-        bars.append(f'<rect class="{cls}" x="{x + 3:.1f}" y="{base - bh:.1f}" width="{bw - 6:.1f}" height="{bh:.1f}"/>')
-        labels.append(f'<text x="{x + bw / 2:.1f}" y="{base - bh - 3:.1f}" text-anchor="middle">{v:.2f}×</text>'
-                      f'<text x="{x + bw / 2:.1f}" y="{h - 3}" text-anchor="middle" class="run">#{i + 1}</text>')
-    one = base - (base - 14) / top
-    return (f'<svg class="spec-bars" viewBox="0 0 {w} {h}" role="img" aria-label="speedup per run">'
-            f'{"".join(bars)}<line x1="6" x2="{w - 6}" y1="{one:.1f}" y2="{one:.1f}" class="one"/>'
-            f'{"".join(labels)}</svg>')
-
-
-def compare_summary(cmp) -> str:
-    """Speedup, acceptance, tokens/s of each run, and the identical-output check."""
-    if cmp.phase == "ceiling":
-        return '<div class="spec-compare running">Timing what this pair can reach here…</div>'
-    if cmp.phase != "done":
-        return f'<div class="spec-compare running">Running speculation {cmp.phase}…</div>'
-    if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
-        return '<div class="spec-compare">Stopped before both runs finished.</div>'
-    unit = "character" if cmp.by_text else "token"
-    if not cmp.same_tokens:
-        check = '<span class="na">sampled (temperature &gt; 0) by a server: outputs follow the same distribution, ' \
-                'not the same tokens</span>'
-    else:
-        diff = cmp.first_difference()
-        check = (f'<span class="same">outputs identical{" (compared as text)" if cmp.by_text else ""}</span>'
-                 if diff is None else f'<span class="differ">outputs differ at {unit} {diff}</span>')
-    off, on = cmp.off.stats, cmp.on.stats
-    note = f'<div class="note">{html.escape(cmp.note)}</div>' if cmp.note else ""
-    return (
-        f'<div class="spec-compare" data-speedup="{cmp.speedup:.3f}">'
-        f'<div class="speedup">{cmp.speedup:.2f}× <small>speedup</small></div>'
-        f'<div class="row">off {off.tokens_per_second:.1f} tok/s → on {on.tokens_per_second:.1f} tok/s · '
-        f'acceptance {_figure(on, "acceptance_rate", _pct(on.acceptance_rate))} · '
-        f'{_figure(on, "mean_accepted_per_round", f"{on.mean_accepted_per_round:.2f}")} accepted/round · '
-        f'{html.escape(method_name(cmp.drafter))}</div><div class="check">{check}</div>{_ceiling(cmp)}{note}</div>'
-    )
-
-
-def _ceiling(cmp) -> str:
-    """What the pair can reach here, timed after the runs, and the share of it this comparison reached."""
-    c = cmp.ceiling
-    if c is None:
-        return ""
-    if not c.pays:
-        advice = html.escape(c.explain(cmp.others)) + " (Drafter, under Settings)"
-        return f'<div class="ceiling cannot" data-ceiling="{c.speedup:.3f}">{advice}</div>'
-    return (f'<div class="ceiling" data-ceiling="{c.speedup:.3f}">{html.escape(c.explain())} This comparison '
-            f'reached {cmp.speedup / c.speedup:.0%} of it.</div>')
-
-
-def compare_pane(cmp, side: str) -> str:
-    """One side of Compare as markdown: its title with tokens/s (live while it runs), then its output; where the two
-    should be the same (greedy, or sampled with one seed), the first token where they part is marked on both sides."""
-    live = getattr(cmp, side)
-    title = "Speculation off" if side == "off" else f"Speculation on ({html.escape(method_name(cmp.drafter))})"
-    if live.stats.n_tokens:
-        title += f" — {_rate(live.stats)} tok/s"
-    text = live.text
-    span = cmp.diff_spans[0 if side == "off" else 1] if cmp.diff_spans else None
-    if span:
-        a, b = span
-        text = (text[:a] + f'<mark class="first-diff" title="first token that differs">'
-                f'{html.escape(text[a:b]) or "⏎"}</mark>' + text[b:])
-    return f"**{title}**\n\n{text}"
-
-
-COMPARE_COLUMNS = ["run", "backend", "prompt", "drafter", "tokens", "tok/s off", "tok/s on", "speedup", "ceiling",
-                   "acceptance", "identical"]
-
-
-def compare_row(cmp, n: int, backend: str) -> dict:
-    """One line of Compare's history. ``backend`` (the pair, or model @ server) and the drafter (for a server, its
-    method) keep results of different methods apart."""
-    diff = cmp.first_difference() if cmp.same_tokens else None
-    on = cmp.on.stats
-    unit = "character" if cmp.by_text else "token"
-    return {
-        "run": n, "backend": backend, "prompt": cmp.prompt[:80], "drafter": method_name(cmp.drafter),
-        "tokens": on.n_tokens, "tok/s off": round(cmp.off.stats.tokens_per_second, 2),
-        "tok/s on": round(on.tokens_per_second, 2), "speedup": round(cmp.speedup, 3),
-        "ceiling": round(cmp.ceiling.speedup, 3) if cmp.ceiling else "n/a",  # (a draft model only)
-        "acceptance": round(on.acceptance_rate, 4) if on.reported("acceptance_rate") else NOT_REPORTED,
-        "identical": ("yes" if diff is None else f"no ({unit} {diff})") if cmp.same_tokens else "n/a (sampled)",
-    }
 
 
 def hardware_panel(hw: dict, loaded: dict) -> str:
@@ -384,7 +302,7 @@ def api_panel(info: dict, pair: str | None) -> str:
     rows = "".join(
         f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(r.when))}</td><td>{html.escape(r.endpoint)}</td>"
         f"<td>{r.tokens}</td><td>{'—' if r.tokens_per_second is None else f'{r.tokens_per_second:.1f}'}</td>"
-        f"<td>{'—' if r.acceptance is None else _pct(r.acceptance)}</td><td>{html.escape(r.drafter)}</td>"
+        f"<td>{'—' if r.acceptance is None else pct(r.acceptance)}</td><td>{html.escape(r.drafter)}</td>"
         f"<td>{html.escape(r.finish)}</td></tr>" for r in info["served"])
     return (
         f'<div class="spec-api"><p>Base URL <code>{html.escape(base)}</code> — point any OpenAI client at it '
@@ -402,8 +320,22 @@ def api_panel(info: dict, pair: str | None) -> str:
     )
 
 
+# The engine's messages name the command line's flags, which the CLI keeps; the page names its own fields.
+FIELDS = {"--max-tokens": "Max tokens", "--draft-max": "Draft max", "--draft-min": "Draft min",
+          "--draft-p-min": "Draft p-min", "--ctx": "Context size", "--n-gpu-layers": "GPU layers"}
+PHRASES = {"run the pull again": "press Download again (Models tab)"}
+
+
+def in_page_words(text: str) -> str:
+    """``text`` with the flags it names as the Settings tab's fields, and the CLI's commands as the page's buttons."""
+    text = re.sub(r"(?<![\w-])--[a-z][a-z-]*[a-z]", lambda m: FIELDS.get(m[0], m[0]), text)
+    for cli, page in PHRASES.items():
+        text = text.replace(cli, page)
+    return text
+
+
 def notice(text: str | None, kind: str = "error") -> str:
-    return f'<div class="spec-notice {kind}">{html.escape(text)}</div>' if text else ""
+    return f'<div class="spec-notice {kind}">{html.escape(in_page_words(text))}</div>' if text else ""
 
 
 def header(pair: str | None, logo_svg: str = "", ready: bool = True) -> str:
@@ -416,23 +348,34 @@ def header(pair: str | None, logo_svg: str = "", ready: bool = True) -> str:
 
 # --- models view --------------------------------------------------------------------------------------------
 def models_table(rows: list[dict]) -> str:
-    """The catalog: one row per pair with what is on disk and whether it fits this machine."""
+    """The catalog, newest families first: one row per pair with what is on disk, whether it fits this machine and
+    how fast it would run here, the recommended pair marked. Each row carries its uses (vision where the target
+    reads images) and whether it runs well here, for the filters above the table."""
     e = html.escape
     body = []
     for r in rows:
         state = "ready" if r["ready"] else "partial" if "partly" in r["target_status"] + r["draft_status"] else "none"
         label = {"ready": "ready", "partial": "partly downloaded", "none": "not downloaded"}[state]
+        uses = r["use"] + (" vision" if r["vision"] else "")
+        badge = '<br><span class="recommended">★ recommended for this machine</span>' if r["recommended"] else ""
+        here = e(r["fit"]) + (f'<br><span class="expected">{e(r["expected"])}</span>' if r["expected"] else "")
         body.append(
-            f'<tr data-pair="{e(r["pair"])}" data-state="{state}"><td><b>{e(r["pair"])}</b><br>'
-            f'<small>{e(r["description"])}</small></td><td>{e(r["use"])}</td>'
+            f'<tr data-pair="{e(r["pair"])}" data-state="{state}" data-use="{uses}" '
+            f'data-well="{"yes" if r["runs_well"] else "no"}" tabindex="0"'
+            f'{" data-recommended" if r["recommended"] else ""}><td><b>{e(r["pair"])}</b>{badge}<br>'
+            f'<small>{e(r["description"])}</small></td><td>{e(uses.replace(" ", ", "))}</td>'
+            f'<td>{e(r["released"]) or "—"}</td>'
             f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB<br><small>{e(r["target_status"])}</small>'
             + (f'<br><small>{e(r["images"])}</small>' if r.get("images") else "") + '</td>'
             + (f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB<br><small>{e(r["draft_status"])}</small></td>'
                if r["draft_quant"] else f'<td><small>{e(r["draft"])}</small></td>')
-            + f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{e(r["fit"])}</small></td>'
+            + f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{here}</small></td>'
             f'<td><small>{e(r["license"])}</small></td></tr>')
-    return ('<table class="spec-models"><thead><tr><th>Pair</th><th>Use</th><th>Target</th><th>Draft</th>'
-            '<th>Context</th><th>On disk</th><th>This machine</th><th>License</th></tr></thead><tbody>'
+    best = next((r for r in rows if r["recommended"]), None)
+    lead = (f'<div class="spec-recommended">★ For this machine: <b>{e(best["pair"])}</b> — {e(best["expected"])}. '
+            'Click a row to pick its pair.</div>') if best else ""
+    return (lead + '<table class="spec-models"><thead><tr><th>Pair</th><th>Use</th><th>Released</th><th>Target</th>'
+            '<th>Draft</th><th>Context</th><th>On disk</th><th>This machine</th><th>License</th></tr></thead><tbody>'
             + "".join(body) + "</tbody></table>")
 
 
@@ -446,7 +389,7 @@ def download_progress(files: list, state: str, message: str = "") -> str:
                     f'<div class="spec-dl-label">[{p.index}/{p.count}] {e(p.file)} — {p.done / 1e6:,.1f} of '
                     f'{p.total / 1e6:,.1f} MB ({frac:.0%}){" — " + e(p.note) if p.note else ""}</div>'
                     f'<div class="spec-dl-bar"><div style="width:{frac * 100:.1f}%"></div></div></div>')
-    note = f'<div class="spec-dl-note">{e(message)}</div>' if message else ""
+    note = f'<div class="spec-dl-note">{e(in_page_words(message))}</div>' if message else ""
     return f'<div class="spec-download" data-state="{state}">{"".join(bars)}{note}</div>'
 
 

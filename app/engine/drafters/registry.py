@@ -48,6 +48,7 @@ class Method:
     choice: str  # its label in the UI's list
     spec_types: tuple[str, ...]  # llama.cpp's --spec-type names for it
     lacking: str  # why a pair without it cannot use it ({target}: the target's file name)
+    needs: str  # what a pair needs to use it, in words free of flags (the app says it beside the Drafter choice)
     draft_file: str  # what it needs given as the draft file (-md), in words; "" if none
     usable: Callable[[Model, Drafter | None, bool], bool]  # (target, head, has a draft model) -> can this pair
     make: Callable[[Pair, DraftParams], Drafter]  # (pair, the draft settings) -> its drafter
@@ -75,26 +76,28 @@ KINDS: dict[str, type[Lookup]] = {k.name: k for k in (NgramSimple, NgramMapK, Ng
 DEFAULT_KIND = NgramMod.name
 
 METHODS: tuple[Method, ...] = (
-    Method(ModelDrafter.name, "Draft model", ("draft-simple",), "This pair has no draft model",
+    Method(ModelDrafter.name, "Draft model", ("draft-simple",), "This pair has no draft model", "a draft model",
            "a draft model: add --draft PATH", lambda target, head, draft: draft or head is not None, _model),
     Method(MtpDrafter.name, "MTP layers", ("draft-mtp",),
-           "{target} has no MTP (next-token-prediction) layers to draft with", "",
+           "{target} has no MTP (next-token-prediction) layers to draft with", "MTP layers in the target", "",
            lambda target, head, draft: target.n_nextn > 0 or _head_for(MtpDrafter.name)(target, head, draft),
            _own_layers),
     Method(Eagle3Drafter.name, "EAGLE-3 head", ("draft-eagle3",),
-           "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)",
+           "This pair has no EAGLE-3 head (give one as the draft: -md HEAD.gguf)", "an EAGLE-3 head as its draft",
            "an EAGLE-3 head: add --draft HEAD.gguf", _head_for(Eagle3Drafter.name), lambda pair, dp: pair.head),
     Method(DFlashDrafter.name, "DFlash block draft", ("draft-dflash",),
            "This pair has no DFlash block draft (give one as the draft: -md DFLASH.gguf)",
+           "a DFlash block draft as its draft",
            "a DFlash block draft: add --draft DFLASH.gguf", _head_for(DFlashDrafter.name),
            lambda pair, dp: pair.head),
     Method(DSparkDrafter.name, "DSpark block draft", ("draft-dspark",),
            "This pair has no DSpark block draft (give one as the draft: -md DSPARK.gguf)",
+           "a DSpark block draft as its draft",
            "a DSpark block draft: add --draft DSPARK.gguf", _head_for(DSparkDrafter.name),
            lambda pair, dp: pair.head),
-    Method(Lookup.METHOD, "N-gram lookup", tuple(KINDS), "", "", lambda *_: True,
+    Method(Lookup.METHOD, "N-gram lookup", tuple(KINDS), "", "", "", lambda *_: True,
            lambda pair, dp: KINDS[DEFAULT_KIND](dp.ngram)),
-    Method(NoDrafter.name, "Off", ("none",), "", "", lambda *_: True, lambda pair, dp: NoDrafter()),
+    Method(NoDrafter.name, "Off", ("none",), "", "", "", lambda *_: True, lambda pair, dp: NoDrafter()),
 )
 BY_NAME = {m.name: m for m in METHODS}
 DRAFTERS = tuple(BY_NAME)  # the names a person or a request may choose
