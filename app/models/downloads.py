@@ -127,7 +127,7 @@ def rows() -> list[dict]:
         t = status(p.target)
         d = status(p.draft) if p.draft else None  # (none: the target drafts with its own MTP layers)
         fit = fit_note(p.target.size_gb, p.draft.size_gb if d else 0.0, devices)
-        speed = expected(p.target.read_per_token_gb, fit)
+        speed = expected(p.target.read_per_token_gb, p.target.quantization, fit)
         out.append({
             "pair": p.name, "use": p.use, "context": p.context, "license": p.license,
             "description": p.description,

@@ -3,7 +3,10 @@
 Plain decoding reads every weight the target uses once per token, so on a CPU the target's size over the memory
 bandwidth bounds its tokens/s. The bandwidth is measured here, once per process: the best of a few copies of a
 buffer larger than any cache. EFFICIENCY is the share of that bound llama.cpp's CPU decoding reaches, measured with
-``bench/expected_speed.py`` (it prints the starter's measured tokens/s beside this estimate, in one run).
+``bench/expected_speed.py`` (the starter's measured tokens/s beside this estimate, in one run): an unquantized
+model is bound by memory, and reached 1.09x and 1.20x the copy figure in two runs (two threads read faster than one
+copies); a quantized one spends its time unpacking weights on a small CPU, and reached 0.37x in both (the starter's
+Q4_1 draft, 2 cores).
 A pair that fits in GPU memory runs there; no GPU bandwidth is measured, so its speed is not guessed.
 """
 from __future__ import annotations
@@ -14,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-EFFICIENCY = 0.5  # measured tokens/s x bytes per token / copy bandwidth, starter F32 target (bench/expected_speed.py)
+# measured tokens/s x bytes per token / copy bandwidth: bench/expected_speed.py, 2 cores, 2026-12-04 (medians of 3)
+EFFICIENCY = {"float": 1.1, "quantized": 0.4}
+FLOATS = ("F32", "F16", "BF16")
 CRAWL_TPS = 5.0  # below this a pair that fits would crawl: slower than people read
 GOOD_TPS = 10.0  # from this a pair runs well here (the recommendation's bar)
 _BUFFER = 256 * 2**20  # bytes: well past the last-level cache of desktop CPUs
@@ -33,9 +38,10 @@ def ram_bandwidth() -> float:
     return 2 * a.nbytes / best
 
 
-def cpu_tps(active_gb: float) -> float:
+def cpu_tps(active_gb: float, quantization: str = "Q4_K_M") -> float:
     """Plain decoding's expected tokens/s on the CPU for a target that reads ``active_gb`` GB of weights a token."""
-    return EFFICIENCY * ram_bandwidth() / (active_gb * 1e9) if active_gb > 0 else 0.0
+    share = EFFICIENCY["float" if quantization.upper() in FLOATS else "quantized"]
+    return share * ram_bandwidth() / (active_gb * 1e9) if active_gb > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -45,13 +51,14 @@ class Expected:
     runs_well: bool  # fits, and fast enough to chat with
 
 
-def expected(active_gb: float, fit: str) -> Expected:
-    """The speed ``fit`` (check.fit_note's verdict) allows a target reading ``active_gb`` GB per token."""
+def expected(active_gb: float, quantization: str, fit: str) -> Expected:
+    """The speed ``fit`` (check.fit_note's verdict) allows a target of ``quantization`` reading ``active_gb`` GB of
+    weights per token."""
     if fit.startswith("fits in GPU"):
         return Expected(None, "on the GPU: faster than the CPU (its speed is not measured here)", True)
     if fit.startswith("too large"):
         return Expected(None, "", False)
-    tps = cpu_tps(active_gb)
+    tps = cpu_tps(active_gb, quantization)
     if tps < CRAWL_TPS:
         return Expected(tps, f"≈{tps:.1f} tok/s here before speculation: it fits, but would crawl", False)
     return Expected(tps, f"≈{tps:.0f} tok/s here before speculation", tps >= GOOD_TPS)
