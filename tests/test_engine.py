@@ -101,6 +101,31 @@ def test_full_acceptance_and_bonus_tokens_stay_identical(close_engine):
     assert_consistent(close_engine)
 
 
+def test_a_long_prompt_is_read_by_the_draft_while_the_target_answers(close_engine):
+    """The draft model reads a long prompt after the target has: read first, it held up the first token as long
+    again (the starter). So the first token comes from the target alone, the draft reads on a piece a round while
+    the target answers plainly, then drafts; the answer is the same tokens, and a next turn reads only what it
+    added, before its first token."""
+    from app.engine.drafters.draft_model import READ_AT_ONCE, READ_PIECE
+
+    ids = [1] + [300 + i % 27 for i in range(399)]  # 398 tokens for the draft to read: more than at once
+    assert len(ids) - 1 > READ_AT_ONCE
+    close_engine.reset()
+    plain, _ = run(close_engine, ids, "none", max_tokens=40)
+    close_engine.reset()
+    spec, events = run(close_engine, ids, "model", max_tokens=40, draft_max=4, draft_p_min=0.0)
+    assert spec.token_ids == plain.token_ids
+    rounds = [e for e in events if isinstance(e, Round)]
+    reading = -(-(len(ids) - 1) // READ_PIECE)
+    assert all(r.n_drafted == 0 for r in rounds[:reading])  # the target alone, while the draft reads
+    assert spec.stats.n_drafted > 0 and rounds[reading].n_drafted > 0  # then it drafts at once
+    assert_consistent(close_engine)
+    more = ids + spec.token_ids + [301, 302]  # a next turn: its few new tokens are read before its first token
+    _, events = run(close_engine, more, "model", max_tokens=8, draft_max=4, draft_p_min=0.0)
+    assert next(e for e in events if isinstance(e, Round)).n_drafted > 0
+    assert_consistent(close_engine)
+
+
 def test_adaptive_mode_is_exact_and_measured(models):
     """A fresh engine (no costs remembered from earlier answers) measures first: a short draft, then plain steps,
     whatever the host's speed; then the draft length follows what it measured."""

@@ -96,11 +96,12 @@ def speculative_generate(
                 "length" if room < 0 else None)
             if finish:
                 break
-            # After recurrent state went back to a saved one, this round replays the accepted tokens and drafts
-            # nothing (as llama-server does): the state saved before the next draft then holds all of them.
-            replaying = target.n_pending > 0
-            limit = 0 if replaying else min(MAX_DRAFT, target.n_batch - 1, room)  # (one batch verifies a draft)
+            # After recurrent state went back to a saved one, a round replays the accepted tokens and drafts nothing
+            # (as llama-server does): the state saved before the next draft then holds all of them. So does one where
+            # the drafter reads on in a long prompt (its time is drafting time): the target answers plainly meanwhile.
             t0 = time.perf_counter()
+            replaying = target.n_pending > 0 or drafter.read_on()
+            limit = 0 if replaying else min(MAX_DRAFT, target.n_batch - 1, room)  # (one batch verifies a draft)
             rng.at = len(out.history)  # the next token's position: where this round's draws are keyed
             draft = drafter.draft_round(out.history, 0 if replaying else min(control.next(room), room), limit, sp, rng,
                                         gate)

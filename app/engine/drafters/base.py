@@ -99,6 +99,12 @@ class Drafter:
         """After a round that verified some of this drafter's tokens: how many the target accepted (llama.cpp's
         accept callback; the n-gram kinds learn from it)."""
 
+    def read_on(self) -> bool:
+        """Before a round: read on in a long prompt that ``begin`` left unread, a piece at a time, so that the
+        target's first tokens need not wait for the whole of it. True if it read this round: the round drafts
+        nothing (the target answers plainly meanwhile)."""
+        return False
+
     def set_threads(self, n: int) -> None:
         """CPU threads, for a drafter with a context of its own that the engine does not hold."""
 
@@ -132,6 +138,9 @@ class Wrapper(Drafter):
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.inner.begin(prompt_ids)
+
+    def read_on(self) -> bool:
+        return self.inner.read_on()
 
     def propose(self, history, n_max, sp, rng, gate=None, stop=None) -> Draft:
         return self.inner.propose(history, n_max, sp, rng, gate, stop)

@@ -113,6 +113,9 @@ class ChainDrafter(Drafter):
         for m in self.members:
             m.drafter.begin(prompt_ids)
 
+    def read_on(self) -> bool:
+        return any([m.drafter.read_on() for m in self.members])  # (each member reads on: no short cut)
+
     def draft_round(self, history, n_max, limit, sp, rng, gate) -> Draft:
         if gate is None:
             return self._most_expected(history, n_max, limit, sp, rng)
