@@ -416,7 +416,7 @@ def test_the_chat_page_shows_only_what_is_true_and_the_apps_own_controls(page):
     note = page.page.locator("#image-note [data-images='no']")
     assert note.count() == 1 and not note.is_visible()
     page.shot("chat-idle")
-    long_title = page.page.locator("#conv-list label > span", has_text=LONG_PROMPT[:20])
+    long_title = page.page.locator("#conv-list label > span", has_text=LONG_PROMPT[:20]).first  # (earlier tests')
     assert long_title.evaluate("e => getComputedStyle(e).textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth")
     long_title.click()  # a conversation shown: Gradio would offer its trash button now
     page.page.locator("#chat").get_by_text(LONG_PROMPT).wait_for(timeout=30_000)
