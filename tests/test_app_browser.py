@@ -407,6 +407,22 @@ def test_two_tabs_are_queued_not_interleaved(browser, app_url):
         b.close()
 
 
+def test_a_long_prompt_shows_how_far_its_reading_got(page):
+    """Over 1,500 tokens, the prompt takes seconds to read before the first token: the live panel says how far the
+    reading got, with a bar, instead of a bare "Generating…"."""
+    page.set_number("max-tokens", "16")
+    page.send("Summarize this text in one sentence.\n\n" + " ".join(f"Line {i}: the keeper lit the lamp." for i in
+                                                                 range(160)))
+    reading = page.page.locator("#live-stats .spec-prompt")
+    reading.wait_for(timeout=120_000)
+    done, total = int(reading.get_attribute("data-processed")), int(reading.get_attribute("data-total"))
+    assert total > 1500 and 0 <= done < total and "Reading the prompt" in reading.inner_text()
+    page.shot("chat-reading-prompt")
+    assert page.wait_state(("done", "error"), timeout=300)["state"] == "done"
+    assert page.page.locator("#live-stats .spec-prompt").count() == 0  # gone once the answer came
+    page.set_number("max-tokens", "512")  # (the module's limit again, saved as typed)
+
+
 def test_the_chat_page_shows_only_what_is_true_and_the_apps_own_controls(page):
     """Before an answer, the live panel measures nothing (no "0.0%" acceptance, no "0 ms"); Gradio's trash button,
     which emptied the page's copy of a chat and nothing else, is gone; the starter's "takes no images" waits until

@@ -119,6 +119,19 @@ def test_the_live_panel_claims_nothing_before_an_answer():
     assert "speculation off" in live_panel(Stats(drafter="none", n_tokens=5), [], "done")
 
 
+def test_the_reading_of_a_prompt_is_followed_until_the_first_token():
+    from app.chat.live_answer import Live
+    from app.engine import PromptProgress, Stats
+    from app.ui.render import live_panel
+
+    live = Live()
+    live.add(PromptProgress(1717, 200, 712, 3.0))
+    panel = live_panel(live.stats, live.points, "running", live.prompt)
+    assert "Reading the prompt: 712 of 1,717 tokens, 200 of them from the cache" in panel and 'width:41.5%' in panel
+    live.stats = Stats(drafter="model", n_tokens=3)
+    assert "Reading the prompt" not in live_panel(live.stats, live.points, "running", live.prompt)
+
+
 def test_ui_collects_numbers_with_clear_errors():
     from app.ui.app import SETTING_NAMES, collect
 

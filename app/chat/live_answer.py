@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..engine import Done, Round, Stats, TextDelta
+from ..engine import Done, PromptProgress, Round, Stats, TextDelta
 
 MAX_POINTS = 400  # chart points kept per answer
 
@@ -17,13 +17,16 @@ class Live:
     stats: Stats = field(default_factory=Stats)
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, tokens/s, acceptance)
     done: Done | None = None
+    prompt: PromptProgress | None = None  # how far the prompt's reading got (before the first token)
 
     @property
     def text(self) -> str:
         return "".join(t for t, _ in self.segments)
 
     def add(self, ev) -> None:
-        if isinstance(ev, TextDelta):
+        if isinstance(ev, PromptProgress):
+            self.prompt = ev
+        elif isinstance(ev, TextDelta):
             if self.segments and self.segments[-1][1] == ev.from_draft:
                 self.segments[-1][0] += ev.text
             else:

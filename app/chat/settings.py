@@ -43,6 +43,7 @@ class Settings:
                 sampling=SamplingParams(float(self.temperature), int(self.top_k), float(self.top_p),
                                         float(self.min_p), int(self.seed)),
                 draft=self.draft_params(),
+                prompt_progress=True,  # (the chat and Compare show a long prompt's reading as it goes)
             )
         except (TypeError, ValueError) as exc:
             raise EngineError(f"Invalid setting: {exc}") from exc

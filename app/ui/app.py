@@ -173,7 +173,7 @@ class SpecChatUI:
                                       state="streaming")
                     saved = time.monotonic()
                 yield (gr.skip(), render.chat_messages(history, show, live),
-                       render.live_panel(live.stats, live.points, "running"), gr.skip(), gr.skip())
+                       render.live_panel(live.stats, live.points, "running", live.prompt), gr.skip(), gr.skip())
         except WorkerDied as exc:  # the engine's process died mid-answer: keep what it wrote, say what happened
             finished = True
             if mid is None:

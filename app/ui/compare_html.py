@@ -6,7 +6,7 @@ import html
 
 from ..chat.machine_load import busy_warning
 from ..engine import method_name
-from .render import NOT_REPORTED, figure, pct, rate
+from .render import NOT_REPORTED, figure, pct, prompt_reading, rate
 
 CHART_RUNS = 20  # the newest runs in Compare's chart (the table has them all)
 
@@ -44,7 +44,9 @@ def compare_summary(cmp) -> str:
     if cmp.phase == "ceiling":
         return f'<div class="spec-compare running">Timing what this pair can reach here…{warn}</div>'
     if cmp.phase != "done":
-        return f'<div class="spec-compare running">Running speculation {cmp.phase}…{warn}</div>'
+        live = getattr(cmp, cmp.phase)
+        reading = prompt_reading(live.prompt) if not live.stats.n_tokens else ""
+        return f'<div class="spec-compare running">Running speculation {cmp.phase}…{reading}{warn}</div>'
     if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
         return '<div class="spec-compare">Stopped before both runs finished.</div>'
     unit = "character" if cmp.by_text else "token"

@@ -132,9 +132,24 @@ def _idle_metrics() -> str:
     return "".join(_metric("—", label, key) for label, key in names)
 
 
-def live_panel(stats: Stats | None, points: list, state: str) -> str:
+def prompt_reading(prompt) -> str:
+    """How far the reading of the prompt got (an engine PromptProgress), with a bar: what a long prompt shows before
+    its first token. "" once nothing is left to read."""
+    if prompt is None or prompt.processed >= prompt.total:
+        return ""
+    share = prompt.processed / prompt.total if prompt.total else 0.0
+    cached = f", {prompt.cache:,} of them from the cache" if prompt.cache else ""
+    return (f'<div class="spec-prompt" data-processed="{prompt.processed}" data-total="{prompt.total}">Reading the '
+            f'prompt: {prompt.processed:,} of {prompt.total:,} tokens{cached}'
+            f'<div class="spec-prompt-bar"><div style="width:{share:.1%}"></div></div></div>')
+
+
+def live_panel(stats: Stats | None, points: list, state: str, prompt=None) -> str:
     """Acceptance, tokens/s and friends for the answer streaming now (or the last one), with a small chart;
-    ``stats`` None: no answer yet, nothing measured."""
+    ``stats`` None, or an answer with no token yet: nothing measured. ``prompt``: how far the reading of the prompt
+    got (PromptProgress), shown until the first token."""
+    if stats is not None and not stats.n_tokens and state in ("queued", "running"):
+        stats = None
     s = stats or Stats()
     busy = s.draft_seconds + s.verify_seconds
     d = s.draft_seconds / busy if busy else 0.0
@@ -171,7 +186,7 @@ def live_panel(stats: Stats | None, points: list, state: str) -> str:
         f'data-tps="{f"{s.tokens_per_second:.2f}" if s.rate_measured else ""}" data-tokens="{s.n_tokens}">'
         f'<div class="spec-live-head"><span class="dot {state}"></span>{html.escape(_STATE_TEXT.get(state, state))}'
         f'<span class="drafter">{html.escape(corner)}</span></div>'
-        f'<div class="spec-metrics">{metrics}</div>{split}{error}'
+        f'{prompt_reading(prompt) if stats is None else ""}<div class="spec-metrics">{metrics}</div>{split}{error}'
         + "".join(f'<div class="spec-member">{html.escape(m)}</div>' for m in members(s))
         + f'{line_chart(points)}</div>'
     )
