@@ -97,8 +97,9 @@ def test_bundle_serves_the_starter_pair_and_streams_an_answer(bundle, tmp_path):
         for chat, panel, *_ in job:
             reply = [m for m in chat if m["role"] == "assistant" and not m.get("metadata")]
             if reply:
-                answers.append(reply[0]["content"][0]["text"])
-                panels.append(panel)
+                if reply[0]["content"][0]["text"] != "…":  # (the bubble's placeholder while the prompt is read)
+                    answers.append(reply[0]["content"][0]["text"])
+                    panels.append(panel)
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
         out, _ = proc.communicate(timeout=30)
