@@ -1,7 +1,7 @@
 """The Compare tab: a prompt run with speculation off, then on, the two answers side by side, a summary, the speedups
 of the runs so far as a chart and a table (kept in the data dir: a reload or a restart shows them again), exported
-as CSV and JSON. ``CompareTab`` is its components, made where
-the page is built (app.py); ``CompareRuns`` its handlers, which the page wires."""
+as CSV and JSON. ``CompareTab`` is its components, made where the page is built (app.py); ``CompareRuns`` its
+handlers, which the page wires."""
 from __future__ import annotations
 
 import csv
