@@ -96,11 +96,12 @@ def test_the_page_names_its_fields_where_the_engine_names_flags():
 
 
 def test_the_drafter_list_offers_what_the_pair_can_use_and_names_the_rest():
-    from app.ui.settings_panel import drafter_choices, drafter_for, unusable_note
+    from app.chat.settings import usable_drafter
+    from app.ui.settings_panel import drafter_choices, unusable_note
 
     usable = ("model", "ngram", "none")  # the starter's: a draft model, no MTP layers, no head
     assert [name for _, name in drafter_choices("mtp", usable)] == list(usable)
-    assert drafter_for("mtp", usable) == "model" and drafter_for("ngram", usable) == "ngram"
+    assert usable_drafter("mtp", usable) == "model" and usable_drafter("ngram", usable) == "ngram"
     assert drafter_choices("ngram-simple", usable)[-1] == ("n-gram lookup (ngram-simple)", "ngram-simple")
     note = unusable_note(usable)
     assert "MTP layers (needs MTP layers in the target)" in note and "Draft model" not in note
@@ -365,7 +366,8 @@ def test_compare_marks_the_first_differing_token(runtime):
     cmp.diff_spans = ((11, 15), (11, 16))
     assert compare_html.compare_pane(cmp, "off").endswith('same start,<mark class="first-diff" '
                                                     'title="first token that differs"> red</mark> end')
-    assert '<mark class="first-diff" title="first token that differs"> blue</mark>' in compare_html.compare_pane(cmp, "on")
+    assert '<mark class="first-diff" title="first token that differs"> blue</mark>' in \
+        compare_html.compare_pane(cmp, "on")
     # The real thing: identical greedy outputs mark nothing.
     done = _last(runtime.compare([{"role": "user", "content": "the dog"}], Settings(max_tokens=24, draft_max=6)))
     assert done.diff_spans is None and "<mark" not in compare_html.compare_pane(done, "on")

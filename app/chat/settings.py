@@ -13,6 +13,12 @@ FILE = "settings.json"
 LOAD_SPECS = ("models", "server")  # the fields that are what to load, not how to generate
 
 
+def usable_drafter(drafter: str, drafters: tuple[str, ...]) -> str:
+    """``drafter`` where a pair that can use ``drafters`` (its default first) can run it, else that default; as it
+    is where nothing is known of the pair yet (no drafters)."""
+    return drafter if not drafters or registry.runs_on(drafter, drafters) else drafters[0]
+
+
 @dataclass(frozen=True)
 class Settings:
     system_prompt: str = ""
@@ -69,9 +75,7 @@ class Settings:
         it, else the pair's default (``drafters`` lists those it can use, default first: a model with MTP layers and
         no draft model drafts with MTP)."""
         s = self.with_draft_params(recommended) if recommended else self
-        if preferred:
-            return replace(s, drafter=preferred)
-        return s if registry.runs_on(s.drafter, drafters) or not drafters else replace(s, drafter=drafters[0])
+        return replace(s, drafter=preferred or usable_drafter(s.drafter, drafters))
 
     def loaded(self, spec: LoadSpec | None) -> "Settings":
         """These settings with ``spec`` as the last thing loaded; a server's fields are also kept apart, so they

@@ -125,11 +125,9 @@ def _metric(value: str, label: str, key: str) -> str:
     return f'<div class="m" data-key="{key}"><span class="v">{value}</span><span class="k">{label}</span></div>'
 
 
-def _idle_metrics() -> str:
-    """Before any answer: the figures' names with nothing measured yet (no 0% acceptance that never happened)."""
-    names = (("acceptance", "acceptance"), ("tokens/s", "tps"), ("accepted / round", "per-round"),
-             ("accepted / drafted", "counts"), ("first token", "ttft"), ("tokens", "tokens"))
-    return "".join(_metric("—", label, key) for label, key in names)
+# The live panel's figures: (label, key), in the order shown
+FIGURES = (("acceptance", "acceptance"), ("tokens/s", "tps"), ("accepted / round", "per-round"),
+           ("accepted / drafted", "counts"), ("first token", "ttft"), ("tokens", "tokens"))
 
 
 def prompt_reading(prompt) -> str:
@@ -155,19 +153,17 @@ def live_panel(stats: Stats | None, points: list, state: str, prompt=None) -> st
     d = s.draft_seconds / busy if busy else 0.0
     counts = f"{s.n_accepted}/{s.n_drafted}" if s.reported("n_drafted") else \
         f"{s.n_accepted}/—" if s.reported("n_accepted") else NOT_REPORTED
-    metrics = _idle_metrics() if stats is None else "".join([
-        _metric(figure(s, "acceptance_rate", pct(s.acceptance_rate)), "acceptance", "acceptance"),
-        _metric(rate(s), "tokens/s" + (" measured here" if s.unreported else ""), "tps"),
-        _metric(figure(s, "mean_accepted_per_round", f"{s.mean_accepted_per_round:.2f}"), "accepted / round",
-                "per-round"),
-        _metric(counts, "accepted / drafted", "counts"),
-        _metric(f"{s.time_to_first_token_s * 1000:.0f} ms", "first token", "ttft"),
-        _metric(str(s.n_tokens), "tokens", "tokens"),
-    ] + ([_metric(f"{s.server_tokens_per_second:.1f}", "tokens/s the server says", "server-tps")]
-         if s.server_tokens_per_second else []))
+    # Nothing measured yet: every figure "—" (no 0% acceptance that never happened)
+    values = ["—"] * len(FIGURES) if stats is None else [
+        figure(s, "acceptance_rate", pct(s.acceptance_rate)), rate(s),
+        figure(s, "mean_accepted_per_round", f"{s.mean_accepted_per_round:.2f}"), counts,
+        f"{s.time_to_first_token_s * 1000:.0f} ms", str(s.n_tokens)]
+    metrics = "".join(_metric(v, label + (" measured here" if key == "tps" and s.unreported else ""), key)
+                      for v, (label, key) in zip(values, FIGURES))
+    if s.server_tokens_per_second:
+        metrics += _metric(f"{s.server_tokens_per_second:.1f}", "tokens/s the server says", "server-tps")
     # The corner names the drafter that wrote the answer shown ("drafted by ..."): a bare "off" read as a switch.
-    corner = f"drafted by {s.method}" if stats is not None and s.method != method_name(OFF) else \
-        "speculation off" if stats is not None else ""
+    corner = "" if stats is None else "speculation off" if s.drafter == OFF else f"drafted by {s.method}"
     if stats is None:
         split = ""
     elif s.reported("draft_seconds"):

@@ -1,13 +1,13 @@
 """The Settings tab: speculation, sampling, the models (a pair, files or a server) and the Load button, side by
 side, and what the server box's fields mean (``server_fields``, ``server_spec``, ``test_server``). SpecChatUI
-(app.py) reads the components into Settings and wires their events."""
+(app.py) makes them inside the Settings tab; settings_view.py reads them into Settings and wires their events."""
 from __future__ import annotations
 
 import gradio as gr
 
 from ..chat.remote_server import RemoteServer, ServerSpec, base_url
 from ..chat.server_keys import key_for
-from ..chat.settings import Settings
+from ..chat.settings import Settings, usable_drafter
 from ..engine import METHODS, EngineError, method_name
 from ..engine.drafters import registry
 from ..models.loader import LoadSpec
@@ -23,11 +23,6 @@ def drafter_choices(drafter: str, usable: tuple[str, ...] = ()) -> list[tuple[st
     if drafter not in dict(choices).values() and (not usable or registry.runs_on(drafter, usable)):
         choices.append((method_name(drafter), drafter))
     return choices
-
-
-def drafter_for(drafter: str, usable: tuple[str, ...]) -> str:
-    """``drafter`` where the pair can use it, else the pair's default (a saved choice from another pair)."""
-    return drafter if not usable or registry.runs_on(drafter, usable) else usable[0]
 
 
 def unusable_note(usable: tuple[str, ...]) -> str:
@@ -51,7 +46,7 @@ class SettingsPanel:
 
     def _speculation(self, s: Settings, drafter_note: str | None, usable: tuple[str, ...]) -> None:
         gr.Markdown("### Speculation")
-        drafter = drafter_for(s.drafter, usable)
+        drafter = usable_drafter(s.drafter, usable)
         self.drafter = gr.Radio(drafter_choices(drafter, usable), value=drafter, label="Drafter", elem_id="drafter",
                                 info=drafter_note)
         self.draft_max = gr.Slider(0, 64, s.draft_max, step=1, label="Draft max", elem_id="draft-max")

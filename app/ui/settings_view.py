@@ -9,13 +9,12 @@ from typing import Callable
 import gradio as gr
 
 from ..chat.runtime import Runtime
-from ..chat.settings import LOAD_SPECS, Settings, load_settings
+from ..chat.settings import LOAD_SPECS, Settings, load_settings, usable_drafter
 from ..engine import EngineError
 from ..models.loader import LoadSpec
 from . import render
 from .models_tab import FILES, SERVER
-from .settings_panel import (SettingsPanel, drafter_choices, drafter_for, server_fields, server_spec, test_server,
-                             unusable_note)
+from .settings_panel import SettingsPanel, drafter_choices, server_fields, server_spec, test_server, unusable_note
 
 # Settings the panel does not show: kept as start-up flags or settings.json set them (the n-gram kinds' settings)
 NOT_IN_PANEL = tuple(f.name for f in fields(Settings) if not f.metadata.get("panel", True))
@@ -64,7 +63,7 @@ class SettingsView:
     def drafter_choice(self, drafter: str):
         """The Drafter list for the loaded pair, ``drafter`` chosen where the pair can use it."""
         usable = self.runtime.drafters
-        drafter = drafter_for(drafter, usable)
+        drafter = usable_drafter(drafter, usable)
         return gr.update(choices=drafter_choices(drafter, usable), value=drafter, info=self.drafter_note())
 
     def panel(self, s: Settings) -> SettingsPanel:
