@@ -188,9 +188,14 @@ def test_chat_streams_with_live_stats(page, app_url):
     assert re.search(r"tok/s · acceptance \d+\.\d%", chat.inner_text())  # the answer keeps its stats line
     page.shot("chat-done")
 
-    # Draft tokens get their own colour when the toggle is on.
+    # Draft tokens get their own colour when the toggle is on, in the answer's own Markdown (paragraphs, not one
+    # monospace block), with a legend beside the toggle that says what the colour means.
+    legend = page.page.locator("#draft-legend")
+    assert not legend.is_visible()
     page.page.locator("#show-draft input").check()
     page.page.locator("#chat .tok-draft").first.wait_for(timeout=10_000)
+    assert "accepted" in legend.inner_text() and legend.is_visible()
+    assert page.page.locator("#chat .spec-coloured p .tok-draft").count() > 0
     page.shot("chat-draft-tokens")
 
     # The conversation is saved, with the answer's figures, and comes back on reload.
