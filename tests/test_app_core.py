@@ -315,7 +315,7 @@ def test_thinking_is_shown_collapsed_above_the_answer():
     assert out[2] == {"role": "assistant", "content": "Answer **bold**"}
     assert "8.0 tok/s" in out[3]["metadata"]["title"]
     coloured = render.chat_messages(history, show_draft=True)[2]["content"]
-    assert '<span class="tok-draft">Answer</span><span class="tok-target"> **bold**</span>' in coloured
+    assert coloured == '<div class="spec-coloured"><p><span class="tok-draft">Answer</span> <strong>bold</strong></p></div>'
 
     class Live:  # an answer still thinking
         text = "<think>\nhmm"
@@ -442,3 +442,6 @@ def test_download_progress_shows_a_retry_while_it_waits():
     assert 'data-done="1500000"' in html and "(50%) — Connection lost: resuming in 2 s (retry 1 of 5).</div>" in html
     going = Progress("big.gguf", 1, 2, 1_600_000, 3_000_000)
     assert "Connection lost" not in render.download_progress([going], "running")
+    looking = Progress("big.gguf", 1, 2, 0, 0, "The Hub answered 503: trying again in 1 s (retry 1 of 5).")
+    assert "big.gguf — looking it up — The Hub answered 503: trying again in 1 s" in \
+        render.download_progress([looking], "running")

@@ -9,6 +9,7 @@ import time
 from ..engine import OFF, Stats, method_name
 from ..prompts import thinking
 from .attachments import image_file
+from .draft_colours import coloured_html
 
 
 def pct(x: float) -> str:
@@ -63,15 +64,9 @@ def members(stats: Stats) -> list[str]:
 
 
 def answer_html(segments: list[list], show_draft: bool) -> str:
-    """The answer as chat content: markdown as written, or, with the draft view on, every run of text
-    coloured by origin (one line of HTML, so markdown leaves it alone)."""
-    if not show_draft:
-        return "".join(t for t, _ in segments)
-    parts = []
-    for text, from_draft in segments:
-        body = html.escape(text).replace("\n", "<br>")
-        parts.append(f'<span class="{"tok-draft" if from_draft else "tok-target"}">{body}</span>')
-    return f'<div class="spec-tokens">{"".join(parts)}</div>'
+    """The answer as chat content: Markdown as written, or, with the draft view on, the same Markdown rendered with
+    the text the draft wrote highlighted (draft_colours)."""
+    return coloured_html(segments) if show_draft else "".join(t for t, _ in segments)
 
 
 def _slice(segments: list[list], start: int) -> list[list]:
@@ -395,10 +390,12 @@ def download_progress(files: list, state: str, message: str = "") -> str:
     e = html.escape
     bars = []
     for p in files:
-        frac = p.done / p.total if p.total else 1.0
+        frac = p.done / p.total if p.total else 0.0
+        # (no size yet: the Hub is still being asked where the file is)
+        where = f"{p.done / 1e6:,.1f} of {p.total / 1e6:,.1f} MB ({frac:.0%})" if p.total else "looking it up"
         bars.append(f'<div class="spec-dl-file" data-file="{e(p.file)}" data-done="{p.done}" data-total="{p.total}">'
-                    f'<div class="spec-dl-label">[{p.index}/{p.count}] {e(p.file)} — {p.done / 1e6:,.1f} of '
-                    f'{p.total / 1e6:,.1f} MB ({frac:.0%}){" — " + e(p.note) if p.note else ""}</div>'
+                    f'<div class="spec-dl-label">[{p.index}/{p.count}] {e(p.file)} — {where}'
+                    f'{" — " + e(p.note) if p.note else ""}</div>'
                     f'<div class="spec-dl-bar"><div style="width:{frac * 100:.1f}%"></div></div></div>')
     note = f'<div class="spec-dl-note">{e(in_page_words(message))}</div>' if message else ""
     return f'<div class="spec-download" data-state="{state}">{"".join(bars)}{note}</div>'
