@@ -230,6 +230,27 @@ def test_a_stalled_transfer_is_resumed(tmp_path, fake, files, monkeypatch):
     assert [q.range for q in gets] == [None, f"bytes={len(files['big']) // 2}-"]
 
 
+def test_a_busy_hub_is_asked_again_and_each_wait_is_said_as_it_begins(tmp_path, fake, files, monkeypatch):
+    """huggingface_hub retries a 503 with backoff (1 s, then 2 s...), in silence: each wait is said as it starts,
+    while the file is being looked up and, after the bytes, while it is linked into the cache."""
+    fake.busy["big-Q4_K_M.gguf"] = 1
+    notes = []
+    [path] = hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path, endpoint=fake.url,
+                            on_progress=lambda p: p.note and notes.append((p.done, p.note)))
+    assert path.read_bytes() == files["big"]
+    assert notes == [(0, "The Hub answered 503: trying again in 1 s (retry 1 of 5).")]
+    fake.busy["big-Q4_K_M.gguf"] = 99  # more than the retries: the error says what the Hub answered
+    from types import SimpleNamespace
+
+    from huggingface_hub.utils import _http
+    monkeypatch.setattr(_http, "time", SimpleNamespace(sleep=lambda s: None))  # (its 23 s of waits, skipped)
+    with pytest.raises(hub.HubError, match=r"answered 503 for tests/big/big-Q4_K_M.gguf. Try again later"):
+        hub.pull_files([(BIG_REPO, "big-Q4_K_M.gguf")], cache=tmp_path / "again", endpoint=fake.url,
+                       on_progress=lambda p: p.note and notes.append((p.done, p.note)))
+    waits = [f"The Hub answered 503: trying again in {s} s (retry {i} of 5)." for i, s in enumerate((1, 2, 4, 8, 8), 1)]
+    assert [n for _, n in notes[1:]] == waits
+
+
 def test_a_pull_cut_more_often_than_the_retry_budget_stops_with_the_clear_message(tmp_path, fake, files, monkeypatch):
     monkeypatch.setattr(hub, "BACKOFF_S", 0.01)
     fake.cut["big-Q4_K_M.gguf"] = hub.RETRIES + 1

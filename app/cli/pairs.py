@@ -78,6 +78,9 @@ def _show(bars: dict, p: hub.Progress) -> None:
     from huggingface_hub.utils import tqdm
 
     bar = bars.get(p.index)
+    if bar is None and not p.total:  # still being looked up (a wait for a busy Hub): no size for a bar yet
+        print(f"{p.file}: {p.note}", file=sys.stderr)
+        return
     if bar is None:
         bar = bars[p.index] = tqdm(total=p.total, initial=p.done, unit="B", unit_scale=True, unit_divisor=1024,
                                    desc=f"[{p.index}/{p.count}] {p.file}", dynamic_ncols=True)

@@ -8,13 +8,16 @@ one is checked against the Hub's recorded SHA-256 before it becomes ``blobs/<eta
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
+import logging
+import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Collection
 from urllib.parse import urlparse
@@ -121,13 +124,51 @@ def _note_partial(blobs: Path, name: str, etag: str | None) -> None:
         record.unlink(missing_ok=True)
 
 
+class _Waits(logging.Handler):
+    """huggingface_hub's retries, as it logs them ("'...' thrown while requesting", "HTTP Error 503 thrown ...",
+    "Retrying in 2s [Retry 1/5]."), told to ``say`` in words as each wait begins: only this thread's."""
+
+    RETRY = re.compile(r"(?:Retrying in|Waiting) ([\d.]+)s(?: before retry)? \[Retry (\d+)/(\d+)\]")
+    CAUSE = re.compile(r"^(?:HTTP Error (\d+)|'(.*)') thrown while requesting")
+
+    def __init__(self, say: Callable[[Progress], None], where: Progress):
+        super().__init__(logging.WARNING)
+        self.say, self.where, self.thread, self.cause = say, where, threading.get_ident(), "did not answer"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self.thread:
+            return
+        text = record.getMessage()
+        if cause := self.CAUSE.match(text):
+            self.cause = f"answered {cause[1]}" if cause[1] else f"did not answer ({cause[2][:80]})"
+        elif retry := self.RETRY.search(text):
+            wait = "rate limited" if text.startswith("Rate limited") else self.cause
+            note = f"The Hub {wait}: trying again in {float(retry[1]):g} s (retry {retry[2]} of {retry[3]})."
+            self.say(replace(self.where, note=note))
+
+
+@contextlib.contextmanager
+def hub_waits(say: Callable[[Progress], None], where: Progress):
+    """While inside: each retry huggingface_hub waits for, told to ``say`` as it begins (it would wait in silence),
+    as ``where`` with the wait as its note."""
+    log = logging.getLogger("huggingface_hub.utils._http")
+    handler = _Waits(say, where)
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+
+
 def resolve(repo: str, name: str, endpoint: str | None = None) -> RemoteFile:
-    """Ask the Hub where a file is, how big it is and what hash it must have."""
+    """Ask the Hub where a file is, how big it is and what hash it must have. A Hub that answers 5xx or 429, or is
+    slow, is asked again with huggingface_hub's backoff (say the waits with ``hub_waits``); call
+    ``check_reachable`` first, so that one that takes no connection at all is told at once."""
     if constants.HF_HUB_OFFLINE:
         raise HubError(f"Cannot download {name}: HF_HUB_OFFLINE is set. Unset it (or set it to 0) to download.")
     try:
         meta = get_hf_file_metadata(hf_hub_url(repo, name, endpoint=endpoint), endpoint=endpoint,
-                                    timeout=constants.HF_HUB_ETAG_TIMEOUT)
+                                    timeout=constants.HF_HUB_ETAG_TIMEOUT, retry_on_errors=True)
     except Exception as exc:  # translated below; anything unexpected keeps its own words
         raise explain(exc, repo, name, endpoint) from exc
     if not meta.etag or not meta.commit_hash or meta.size is None:
@@ -193,17 +234,26 @@ def pull_files(
     """
     cache = Path(cache or cache_dir())
     wanted = [(repo, shard) for repo, name in files for shard in shard_names(name)]
-    remotes = [resolve(repo, name, endpoint) for repo, name in wanted]
+    say: Callable[[Progress], None] = on_progress or (lambda p: None)
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            check_reachable(endpoint)
+        except httpx2.ConnectError as exc:
+            raise explain(exc, *wanted[0], endpoint) from exc
+    remotes = []
+    for i, (repo, name) in enumerate(wanted, 1):
+        with hub_waits(say, Progress(name, i, len(wanted), 0, 0)):  # (no size yet)
+            remotes.append(resolve(repo, name, endpoint))
     _check_disk(remotes, cache)
     paths = []
     for i, remote in enumerate(remotes, 1):
         def report(done: int, note: str = "", r=remote, i=i) -> None:
-            if on_progress:
-                on_progress(Progress(r.name, i, len(remotes), done, r.size, note))
+            say(Progress(r.name, i, len(remotes), done, r.size, note))
 
         _fetch_verified(remote, cache, report, cancel)
         try:  # huggingface_hub links the verified blob into snapshots/ and records the ref
-            path = hf_hub_download(remote.repo, remote.name, cache_dir=cache, endpoint=endpoint)
+            with hub_waits(say, Progress(remote.name, i, len(remotes), remote.size, remote.size)):
+                path = hf_hub_download(remote.repo, remote.name, cache_dir=cache, endpoint=endpoint)
         except Exception as exc:
             raise explain(exc, remote.repo, remote.name, endpoint) from exc
         paths.append(Path(path))

@@ -53,6 +53,7 @@ class FakeHub:
     corrupt_always: set[str] = field(default_factory=set)  # ... and whose every body does
     cut: dict[str, int] = field(default_factory=dict)  # file name -> how many next bodies to drop halfway
     stall: dict[str, float] = field(default_factory=dict)  # file name -> seconds the next body halts halfway
+    busy: dict[str, int] = field(default_factory=dict)  # file name -> how many next /resolve requests answer 503
     log: list[Request] = field(default_factory=list)
 
     def __post_init__(self):
@@ -122,6 +123,9 @@ def _handler(hub: FakeHub):
 
         def _resolve(self, repo_id: str, name: str, body: bool):
             repo = hub.repos.get(repo_id)
+            if hub.busy.get(name):
+                hub.busy[name] -= 1
+                return self._error(503, None, "Service Unavailable")
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
             if token and token not in hub.tokens:
                 return self._error(401, None, "Invalid credentials in Authorization header")
