@@ -382,8 +382,9 @@ def test_a_model_with_mtp_layers_drafts_with_them_by_default_and_compare_names_t
 def test_two_tabs_are_queued_not_interleaved(browser, app_url):
     a, b = Page(browser, app_url[0]), Page(browser, app_url[0])
     try:
-        for p in (a, b):
+        for p in (a, b):  # one seed in both: the chat samples (temperature 0.7), and one seed repeats an answer
             p.page.locator("#new-chat").click()
+            p.set_number("seed", "7")
         prompt = "List five facts about the moon."
         a.send(prompt)
         b.send(prompt)
@@ -402,10 +403,12 @@ def test_two_tabs_are_queued_not_interleaved(browser, app_url):
         # loaded machine) while the other tab's answer starts; but then that answer is complete. Two answers
         # written at once would both be seen unfinished.
         assert all(ta == final[0] or tb == final[1] for ta, tb in overlaps), (overlaps, final)
-        # One context each in turn: the same greedy answer in both tabs.
+        # One context each in turn: the same seeded answer in both tabs, and it says its seed.
         answer = lambda p: [ln for ln in p.page.locator("#chat").inner_text().splitlines() if "tok/s" not in ln]  # noqa
         assert answer(a) == answer(b) and len(answer(a)) > 1
+        assert "seed 7" in a.page.locator("#live-stats").inner_text()
         b.shot("two-tabs")
+        a.set_number("seed", "-1")  # (the app's settings, as the next tests expect them)
         assert a.outside_requests() == [] and b.outside_requests() == []
     finally:
         a.close()
@@ -821,14 +824,15 @@ def test_a_browser_chat_and_an_api_stream_at_once_are_answered_in_turn(page, app
 
     client = openai.OpenAI(base_url=app_url[0] + "v1", api_key="none", max_retries=0, timeout=300)
     question = "List three facts about owls."
-    # What each should answer, asked alone first (greedy, the app's settings on both sides).
-    alone = client.chat.completions.create(messages=[{"role": "user", "content": question}], model="starter")
+    # What each should answer, asked alone first (sampled with one seed: the chat's, and the API's by request).
+    page.set_number("seed", "11")
+    alone = client.chat.completions.create(messages=[{"role": "user", "content": question}], model="starter", seed=11)
     api_text, errors = [], []
 
     def stream():
         try:
             for c in client.chat.completions.create(messages=[{"role": "user", "content": question}],
-                                                    model="starter", stream=True):
+                                                    model="starter", stream=True, seed=11):
                 api_text.append(c.choices[0].delta.content or "" if c.choices else "")
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -843,6 +847,7 @@ def test_a_browser_chat_and_an_api_stream_at_once_are_answered_in_turn(page, app
     answer = page.page.locator("#chat").inner_text().split(question, 1)[1].split("⚡", 1)[0]
     words = lambda s: re.findall(r"[A-Za-z']+", s)  # noqa: E731
     assert words(answer) == words(alone.choices[0].message.content)
+    page.set_number("seed", "-1")  # (the app's settings, as the next tests expect them)
 
     page.page.get_by_role("tab", name="API").click()
     panel = page.page.locator("#api-panel")

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from app.engine import METHODS, EngineError
+from app.engine import METHODS, EngineError, Stats
 from app.engine.drafters import registry
 from app.chat.conversations import for_model
 from app.models.loader import LoadSpec
@@ -241,6 +241,23 @@ def test_a_measured_fastest_method_is_what_a_loaded_pair_drafts_with(runtime, sp
     finally:  # (the home is shared with later tests)
         (data_dir() / FILE).unlink()
         save_settings(before)
+
+
+def test_the_chat_samples_by_default_with_a_fresh_seed_each_answer_shown_and_repeatable(runtime):
+    """As LM Studio's chat: temperature 0.7, so Regenerate writes another answer; each answer says its seed, and that
+    seed typed into Settings writes the same answer again. Greedy answers say so."""
+    msgs = [{"role": "user", "content": "the dog"}]
+    assert Settings().temperature == 0.7 and Settings().seed == -1
+    first, second = (_last(runtime.answer(msgs, Settings(max_tokens=24))).done for _ in range(2))
+    assert 0 <= first.stats.seed < 2**32 and 0 <= second.stats.seed < 2**32
+    assert first.stats.seed != second.stats.seed and first.text != second.text  # (two 32-bit draws)
+    again = _last(runtime.answer(msgs, Settings(max_tokens=24, seed=first.stats.seed))).done
+    assert again.text == first.text and again.stats.seed == first.stats.seed
+    assert f"seed {first.stats.seed}" in render.stats_details(first.stats)
+    assert f"drafted by {first.stats.method} · seed {first.stats.seed}" in render.live_panel(first.stats, [], "done")
+    assert Stats.from_dict(first.stats.as_dict()).seed == first.stats.seed  # kept with the saved answer
+    greedy = _last(runtime.answer(msgs, Settings(max_tokens=8, temperature=0.0))).done
+    assert greedy.stats.seed == -1 and " · greedy · " in render.stats_details(greedy.stats)
 
 
 def test_runtime_stop_keeps_the_partial_answer(runtime):

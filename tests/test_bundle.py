@@ -89,7 +89,7 @@ def test_bundle_serves_the_starter_pair_and_streams_an_answer(bundle, tmp_path):
         # The bundle made the starter's F32 target itself, with its own llama.cpp.
         assert (tmp_path / "specchat" / "data" / "starter" / "SmolLM2-135M-Instruct.F32.gguf").is_file()
 
-        settings = Settings(max_tokens=ANSWER_TOKENS).with_draft_params(get_pair("starter").draft_params)
+        settings = Settings(max_tokens=ANSWER_TOKENS, temperature=0.0).with_draft_params(get_pair("starter").draft_params)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         client.predict({"text": PROMPT, "files": []}, False, api_name="/submit")  # the message box: text, images
         job = client.submit(*[getattr(settings, n) for n in SETTING_NAMES], api_name="/chat")

@@ -386,7 +386,8 @@ def test_the_apps_runtime_chats_and_compares_through_a_server_and_keeps_its_key_
         assert len(snapshots) > 1  # streamed, not all at the end
 
         cmp = list(rt.compare([{"role": "user", "content": "Name three colours."}], settings))[-1]
-        assert cmp.by_text and cmp.first_difference() is None and cmp.note == ""
+        # The chat samples (temperature 0.7); Compare through a server runs greedy, and says so
+        assert cmp.by_text and cmp.first_difference() is None and cmp.note.startswith("Compared greedy")
         assert cmp.off.stats.n_drafted == 0 and cmp.on.stats.n_drafted > 0 and cmp.speedup > 0
 
         with pytest.raises(EngineError, match="Cannot reach"):

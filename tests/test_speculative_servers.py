@@ -111,12 +111,14 @@ def test_the_apps_compare_against_the_server_and_its_twin(servers):
     try:
         rt.load(LoadSpec(server=on, server_off=off))
         cmp = list(rt.compare(PROMPT, Settings(max_tokens=48)))[-1]
-        assert cmp.phase == "done" and cmp.by_text and cmp.first_difference() is None and cmp.note == ""
+        # (the chat's settings sample: Compare through a server runs greedy, and says so)
+        assert cmp.phase == "done" and cmp.by_text and cmp.first_difference() is None
+        assert cmp.note.startswith("Compared greedy (temperature 0)")
         assert len(cmp.on.text) > 20 and cmp.on.stats.n_drafted > 0 and not cmp.off.stats.n_drafted
         assert cmp.speedup > 0 and cmp.drafter.startswith("server: ")
 
         rt.load(LoadSpec(server=on))  # no twin: speculation off is asked for per request
-        cmp = list(rt.compare(PROMPT, Settings(max_tokens=16)))[-1]
+        cmp = list(rt.compare(PROMPT, Settings(max_tokens=16, temperature=0.0)))[-1]
         if rt.info()["server"]["engine"] == "llama.cpp llama-server":
             assert "kept drafting" in cmp.note and "speculation-off server" in cmp.note
         else:

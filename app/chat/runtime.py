@@ -226,9 +226,10 @@ class Runtime:
         if settings.drafter == OFF:
             raise EngineError("Comparing needs a drafter: choose one in Settings (speculation is off).")
         watch = LoadWatch()  # other programs' load, before the runs and during them: Compare warns of it
-        if self.remote is not None:
-            yield from self._compare_remote(messages, params, _template_kwargs(settings), cancel or threading.Event(),
-                                            interval, watch)
+        if self.remote is not None:  # greedy: a server's sampling need not repeat with speculation on and off
+            greedy = replace(params, sampling=replace(params.sampling, temperature=0.0))
+            yield from self._compare_remote(messages, greedy, _template_kwargs(settings), cancel or threading.Event(),
+                                            interval, watch, sampled=not params.sampling.greedy)
             return
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
@@ -257,10 +258,14 @@ class Runtime:
         cmp.locate_difference(engine.detokenize)
         yield cmp
 
-    def _compare_remote(self, messages, params, kwargs, cancel, interval, watch) -> Iterator[Comparison]:
+    def _compare_remote(self, messages, params, kwargs, cancel, interval, watch,
+                        sampled: bool = False) -> Iterator[Comparison]:
         on, off = self.remote, self.remote_off
-        cmp = Comparison(text_of(messages[-1]["content"]), f"server: {on.method()}", params.sampling.temperature == 0,
+        cmp = Comparison(text_of(messages[-1]["content"]), f"server: {on.method()}", params.sampling.greedy,
                          by_text=True, busy_before=watch.before, cores=watch.cores)
+        if sampled:
+            cmp.note = ("Compared greedy (temperature 0), not at the chat's temperature: a server's sampled answers "
+                        "need not repeat with speculation on and off, even with one seed.")
         for phase, server, speculate in (("off", off or on, off is not None), ("on", on, True)):
             cmp.phase = phase
             def run(c, server=server, speculate=speculate):  # (bound now: called within this turn of the loop)
@@ -272,9 +277,10 @@ class Runtime:
                 break
         s = cmp.off.stats
         if off is None and s.reported("n_drafted") and s.n_drafted:
-            cmp.note = (f"{on.base} kept drafting ({s.n_drafted} draft tokens) with speculation off requested: it "
-                        "cannot turn speculation off per request (llama-server cannot). Serve the same model without a "
-                        "draft and give its URL as the speculation-off server under Settings → Models.")
+            cmp.note = " ".join(filter(None, (cmp.note, (
+                f"{on.base} kept drafting ({s.n_drafted} draft tokens) with speculation off requested: it cannot turn "
+                "speculation off per request (llama-server cannot). Serve the same model without a draft and give its "
+                "URL as the speculation-off server under Settings → Models."))))
         cmp.busy_during = watch.since()
         cmp.phase = "done"
         cmp.locate_difference(lambda ids: "")  # by text: no tokens to detokenize

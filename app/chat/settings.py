@@ -23,7 +23,7 @@ def usable_drafter(drafter: str, drafters: tuple[str, ...]) -> str:
 class Settings:
     system_prompt: str = ""
     drafter: str = DRAFT_MODEL  # a method of the drafter registry, an n-gram kind, or several joined by commas
-    temperature: float = 0.0
+    temperature: float = 0.7  # sampled, as LM Studio's chat: Regenerate gives another answer (Compare shares a seed)
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05

@@ -25,6 +25,7 @@ class Stats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     grammar_seconds: float = 0.0  # spent in the grammar (masks, checks, forced tokens), when one constrains the answer
+    seed: int = -1  # the sampler's seed where the answer was sampled (temperature above 0): -1 greedy, or not known
     # several drafters at once (a chain): per member, (rounds it drafted, its tokens verified, of those accepted)
     by_drafter: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     # A generation run by another server: the fields it does not report (shown as such, never as zeros), its own

@@ -62,7 +62,7 @@ def speculative_generate(
     control = DraftLength(params.draft, drafter.SIGNAL_EDGES, drafter.SIGNAL_PRIOR, measured,
                           drafter.SIGNAL_GROWS)
     gate = control if params.draft.adaptive else None
-    stats = Stats(drafter=drafter.name)
+    stats = Stats(drafter=drafter.name, seed=-1 if sp.greedy else rng.seed)
     if not prompt_ids:
         raise EngineError("The prompt is empty.")
     if len(prompt_ids) >= target.n_ctx:

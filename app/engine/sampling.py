@@ -83,7 +83,8 @@ class Noise:
     """
 
     def __init__(self, seed: int = -1):
-        self.seed = int(seed) if seed is not None and seed >= 0 else secrets.randbits(63)
+        # a random seed is 32 bits, as llama.cpp's: shown with a sampled answer, it can be typed back in to repeat it
+        self.seed = int(seed) if seed is not None and seed >= 0 else secrets.randbits(32)
         self.at = 0
 
     def uniforms(self, position: int, ids: np.ndarray) -> np.ndarray:

@@ -55,5 +55,5 @@ class ChatTab:
         with gr.Row():
             self.regen = gr.Button("Regenerate", size="sm", elem_id="regen")
             self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft")
-            gr.HTML('<span class="tok-draft">highlighted</span>: drafted, then accepted by the target; '
-                    'the rest the target wrote itself', elem_id="draft-legend")
+            gr.HTML('<span class="tok-draft">highlighted</span>: drafted, then accepted by the target',
+                    elem_id="draft-legend")

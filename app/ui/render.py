@@ -40,6 +40,11 @@ def stats_title(stats: Stats, finish: str | None) -> str:
             f"{stats.n_tokens} tokens{end}")
 
 
+def sampling_words(stats: Stats) -> str:
+    """How the answer was chosen: its seed where it was sampled (typed into Settings, it repeats the answer)."""
+    return f"seed {stats.seed}" if stats.seed >= 0 else "greedy"
+
+
 def stats_details(stats: Stats) -> str:
     busy = stats.draft_seconds + stats.verify_seconds
     split = (f"drafting {stats.draft_seconds / busy:.0%} / verifying {stats.verify_seconds / busy:.0%} of the time"
@@ -52,9 +57,10 @@ def stats_details(stats: Stats) -> str:
         error = f" · {stats.error}" if stats.error else ""
         return (f"{stats.method} · {counts} · first token {stats.time_to_first_token_s * 1000:.0f} ms{server} · "
                 f"not reported by this server: {', '.join(stats.unreported)}{error}")
-    return (f"{stats.method} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in {stats.n_rounds} "
-            f"rounds · first token {stats.time_to_first_token_s * 1000:.0f} ms · prompt {stats.prompt_tokens} new + "
-            f"{stats.prompt_cached} cached tokens · {split}" + "".join(f" · {m}" for m in members(stats)))
+    return (f"{stats.method} · {sampling_words(stats)} · drafted {stats.n_drafted}, accepted {stats.n_accepted} in "
+            f"{stats.n_rounds} rounds · first token {stats.time_to_first_token_s * 1000:.0f} ms · prompt "
+            f"{stats.prompt_tokens} new + {stats.prompt_cached} cached tokens · {split}"
+            + "".join(f" · {m}" for m in members(stats)))
 
 
 def members(stats: Stats) -> list[str]:
@@ -158,7 +164,8 @@ def live_panel(stats: Stats | None, points: list, state: str, prompt=None) -> st
     if s.server_tokens_per_second:
         metrics += _metric(f"{s.server_tokens_per_second:.1f}", "tokens/s the server says", "server-tps")
     # The corner names the drafter that wrote the answer shown ("drafted by ..."): a bare "off" read as a switch.
-    corner = "" if stats is None else "speculation off" if s.drafter == OFF else f"drafted by {s.method}"
+    corner = "" if stats is None else ("speculation off" if s.drafter == OFF else f"drafted by {s.method}") + (
+        "" if s.unreported else f" · {sampling_words(s)}")
     if stats is None:
         split = ""
     elif s.reported("draft_seconds"):

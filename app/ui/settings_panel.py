@@ -58,11 +58,13 @@ class SettingsPanel:
 
     def _sampling(self, s: Settings) -> None:
         gr.Markdown("### Sampling")
-        self.temperature = gr.Slider(0, 2, s.temperature, step=0.05, label="Temperature (0 = greedy)")
+        self.temperature = gr.Slider(0, 2, s.temperature, step=0.05, label="Temperature (0 = greedy)",
+                                     elem_id="temperature")
         self.top_p = gr.Slider(0.01, 1, s.top_p, step=0.01, label="Top-p")
         self.top_k = gr.Number(s.top_k, label="Top-k (0 = off)", precision=0, elem_id="top-k")
         self.min_p = gr.Slider(0, 0.99, s.min_p, step=0.01, label="Min-p")
-        self.seed = gr.Number(s.seed, label="Seed (-1 = random)", precision=0)
+        self.seed = gr.Number(s.seed, label="Seed (-1 = a new one each answer)", precision=0,
+                              elem_id="seed")
         self.max_tokens = gr.Number(s.max_tokens, label="Max tokens", precision=0, elem_id="max-tokens")
 
     def _models(self) -> None:
