@@ -209,7 +209,7 @@ def test_runtime_compare_is_identical_under_greedy(runtime):
     assert cmp.off.stats.drafter == "none" and cmp.on.stats.n_drafted > 0 and cmp.speedup > 0
     assert cmp.off.stats.prompt_cached == 0 and cmp.on.stats.prompt_cached == 0  # both from an empty cache
     # what the pair can reach here, timed after the runs, with the pair's other methods for the advice
-    assert cmp.ceiling.speedup >= 1.0 and cmp.ceiling.draft_cost > 0 and "n-gram lookup (ngram-mod)" in cmp.others
+    assert cmp.ceiling.speedup >= 1.0 and cmp.ceiling.draft_cost > 0 and "n-gram lookup (ngram-longest)" in cmp.others
     ngram = _last(runtime.compare(msgs, Settings(max_tokens=16, drafter="ngram")))
     assert ngram.phase == "done" and ngram.ceiling is None  # n-gram drafts come and go with the text
     with pytest.raises(EngineError, match="needs a drafter"):

@@ -108,7 +108,7 @@ def test_prompt_file_and_chat(models, tmp_path):
     (["--target", "{target}", "--draft", "{draft}", "--prompt", "x", "--spec-type", "draft-dspark"],
      "This pair has no DSpark block draft"),
     (["--target", "{target}", "--prompt", "x", "--spec-type", "draft-mtp,ngram-mod"], "no MTP"),
-    (["--target", "{target}", "--prompt", "x", "--drafter", "ngram,ngram-mod"], "same drafter twice"),
+    (["--target", "{target}", "--prompt", "x", "--drafter", "ngram,ngram-longest"], "same drafter twice"),
     (["--target", "{target}", "--prompt", "x", "--spec-ngram-mod-n-match", "0"], "--spec-ngram-mod-n-match 0"),
     (["--target", "{target}", "--prompt", "x", "--spec-type", "eagle"], "Unknown speculative type 'eagle'"),
     (["--target", "{target}", "--prompt", "x", "--spec-draft-n-max", "100"], "draft-max"),

@@ -242,7 +242,7 @@ def test_the_pair_check_names_a_side_file(split, tmp_path):
     measured = cli("check", "-m", split[0], "-md", split[1], "--measure", "8")  # one row per drafter: the side file
     assert measured.returncode == 0, measured.stderr  # answers to "model" too, and is timed as what it is
     rows = [line.split(" x")[0].strip() for line in measured.stdout.splitlines() if " acceptance " in line]
-    assert sorted(rows) == ["MTP", "MTP + n-gram lookup (ngram-mod)", "n-gram lookup (ngram-mod)"], measured.stdout
+    assert sorted(rows) == ["MTP", "MTP + n-gram lookup (ngram-longest)", "n-gram lookup (ngram-longest)"], measured.stdout
     deeper = write_recurrent(tmp_path / "mtp-deeper.gguf", "qwen35", seed=3, mtp=1, part="mtp", pattern="RARARARA")
     lines = describe(check_files(split[0], deeper, n_ctx=256))
     assert any(line.startswith("not usable: the draft is a side file of a model's MTP layers, but they follow a "

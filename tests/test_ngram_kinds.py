@@ -11,7 +11,7 @@ import pytest
 
 from app.engine import Done, DraftParams, EngineError, GenerationParams
 from app.engine.drafters import NgramParams, registry
-from app.engine.drafters.ngram import NgramMod, NgramSimple
+from app.engine.drafters.ngram import NgramLongest, NgramMod, NgramSimple
 from app.engine.drafters.ngram_cache import NgramCache
 from app.engine.drafters.ngram_map import NgramMapK, NgramMapK4v
 from app.prompts import chat_tokens
@@ -77,6 +77,22 @@ def test_ngram_simple_matches_llama_cpp_loop(seed, n, m):
         assert got == want, end
         drafted += bool(got)
     assert drafted > 0 if n <= m < 48 else m >= n or drafted == 0  # (llama.cpp drafts no fewer than n)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ngram_longest_copies_after_the_longest_key_that_occurred_before(seed):
+    """SpecChat's kind: llama.cpp's ngram-simple loop with a key of 4, else 3, else 2, round after round."""
+    tokens = history(seed, n=400, vocab=8)
+    d = NgramLongest(NgramParams(simple_size_m=10))
+    keyed = 0
+    for cur in range(20, len(tokens)):
+        want = next((r for n in (4, 3, 2) if (r := simple_reference(tokens[:cur - 1], tokens[cur - 1], n, 10))), [])
+        got = d.lookup(tokens[:cur])
+        assert got == want, cur
+        keyed += bool(got)
+        if got:  # its support starts from the span it copied (the signal of each token it drafts)
+            assert d.support(tokens[:cur]) >= 2
+    assert keyed > 100
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -189,7 +205,7 @@ def test_settings_are_checked_in_llama_cpps_words():
     assert registry.drafter_for("ngram-map-k4v") == "ngram-map-k4v"
     assert registry.drafter_for(["draft-simple", "ngram-mod"]) == registry.drafter_for("draft-simple,ngram-mod")
     with pytest.raises(EngineError, match="same drafter twice"):
-        registry.parts("ngram,ngram-mod")
+        registry.parts("ngram,ngram-longest")
     with pytest.raises(EngineError, match="cannot be part of a chain"):
         registry.parts("none,ngram-mod")
 

@@ -142,7 +142,7 @@ def test_check_report_and_cli(models, specchat_home, capsys, rankings_kept):
     rows, last = measured[head + 1:-1], measured[-1]
     assert len(rows) == 3 and all(r.endswith("output identical with speculation off") for r in rows), rows
     assert {r.split()[0] for r in rows} == {"draft", "n-gram"}
-    assert sum(" + n-gram lookup (ngram-mod) " in r for r in rows) == 1  # the draft model chained with lookup
+    assert sum(" + n-gram lookup (ngram-longest) " in r for r in rows) == 1  # the draft model chained with lookup
     speedups = [float(re.search(r" x(\d+\.\d+) ", r).group(1)) for r in rows]
     assert speedups == sorted(speedups, reverse=True)  # fastest first
     # remembered for these files: loading them again drafts with the fastest, and says why

@@ -11,7 +11,7 @@ conversation anyway.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ..errors import EngineError
 from .base import Draft, Drafter, stop_at
@@ -132,6 +132,29 @@ class NgramSimple(Lookup):
             return []
         copy = min(m, cur - (match + n))
         return [] if copy < n else history[match + n : match + n + copy]
+
+
+class NgramLongest(NgramSimple):
+    """``ngram-longest``, SpecChat's own kind and what ``ngram`` means: ``ngram-simple``'s latest earlier occurrence,
+    of the longest key that has one, 4 tokens, else 3, else 2. llama.cpp's keys of 12 to 24 tokens must be written
+    before anything is drafted and rarely match in chat; a key of 2 drafts most of a repeat, and a longer one, where
+    there is one, picks the occurrence whose context agrees (docs/benchmarks/ngram.md, issue 69's table)."""
+
+    name = "ngram-longest"
+    KEYS = (4, 3, 2)
+
+    def __init__(self, p: NgramParams):
+        self.m = self.length = p.simple_size_m
+        self._by_key = [NgramSimple(replace(p, simple_size_n=n)) for n in self.KEYS]
+
+    def lookup(self, history: list[int]) -> list[int]:
+        for kind in self._by_key:  # (a key not asked this round indexes what it missed at its next lookup)
+            tokens = kind.lookup(history)
+            if tokens:
+                self.copied_from = kind.copied_from
+                return tokens
+        self.copied_from = None
+        return []
 
 
 class NgramMod(Lookup):

@@ -22,7 +22,7 @@ from .draft_model import ModelDrafter
 from .eagle3 import Eagle3Drafter
 from .gemma4_assistant import AssistantDrafter
 from .mtp import MtpDrafter, MtpFileDrafter
-from .ngram import Lookup, NgramMod, NgramSimple
+from .ngram import Lookup, NgramLongest, NgramMod, NgramSimple
 from .ngram_cache import NgramCache
 from .ngram_map import NgramMapK, NgramMapK4v
 
@@ -71,9 +71,11 @@ def _own_layers(pair: Pair, dp) -> Drafter:
     return head if head is not None and head.METHOD == MtpDrafter.name else pair.mtp()
 
 
-# llama.cpp's n-gram kinds, in its order of priority in a chain (common_speculative_init); "ngram" is the default
-KINDS: dict[str, type[Lookup]] = {k.name: k for k in (NgramSimple, NgramMapK, NgramMapK4v, NgramMod, NgramCache)}
-DEFAULT_KIND = NgramMod.name
+# llama.cpp's n-gram kinds, in its order of priority in a chain (common_speculative_init), and SpecChat's own,
+# which "ngram" means
+KINDS: dict[str, type[Lookup]] = {k.name: k for k in (NgramSimple, NgramMapK, NgramMapK4v, NgramMod, NgramCache,
+                                                      NgramLongest)}
+DEFAULT_KIND = NgramLongest.name
 
 METHODS: tuple[Method, ...] = (
     Method(ModelDrafter.name, "Draft model", ("draft-simple",), "This pair has no draft model", "a draft model",
