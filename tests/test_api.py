@@ -101,9 +101,10 @@ def test_chat_logprobs_through_the_openai_client_are_the_same_with_speculation_o
 
 
 def test_stop_strings_end_the_answer_before_them(client):
-    full = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40).choices[0].message.content
+    full = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40,
+                                          temperature=0).choices[0].message.content
     word = full.split()[3].strip(".,:;!")
-    r = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40, stop=[word])
+    r = client.chat.completions.create(messages=PROMPT, model="starter", max_tokens=40, stop=[word], temperature=0)
     assert r.choices[0].finish_reason == "stop" and word not in r.choices[0].message.content
     assert full.startswith(r.choices[0].message.content)
 

@@ -289,11 +289,15 @@ def test_settings_are_a_tab_offering_only_the_drafters_the_pair_can_use_and_savi
     drafter = page.page.locator("#drafter")
     drafter.wait_for(state="visible", timeout=10_000)
     offered = [label.inner_text().strip() for label in drafter.locator("label").all()]
-    assert offered == ["Draft model", "N-gram lookup", "Off"], offered
+    assert offered == ["Draft model", "N-gram lookup", "Earlier answers", "Off"], offered
     note = drafter.inner_text()
     assert "Not for this pair: MTP layers (needs MTP layers in the target)" in note, note
     assert "EAGLE-3 head (needs an EAGLE-3 head as its draft)" in note, note
     page.shot("settings")
+    forget = page.page.locator("#forget-answers")  # what Earlier answers drafts from, forgotten (by keyboard)
+    forget.focus()
+    page.page.keyboard.press("Enter")
+    page.page.locator("#settings-notice").get_by_text("Forgot the earlier answers").wait_for(timeout=30_000)
 
     saved = app_url[1] / "config" / "settings.json"
     for value in ("300", "512"):  # (512: the module's limit again)

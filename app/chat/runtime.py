@@ -193,6 +193,11 @@ class Runtime:
                        "off": self.remote_off.base if self.remote_off else None} if r else None,
         }
 
+    def forget_answers(self) -> None:
+        """Forget the earlier answers "suffix" drafts from (every scope's: the app's and each API key's)."""
+        if self.remote is None:
+            self._engine().forget_answers()
+
     # --- chat -----------------------------------------------------------------------------------------------
     def answer(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
                interval: float = INTERVAL) -> Iterator[Live]:
@@ -223,6 +228,8 @@ class Runtime:
         prompt evaluation. With a server: its speculation-off twin, or the same server asked for speculation off
         (``speculative.n_max: 0``), then on; the outputs compared as text."""
         params = settings.generation()
+        # Neither run joins the earlier answers: the run with speculation on must not draft from the one without
+        params = replace(params, draft=replace(params.draft, remember=False))
         if settings.drafter == OFF:
             raise EngineError("Comparing needs a drafter: choose one in Settings (speculation is off).")
         watch = LoadWatch()  # other programs' load, before the runs and during them: Compare warns of it

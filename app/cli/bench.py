@@ -85,8 +85,11 @@ def run_bench(engine: Engine, drafter: str | list[str], dp: DraftParams, prompts
     runs (every mode interleaved, the first mode rotating), so their speedups compare within one run."""
     names = [drafter] if isinstance(drafter, str) else list(drafter)
     greedy = SamplingParams(temperature=0.0)
+    # Not remembered: earlier answers (suffix) must not draft from the same prompt's speculation-off run
+    dp = replace(dp, remember=False)
     on_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=dp)
-    off_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=DraftParams(draft_max=0))
+    off_params = GenerationParams(max_tokens=max_tokens, sampling=greedy, draft=DraftParams(draft_max=0,
+                                                                                              remember=False))
     encoded = [encode_prompt(engine, p) for p in prompts]
     warm = GenerationParams(max_tokens=16, sampling=greedy, draft=dp)
     for name in [OFF, *names]:

@@ -208,7 +208,8 @@ def _measure(target: Path, draft: Path | None, args) -> str:
     try:
         # (a head answers to "model" and to its own name)
         head = not engine.has_draft_context and engine.draft_model is not None
-        methods = [m for m in engine.drafters if m != OFF and not (head and m == DRAFT_MODEL)]
+        # (not earlier answers: what it drafts from is what was said before, not the pair's)
+        methods = [m for m in engine.drafters if m not in (OFF, registry.SUFFIX) and not (head and m == DRAFT_MODEL)]
         methods += registry.with_lookup(methods)
         print(f"measuring {', '.join(methods)}: {len(MEASURE_PROMPTS)} prompts, {args.measure} new tokens each, "
               "greedy, against the same speculation-off runs…", file=sys.stderr, flush=True)

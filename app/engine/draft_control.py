@@ -40,6 +40,10 @@ class DraftParams:
     draft_p_min: float = 0.5  # llama.cpp --draft-p-min: stop drafting when the draft's top probability is lower
     adaptive: bool = False
     ngram: NgramParams = field(default_factory=NgramParams)  # the n-gram kinds' own settings
+    # Whose earlier answers a generation adds to and drafting from earlier answers (suffix) reads: "" the app's own,
+    # else one API key's (a digest of it): one key's requests never draft from another's
+    scope: str = ""
+    remember: bool = True  # does this generation join the earlier answers? (not Compare's or a bench's runs)
 
     def validate(self) -> None:
         self.ngram.validate()

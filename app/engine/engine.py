@@ -165,6 +165,8 @@ class Engine:
                 measured = self._measured_for(d.name)
                 try:
                     for event in speculative_generate(self._pair.target.ctx, d, prompt_ids, params, cancel, measured):
+                        if isinstance(event, Done) and params.draft.remember:  # (before it is handed on)
+                            self._remember(prompt_ids, event, params.draft.scope)
                         yield event
                         if self._threads.since_last_look >= RECHECK_S:
                             self._choose_threads()
@@ -176,6 +178,20 @@ class Engine:
                     self.draft.ctx.set_cancel(None)
         finally:
             self._lock.release()
+
+    def _remember(self, prompt_ids: list[int], done: Done, scope: str) -> None:
+        """A generation's prompt and answer join the earlier answers ``suffix`` drafts from (a prompt with images:
+        its answer alone, the images' positions being no text)."""
+        self._pair.answers.add(scope, ([] if has_images(prompt_ids) else list(prompt_ids)) + list(done.token_ids))
+
+    def answers_kept(self) -> int:
+        """Tokens of earlier generations ``suffix`` may draft from (every scope's)."""
+        return self._pair.answers.tokens() if self._pair is not None else 0
+
+    def forget_answers(self) -> None:
+        """Forget every earlier answer ``suffix`` would draft from (every scope's)."""
+        if self._pair is not None:
+            self._pair.answers.clear()
 
     def _measured_for(self, drafter: str) -> Measured:
         """What earlier answers measured with this drafter at the threads the target runs with now (a round's costs

@@ -10,6 +10,7 @@ from .draft_control import MAX_DRAFT
 from .drafters import Drafter
 from .drafters.mtp import MtpDrafter
 from .drafters.registry import head_of
+from .drafters.suffix import AnswerMemory
 from .errors import EngineError
 from .fit import Load, check_fits
 from .gguf_file import not_a_model, read_info
@@ -104,6 +105,7 @@ class LoadedPair:
         self.target = loaded[0]
         self.draft = loaded[1] if len(loaded) > 1 else None  # a draft model with a context of its own
         self.settings = settings
+        self.answers = AnswerMemory()  # earlier generations, per scope, for drafting from earlier answers (suffix)
 
     @property
     def target_ctx(self) -> Context:

@@ -10,9 +10,10 @@ answer meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -42,6 +43,14 @@ class Served:
     acceptance: float | None
     drafter: str
     finish: str
+
+
+def answers_scope(request: Request) -> str:
+    """Whose earlier answers a request adds to and drafts from (``suffix``): the key it came with (a digest of it),
+    so that one key's requests never draft from another's; "" without one, as the app's own chat."""
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "").strip()
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16] if key else ""
 
 
 class ApiServer:
@@ -135,6 +144,8 @@ class ApiServer:
         engine, loaded = self._loaded()
         # (reading the fields builds a grammar, and a prompt is rendered and tokenized: CPU work, off the loop)
         ready = await asyncio.to_thread(prepare, body, chat, self.defaults(), engine)
+        ready = replace(ready, params=replace(ready.params, draft=replace(ready.params.draft,
+                                                                           scope=answers_scope(request))))
         batches, watch = self.slot.generate(request, engine, ready.ids, ready.params, ready.job.drafter)
         try:
             first = await anext(batches)  # validation errors (and the wait for the engine) come before output

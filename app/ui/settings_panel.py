@@ -55,6 +55,8 @@ class SettingsPanel:
         self.adaptive = gr.Checkbox(s.adaptive, label="Adaptive draft length (learns when drafting pays)")
         self.enable_thinking = gr.Checkbox(s.enable_thinking, label="Let reasoning models think (Qwen3's "
                                            "enable_thinking)", elem_id="enable-thinking")
+        # What "Earlier answers" drafts from: every answer since the pair was loaded (the API's per key)
+        self.forget = gr.Button("Forget earlier answers", size="sm", elem_id="forget-answers")
 
     def _sampling(self, s: Settings) -> None:
         gr.Markdown("### Sampling")

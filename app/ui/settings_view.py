@@ -115,6 +115,14 @@ class SettingsView:
                 settings.draft_max, settings.draft_min, settings.draft_p_min, settings.adaptive,
                 server_fields(self.runtime.spec or LoadSpec())[1], self.image_note())
 
+    def forget_answers(self) -> str:
+        try:
+            self.runtime.forget_answers()
+        except EngineError as exc:
+            return render.notice(str(exc))
+        return render.notice("Forgot the earlier answers: Earlier answers drafts from the conversation in front of "
+                             "it until new answers are written.", "info")
+
     def wire(self, panel: SettingsPanel, values: list, to_load: list, chat_notice, header, hw, image_note,
              slot: dict) -> None:
         """Each setting saved as it changes; Load models; Test connection (or Enter in the URL). ``values``: the
@@ -126,5 +134,6 @@ class SettingsView:
         panel.load.click(self.load_models, [*to_load, *values],
                          [panel.notice, chat_notice, header, hw, panel.drafter, panel.draft_max, panel.draft_min,
                           panel.draft_p_min, panel.adaptive, panel.s_key, image_note], **slot)
+        panel.forget.click(self.forget_answers, None, panel.notice, queue=False, api_visibility="private")
         for trigger in (panel.s_test.click, panel.s_url.submit):
             trigger(test_server, [panel.s_url, panel.s_key, panel.s_model], [panel.pair, panel.s_model, panel.notice])

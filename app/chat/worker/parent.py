@@ -312,6 +312,7 @@ class WorkerEngine:
     check_drafter, check_logit_bias = _forwarded("check_drafter"), _forwarded("check_logit_bias")
     speculation, alternatives, ceiling = _forwarded("speculation"), _forwarded("alternatives"), _forwarded("ceiling")
     measure_costs, forget_costs = _forwarded("measure_costs"), _forwarded("forget_costs")
+    forget_answers = _forwarded("forget_answers")
     started_from_kept, threads = _forwarded("started_from_kept"), _forwarded("threads")
     memory_bytes, state_costs = _forwarded("memory_bytes"), _forwarded("state_costs")
     recurrent_states = _forwarded("recurrent_states")

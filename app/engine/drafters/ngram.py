@@ -59,7 +59,8 @@ class Lookup(Drafter):
 
     METHOD = "ngram"  # the method the kinds belong to (--drafter ngram: the default kind)
     label = "n-gram lookup"
-    SIGNAL_PRIOR = (0.9,)  # one bucket: a proposal carries no confidence of its own; an exact match of a long key
+    # one bucket: a proposal carries no confidence of its own; an exact match of a long key
+    SIGNAL_PRIOR: tuple[float, ...] = (0.9,)
     SUPPORT_MAX = 64  # a copying kind's support (``support``; its SIGNAL_GROWS): tokens compared backwards at most
     # Not after tokens a grammar forced: a lookup keyed on them (`": "` and a key) finds the structure that repeats
     # at every key and proposes what followed the last one.

@@ -24,6 +24,7 @@ from .gemma4_assistant import AssistantDrafter
 from .mtp import MtpDrafter, MtpFileDrafter
 from .ngram import Lookup, NgramLongest, NgramMod, NgramSimple
 from .ngram_cache import NgramCache
+from .suffix import AnswerMemory, SuffixDrafter
 from .ngram_map import NgramMapK, NgramMapK4v
 
 if TYPE_CHECKING:  # (draft_control imports the drafters: a name for the annotation only)
@@ -37,6 +38,8 @@ class Pair(Protocol):
     draft_ctx: Context | None  # a draft model's own context
     cross_vocab: bool  # the draft model's vocabulary is not the target's: it drafts as text
     head: Drafter | None  # a head given as the draft file (Gemma 4's assistant, EAGLE-3, a block draft)
+
+    answers: AnswerMemory  # earlier generations, per scope (suffix drafts from them)
 
     def mtp(self) -> MtpDrafter:
         """The target's own MTP layers' drafter (made once, on first use)."""
@@ -99,19 +102,22 @@ METHODS: tuple[Method, ...] = (
            lambda pair, dp: pair.head),
     Method(Lookup.METHOD, "N-gram lookup", tuple(KINDS), "", "", "", lambda *_: True,
            lambda pair, dp: KINDS[DEFAULT_KIND](dp.ngram)),
+    Method(SuffixDrafter.name, "Earlier answers", ("suffix",), "", "", "", lambda *_: True,
+           lambda pair, dp: SuffixDrafter(pair.answers, dp.scope)),
     Method(NoDrafter.name, "Off", ("none",), "", "", "", lambda *_: True, lambda pair, dp: NoDrafter()),
 )
 BY_NAME = {m.name: m for m in METHODS}
 DRAFTERS = tuple(BY_NAME)  # the names a person or a request may choose
 OFF = NoDrafter.name
 DRAFT_MODEL = ModelDrafter.name
+SUFFIX = SuffixDrafter.name
 SPEC_TYPES = {t: m.name for m in METHODS for t in m.spec_types}
 # Draft files that are not models of their own but heads drafting from the target's state, by architecture
 HEADS: dict[str, type[MtpDrafter] | type[DFlashDrafter]] = {
     cls.ARCH: cls for cls in (AssistantDrafter, Eagle3Drafter, DFlashDrafter)}
 # How each drafter's name reads (Stats, Compare, the API's model list); a server's own method shows as it is
 LABELS = {cls.name: cls.label for cls in (ModelDrafter, TextDrafter, MtpDrafter, AssistantDrafter, Eagle3Drafter,
-                                          DFlashDrafter, DSparkDrafter, NoDrafter)}
+                                          DFlashDrafter, DSparkDrafter, SuffixDrafter, NoDrafter)}
 LABELS |= {Lookup.METHOD: f"{Lookup.label} ({DEFAULT_KIND})"} | {k: f"{Lookup.label} ({k})" for k in KINDS}
 
 
