@@ -117,3 +117,18 @@ def test_through_the_api_a_regenerated_answer_drafts_from_the_last_and_never_fro
     assert again["timings"]["draft_n_accepted"] >= again["usage"]["completion_tokens"] // 2
     bob = ask("suffix", "bob")  # another key: alice's answers are not his to draft from
     assert text(bob) == text(off) and bob["timings"]["draft_n_accepted"] < again["timings"]["draft_n_accepted"] // 2
+
+
+def test_forgetting_the_oldest_answers_leaves_the_index_of_those_kept():
+    import random
+
+    rng = random.Random(3)
+    mem = AnswerMemory(max_tokens=500)
+    for _ in range(40):
+        mem.add("", [rng.randrange(6) for _ in range(rng.randrange(5, 80))])  # small vocabulary: keys repeat
+        store = mem.store("")
+        want: dict = {}
+        for sid, seq in store.seqs.items():
+            for i in range(len(seq) - KEY):
+                want.setdefault(tuple(seq[i:i + KEY]), []).append((sid, i + KEY))
+        assert store.index == want and store.n_tokens == sum(map(len, store.seqs.values())) <= 500

@@ -43,15 +43,21 @@ class _Store:
         self.n_tokens += len(tokens)
         return sid
 
-    def drop(self, sid: int) -> None:
+    def drop_oldest(self, sid: int) -> None:
+        """Forget sequence ``sid``, the oldest kept: its occurrences lead each of its keys' lists (added in order)."""
         tokens = self.seqs.pop(sid)
         for i in range(len(tokens) - KEY):
             key = tuple(tokens[i:i + KEY])
-            left = [o for o in self.index[key] if o[0] != sid]
-            if left:
-                self.index[key] = left
-            else:
+            found = self.index.get(key)
+            if found is None:
+                continue  # (a key the sequence holds more than once: cleared at its first)
+            n = 0
+            while n < len(found) and found[n][0] == sid:
+                n += 1
+            if n == len(found):
                 del self.index[key]
+            else:
+                del found[:n]
         self.n_tokens -= len(tokens)
 
 
@@ -76,7 +82,7 @@ class AnswerMemory:
             store, order = self._scopes[scope]
             order.append(store.add(tokens))
             while store.n_tokens > self.max_tokens:
-                store.drop(order.popleft())
+                store.drop_oldest(order.popleft())
             while len(self._scopes) > self.max_scopes:
                 self._scopes.popitem(last=False)
 
