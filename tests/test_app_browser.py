@@ -903,7 +903,11 @@ def test_a_server_connected_in_settings_chats_compares_and_comes_back_after_a_re
 
             summary = p.compare("Name three colours.")
             assert "outputs identical (compared as text)" in summary.inner_text()
-            assert f"starter @ {server}" in p.page.locator("#cmp-table").inner_text()
+            # (the table follows the summary: on a busy machine a moment later)
+            table, deadline = p.page.locator("#cmp-table"), time.monotonic() + 30
+            while f"starter @ {server}" not in table.inner_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert f"starter @ {server}" in table.inner_text()
             p.shot("remote-compare")
             p.page.get_by_role("tab", name="Hardware").click()
             p.page.get_by_role("button", name="Refresh").first.click()

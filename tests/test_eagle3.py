@@ -31,7 +31,7 @@ def prompt(engine, text="the cat sat on the mat"):
 
 def test_the_head_is_the_pairs_draft_under_either_name(engine, pair):
     assert engine.draft is None and engine.draft_model.path == pair[1]  # no context of its own
-    assert engine.drafters == ("model", "eagle3", "ngram", "none")
+    assert engine.drafters == ("model", "eagle3", "ngram", "suffix", "none")
     assert engine.head == ("eagle3", "eagle3")
 
 

@@ -27,7 +27,7 @@ def engine(pair):
 
 def test_the_assistant_is_the_pairs_draft_under_either_name(engine, pair):
     assert engine.draft is None and engine.draft_model.path == pair[1]  # no context of its own
-    assert engine.drafters == ("model", "mtp", "ngram", "none")
+    assert engine.drafters == ("model", "mtp", "ngram", "suffix", "none")
 
 
 def test_an_assistant_for_another_target_is_refused_before_llama_cpp_sees_it(pair, tmp_path):

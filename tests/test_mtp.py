@@ -78,7 +78,7 @@ def test_a_pair_with_mtp_layers_offers_mtp_by_default(engine):
     to it, a choice it can use is kept."""
     from app.chat.settings import Settings
 
-    assert engine.drafters == ("mtp", "ngram", "none")
+    assert engine.drafters == ("mtp", "ngram", "suffix", "none")
     assert Settings(drafter="model").for_pair(None, engine.drafters).drafter == "mtp"
     assert Settings(drafter="ngram").for_pair(None, engine.drafters).drafter == "ngram"
     assert Settings(drafter="mtp").for_pair(None, ("model", "ngram", "none")).drafter == "model"
