@@ -100,3 +100,64 @@ def test_the_hardware_tab_names_the_rebuild_only_where_a_gpu_is(tmp_path, on_pat
     on_path(fake_tools(tmp_path, nvidia_smi="NVIDIA RTX A6000\n"))
     panel = hardware_panel(hardware.snapshot(), Runtime().info())
     assert "NVIDIA RTX A6000" in panel and "-DGGML_CUDA=on -DGGML_LLAMAFILE=OFF" in panel.replace("&quot;", '"')
+
+
+# --- offload by default: -ngl auto ----------------------------------------------------------------------------
+def test_gpu_layers_flags_take_llama_cpps_words():
+    from app.cli.flags import gpu_layers
+
+    assert [gpu_layers(v) for v in ("auto", "ALL", "-1", "0", "12")] == [None, -1, -1, 0, 12]
+    for bad in ("-2", "some"):
+        with pytest.raises(Exception, match="give a number of layers, all"):
+            gpu_layers(bad)
+    run = subprocess.run([sys.executable, "-m", "app", "generate", "-ngl", "many", "-p", "hi"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "give a number of layers" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_load_left_to_fit_puts_on_the_gpu_what_its_free_memory_holds(models, monkeypatch):
+    """A load that names no -ngl gets the fit (here with the GPU's free memory injected: these machines have none)
+    and says why beside the layers; one that names them keeps them; on this CPU build nothing is offloaded."""
+    from app.engine.fit import Gpu
+    from app.models import check
+    from app.models.loader import LoadSpec, load_engine
+
+    spec = LoadSpec(target=str(models["target"]), draft=str(models["draft"]))
+    assert spec.ngl is None and spec.ngld is None and spec.may_offload and spec.offload_flags() == "-ngl auto"
+    engine = load_engine(spec)
+    try:
+        offload = engine.offload()
+        assert set(offload) == {"target", "draft"} and offload["target"]["n_layers"] > 1
+        if not supports_gpu_offload():
+            assert offload["target"] == {**offload["target"], "n_gpu_layers": 0,
+                                         "why": "no GPU this llama.cpp build can use: every layer on the CPU"}
+    finally:
+        engine.close()
+    monkeypatch.setattr(check, "gpus", lambda: [Gpu("Injected GPU", 12 * 1024**3, 16 * 1024**3)])
+    engine = load_engine(spec)  # (a CPU build loads every layer on the CPU whatever it is told)
+    try:
+        offload = engine.offload()
+        assert offload["target"]["n_gpu_layers"] == -1 and offload["draft"]["n_gpu_layers"] == -1
+        assert "fit with their KV caches in 12.0 GiB free on Injected GPU" in offload["target"]["why"]
+    finally:
+        engine.close()
+    asked = LoadSpec(target=str(models["target"]), draft=str(models["draft"]), ngl=0, ngld=0)
+    assert not asked.may_offload and asked.offload_flags() == "-ngl 0"
+    engine = load_engine(asked)
+    try:
+        assert [m["n_gpu_layers"] for m in engine.offload().values()] == [0, 0]
+        assert engine.offload()["target"]["why"] == "as asked (-ngl 0 -ngld 0)"
+    finally:
+        engine.close()
+
+
+def test_the_hardware_tab_shows_the_layers_on_the_gpu_and_why():
+    hw = {"cpu": "x", "cores_physical": 2, "cores_logical": 2, "cpu_percent": 5.0, "ram_total": 8 * 1024**3,
+          "ram_available": 4 * 1024**3, "ram_used": 4 * 1024**3, "process_rss": 1024**3}
+    why = "20 of 29 target layers fit beside the draft in 6.0 GiB free on RTX 4060, 1 GiB of it kept free"
+    loaded = {"gpu_offload": True, "pair": "p", "target": "t.gguf", "draft": "d.gguf", "memory_bytes": 0,
+              "n_ctx": 4096, "offload": {"target": {"n_gpu_layers": 20, "n_layers": 29, "why": why},
+                                         "draft": {"n_gpu_layers": -1, "n_layers": 25, "why": why}}}
+    html = hardware_panel(hw, loaded)
+    assert f"<th>GPU layers</th><td>target 20 of 29; draft 25 of 25 — {why}</td>" in html
+    assert "GPU layers" not in hardware_panel(hw, {**loaded, "gpu_offload": False})  # (the row above says why)

@@ -14,8 +14,8 @@ from app.engine.compat import compatibility_problems
 from app.engine.drafters import registry
 from app.engine.gguf_file import read_info
 from app.engine.llama import Model, devices
-from app.engine.fit import ALL, GIB, Gpu, Load, estimate, recommend_offload
-from app.models.check import _family, check_files, suggest_drafts
+from app.engine.fit import ALL, FIT_MARGIN, GIB, OVERHEAD, Gpu, Load, estimate, recommend_offload
+from app.models.check import _family, check_files, describe, fitted_offload, suggest_drafts
 from app.paths import data_dir
 
 VARIANTS = ["draft", "close_draft", "other_text", "other_size", "other_type", "other_bos"]
@@ -71,15 +71,55 @@ def _model(gb: float, layers: int = 31, kv_per_token: int = 128 * 1024, ctx: int
 
 
 def test_offload_recommendation():
+    """llama.cpp's fit rule against injected GPU memory figures: all on the GPU when it fits with 1 GiB kept free,
+    else the draft first and the target's layers that fit beside it; each answer says why."""
     target, draft = _model(4.0), _model(0.5, layers=23)
-    assert recommend_offload(target, draft, []) == (0, 0)
-    assert recommend_offload(target, draft, [Gpu("big", 24 * GIB, 24 * GIB)]) == (ALL, ALL)
-    ngl, ngld = recommend_offload(target, draft, [Gpu("small", 3 * GIB, 4 * GIB)])
-    assert ngld == ALL and 0 < ngl < 32
-    # what is recommended must fit
-    assert estimate([_model(4.0, gpu=ngl), _model(0.5, layers=23, gpu=ngld)],
-                    [Gpu("small", 3 * GIB, 4 * GIB)]).ok
-    assert recommend_offload(target, draft, [Gpu("tiny", GIB // 4, GIB)]) == (0, 0)
+    assert recommend_offload(target, draft, []) == (0, 0, "no GPU this llama.cpp build can use: every layer on the CPU")
+    big = recommend_offload(target, draft, [Gpu("big", 24 * GIB, 24 * GIB)])
+    assert big[:2] == (ALL, ALL) and big.why.startswith("all 32 target layers and the draft's fit") \
+        and "24.0 GiB free on big, 1 GiB of it kept free" in big.why
+    small = [Gpu("small", 4 * GIB, 6 * GIB)]
+    ngl, ngld, why = recommend_offload(target, draft, small)
+    assert ngld == ALL and 0 < ngl < 32 and why.startswith(f"{ngl} of 32 target layers fit beside the draft")
+    # what is recommended must fit, and one more target layer would not leave the margin free
+    assert estimate([_model(4.0, gpu=ngl), _model(0.5, layers=23, gpu=ngld)], small).ok
+    on_gpu = _model(4.0, gpu=ngl + 1).gpu_bytes() + _model(0.5, layers=23, gpu=ALL).gpu_bytes()
+    assert on_gpu + 2 * OVERHEAD + FIT_MARGIN > small[0].free
+    # the draft kept on the CPU (-ngld 0) leaves its room to the target
+    assert recommend_offload(target, draft, small, ngld=0).ngl > ngl
+    # a projector goes with the target's first layer: it takes room from the target's layers
+    assert recommend_offload(target, draft, small, extra_bytes=GIB // 2).ngl < ngl
+    tiny = recommend_offload(target, draft, [Gpu("tiny", GIB, 2 * GIB)])
+    assert tiny[:2] == (0, 0) and tiny.why.startswith("not one layer fits in 1.0 GiB free on tiny")
+    # two GPUs: their free memory together, each keeping its margin
+    assert recommend_offload(target, draft, [Gpu("a", 3 * GIB, 4 * GIB), Gpu("b", 3 * GIB, 4 * GIB)]).ngl == \
+        recommend_offload(target, draft, [Gpu("ab", 5 * GIB, 8 * GIB)]).ngl
+
+
+def test_the_fit_is_judged_from_the_files_headers(models, monkeypatch):
+    """-ngl auto on real GGUF files, with the GPU's free memory injected: what a load and `specchat check` get."""
+    from app.models import check
+
+    t, d = models["target"], models["draft"]
+    monkeypatch.setattr(check, "gpus", lambda: [Gpu("Injected 8 GiB", 8 * GIB, 8 * GIB)])
+    fitted = fitted_offload(t, d)
+    assert fitted[:2] == (ALL, ALL) and "8.0 GiB free on Injected 8 GiB" in fitted.why
+    assert fitted_offload(t, d, ngl=0)[:2] == (0, ALL) and fitted_offload(t, d, ngl=0).why.startswith("-ngl 0 as asked")
+    assert fitted_offload(t, d, ngl=3, ngld=0) == (3, 0, "as asked (-ngl 3 -ngld 0)")
+    # a GPU with less free than the target's bytes beyond the margin: some of its layers only
+    info = read_info(t)
+    need = check._load(info, check.context_of(info, 0), 0, True).total_bytes  # weights and KV cache
+    monkeypatch.setattr(check, "gpus", lambda: [Gpu("Injected", FIT_MARGIN + OVERHEAD + need // 2, 4 * GIB)])
+    partial = fitted_offload(t, None)
+    assert 0 < partial.ngl < info.n_layer + 1 and partial.ngld == 0, partial
+    assert partial.why.startswith(f"{partial.ngl} of {info.n_layer + 1} target layers fit in"), partial
+    r = check_files(t, d)
+    assert r.recommended == fitted_offload(t, d) and r.fit.vram_free is not None
+    line = next(x for x in describe(r) if x.startswith("recommended offload:"))
+    assert line.startswith(f"recommended offload: -ngl {r.recommended.ngl} -ngld {r.recommended.ngld} (") \
+        and "Injected" in line and "-ngl auto" in line
+    monkeypatch.setattr(check, "gpus", lambda: [])  # a CPU build
+    assert fitted_offload(t, d) == (0, 0, "no GPU this llama.cpp build can use: every layer on the CPU")
 
 
 def test_fit_problems_and_warnings():
@@ -131,7 +171,7 @@ def rankings_kept():
 
 def test_check_report_and_cli(models, specchat_home, capsys, rankings_kept):
     r = check_files(models["target"], models["other_text"])
-    assert not r.compatible and r.fit.ok and r.recommended == (0, 0)
+    assert not r.compatible and r.fit.ok and r.recommended[:2] == (0, 0)
     assert main(["check", "--target", str(models["target"]), "--draft", str(models["other_text"])]) == 0
     out = capsys.readouterr().out
     assert "different vocabularies: drafted as text (slower per token, usually lower acceptance): token 300 means" \

@@ -186,6 +186,7 @@ class Runtime:
             "memory_bytes": live.memory_bytes() if live else 0,
             "recurrent": live.recurrent_states() if live else [],
             "threads": live.threads() if live else {},
+            "offload": live.offload() if live else {},
             "worker": worker,
             "gpu_offload": supports_gpu_offload(),
             "gpu_advice": unused_gpu_advice(),  # a GPU here the build cannot use

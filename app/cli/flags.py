@@ -36,6 +36,20 @@ def drafter_name(value: str) -> str:
             raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
 
 
+def gpu_layers(value: str) -> int | None:
+    """-ngl / -ngld, as llama.cpp takes them: a number of layers, "all" (-1), or "auto" (None: what fits)."""
+    word = value.strip().lower()
+    if word in ("auto", "all"):
+        return None if word == "auto" else -1
+    try:
+        n = int(word)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number of layers, all (or -1), 0 (none) or auto")
+    return n
+
+
 NGRAM_FLAGS = {f.name: "--spec-ngram-" + f.name.replace("_", "-") for f in fields(NgramParams)
                if not f.name.startswith("lookup_cache")}
 
@@ -79,10 +93,11 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: physical cores)")
     src.add_argument("--threads-draft", "-td", "--spec-draft-threads", dest="threads_draft", type=int, default=0,
                      help="CPU threads for the draft (default: -t)")
-    src.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0,
-                     help="target layers on the GPU (-1: all)")
-    src.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int, default=0,
-                     help="draft layers on the GPU")
+    src.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="ngl", type=gpu_layers, default=None,
+                     metavar="N|all|auto", help="target layers on the GPU (default: auto, what fits in the GPU's "
+                     "free memory beside the draft and the KV caches; all or -1: every layer; 0: none)")
+    src.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=gpu_layers,
+                     default=None, metavar="N|all|auto", help="draft layers on the GPU (default: auto, as -ngl)")
     src.add_argument("-b", "--batch-size", dest="batch", type=int, default=0,
                      help="tokens a prompt is evaluated in at a time (default: 512); a round verifies at most one "
                           "batch, so drafts stay under it")

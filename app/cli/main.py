@@ -20,8 +20,8 @@ from ..models.loader import LoadSpec, load_engine, resolve
 from ..prompts import chat_tokens, plain_tokens
 from .bench import summary_line
 from .chat_input import LineReader, parse
-from .flags import (Parser, drafter_name, hub_refs, model_flags, ngram_settings, remote_flags, sampling_flags,
-                    serving_flags)
+from .flags import (Parser, drafter_name, gpu_layers, hub_refs, model_flags, ngram_settings, remote_flags,
+                    sampling_flags, serving_flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,10 +132,10 @@ def _model_commands(sub) -> None:
     ck.add_argument("--mmproj", "-mm", type=Path, help="the target's vision projector (default: one found beside it)")
     ck.add_argument("--no-mmproj", action="store_true", help="judge the pair without a projector")
     ck.add_argument("--ctx", "-c", type=int, default=0, help="context size in tokens (default: min(train, 4096))")
-    ck.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int,
-                    help="target layers on the GPU (default: recommended)")
-    ck.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=int,
-                    help="draft layers on the GPU")
+    ck.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="ngl", type=gpu_layers, metavar="N|all|auto",
+                    help="target layers on the GPU (default: auto, what fits)")
+    ck.add_argument("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="ngld", type=gpu_layers,
+                    metavar="N|all|auto", help="draft layers on the GPU (default: auto)")
     ck.add_argument("--measure", nargs="?", type=int, const=64, default=0, metavar="N",
                     help="also load the pair and measure it: acceptance and speed with the draft vs without, greedy, "
                          "N new tokens on each of three built-in prompts (default 64)")
@@ -213,7 +213,7 @@ def build_engine(args, worker: bool = False) -> tuple[Engine, str, DraftParams]:
     engine = WorkerEngine(spec, resolved) if worker else load_engine(
         spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names),
         memory=memory_for(resolved.target, resolved.draft))
-    if drafter != OFF and not batch_invariant(spec.ngl):
+    if drafter != OFF and not batch_invariant(engine.offload()["target"]["n_gpu_layers"]):
         cause, fix = (("the GPU picks other kernels for a verification batch than for one token", "-ngl 0")
                       if batch_invariant() else
                       ("batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set)",
@@ -301,7 +301,7 @@ def cmd_generate(args) -> int:
             "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
             "prompt_tokens": s.prompt_tokens, "draft_flags": done.draft_flags, "n_forced": s.n_forced,
             "n_forced_accepted": s.n_forced_accepted, "grammar_seconds": s.grammar_seconds,
-            "batch_invariant": batch_invariant(args.ngl), "n_images": len(images),
+            "batch_invariant": batch_invariant(engine.offload()["target"]["n_gpu_layers"]), "n_images": len(images),
             "by_drafter": {k: dict(zip(("rounds", "drafted", "accepted"), v)) for k, v in s.by_drafter.items()},
         }))
     else:

@@ -200,8 +200,8 @@ def _measure(target: Path, draft: Path | None, args) -> str:
 
     if args.measure < 1:
         raise EngineError("--measure N: N new tokens per prompt, at least 1.")
-    spec = LoadSpec(target=str(target), draft=str(draft) if draft else None, ctx=args.ctx, ngl=args.ngl or 0,
-                    ngld=args.ngld or 0)
+    spec = LoadSpec(target=str(target), draft=str(draft) if draft else None, ctx=args.ctx, ngl=args.ngl,
+                    ngld=args.ngld)
     engine = WorkerEngine(spec, resolve(spec))  # (a load or decode that crashes llama.cpp is reported, not fatal)
     if engine.notice:
         print(f"specchat: note: {engine.notice}", file=sys.stderr)

@@ -238,6 +238,12 @@ class Engine:
         return {role: {"n_threads": x.ctx.n_threads, "why": why if x.ctx in auto else "--threads"}
                 for role, x in (("target", self.target), ("draft", self.draft)) if x}
 
+    def offload(self) -> dict:
+        """The layers each model put on a GPU, of its layers and output layer (as -ngl counts them), and why."""
+        return {role: {"n_gpu_layers": s.n_gpu_layers, "n_layers": m.n_layer + 1, "why": s.offload_why}
+                for role, m, s in zip(("target", "draft"), (self.model, self.draft_model), self._pair.settings)
+                if m is not None}
+
     def measure_costs(self, draft_max: int, drafter: str = ModelDrafter.name) -> Costs:
         """Time the operations of a speculative round with the loaded models (see ``costs``); the draft model's
         only for the draft model's method (the others cost next to nothing). Clears both caches."""

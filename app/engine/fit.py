@@ -3,7 +3,8 @@ before llama.cpp allocates anything, so an oversized pair is refused in plain wo
 killed by the out-of-memory killer mid-answer; plus the -ngl / -ngld that make the best use of a GPU."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import psutil
 
@@ -12,6 +13,7 @@ from .errors import EngineError
 GIB = 1024**3
 OVERHEAD = 256 * 1024**2  # compute buffers, logits, runtime: a generous allowance per context
 ALL = -1  # n_gpu_layers meaning "every layer"
+FIT_MARGIN = 1024**3  # left free on each GPU by an automatic offload: llama.cpp's --fit-target default (1024 MiB)
 
 
 @dataclass(frozen=True)
@@ -128,15 +130,39 @@ def check_fits(loads: list[Load], gpus: list[Gpu] | None = None) -> None:
         raise EngineError(fit.problems[0])
 
 
-def recommend_offload(target: Load, draft: Load | None, gpus: list[Gpu]) -> tuple[int, int]:
-    """(-ngl, -ngld) for this machine: everything on the GPU when it fits; else the draft first (it runs many
-    small sequential steps, where a CPU is slowest), then as many target layers as fit; (0, 0) without a GPU."""
+class Offload(NamedTuple):
+    """The layers put on a GPU (-ngl for the target, -ngld for the draft; -1: all), and why, in words."""
+
+    ngl: int
+    ngld: int
+    why: str = ""
+
+
+def recommend_offload(target: Load, draft: Load | None, gpus: list[Gpu], ngld: int | None = None,
+                      extra_bytes: int = 0) -> Offload:
+    """(-ngl, -ngld) for this machine, by llama.cpp's fit rule (``--fit on``: offload what fits in each device's free
+    memory, leaving ``--fit-target`` 1 GiB of it free): everything on the GPU when it fits; else the draft first (it
+    runs many small sequential steps, where a CPU is slowest), then as many target layers as fit beside it, each
+    layer with its share of the KV cache; nothing without a GPU. ``ngld``: the draft's layers as asked (None: fit
+    them too); ``extra_bytes``: what goes on the GPU with the target's first layer (a vision projector)."""
     if not gpus:
-        return 0, 0
-    budget = int(0.9 * sum(g.free for g in gpus)) - OVERHEAD
-    ngld = 0
-    if draft is not None and draft.total_bytes <= budget:
-        ngld, budget = ALL, budget - draft.total_bytes
+        return Offload(0, 0, "no GPU this llama.cpp build can use: every layer on the CPU")
+    free = sum(g.free for g in gpus)
+    where = f"{free / GIB:.1f} GiB free on {', '.join(dict.fromkeys(g.name for g in gpus))}, 1 GiB of it kept free"
+    budget = free - FIT_MARGIN * len(gpus) - OVERHEAD
+    if draft is None:
+        ngld = 0
+    elif ngld is None:
+        ngld = ALL if draft.total_bytes + OVERHEAD <= budget else 0
+    if draft is not None and ngld:
+        budget -= replace(draft, gpu_layers=ngld).gpu_bytes() + OVERHEAD
+    budget -= extra_bytes
+    n = target.n_layer + 1
     if target.total_bytes <= budget:
-        return ALL, ngld
-    return max(int(budget // (target.total_bytes / (target.n_layer + 1))), 0), ngld
+        return Offload(ALL, ngld, f"all {n} target layers" + (" and the draft's" if ngld == ALL else "")
+                       + f" fit with their KV caches in {where}")
+    ngl = max(int(budget // (target.total_bytes / n)), 0)
+    draft_part = "beside the draft " if ngld else "with the draft on the CPU " if draft is not None else ""
+    if not ngl and not ngld:
+        return Offload(0, 0, f"not one layer fits in {where}: every layer on the CPU")
+    return Offload(ngl, ngld, f"{ngl} of {n} target layers fit {draft_part}in {where}; the rest run on the CPU")

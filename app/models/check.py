@@ -10,7 +10,7 @@ from ..engine import EngineError
 from ..engine.compat import AS_TEXT, compatibility_problems
 from ..engine.drafters import METHODS
 from ..engine.drafters.registry import head_of
-from ..engine.fit import GIB, OVERHEAD, Fit, Load, estimate, recommend_offload
+from ..engine.fit import GIB, OVERHEAD, Fit, Load, Offload, estimate, recommend_offload
 from ..engine.gguf_file import GgufInfo, metadata, not_a_model, read_info
 from ..engine.llama import ModelSettings, gpus
 from ..engine.pair import DEFAULT_CTX
@@ -30,7 +30,7 @@ class PairReport:
     problems: list[str]  # why the draft cannot share the target's token ids (empty: compatible; else it drafts as text)
     n_ctx: int
     fit: Fit  # at the chosen -ngl / -ngld
-    recommended: tuple[int, int]  # (-ngl, -ngld) for this machine
+    recommended: Offload  # (-ngl, -ngld) for this machine, and why
     suggestions: list[str] = field(default_factory=list)
     projector: str = ""  # the target's vision projector, judged from its header ("": none given or found)
     gpu_advice: str = ""  # a GPU this machine has and the build cannot use, with the command that rebuilds for it
@@ -45,17 +45,43 @@ def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ng
     t = read_info(Path(target).expanduser())
     d = read_info(Path(draft).expanduser()) if draft else None
     problems = compatibility_problems(t, d) if d else []
-    ctx = n_ctx or min(t.context_length or DEFAULT_CTX, DEFAULT_CTX)
+    ctx = context_of(t, n_ctx)
     devices = gpus()
-    loads = [_load(t, ctx, 0, True)] + ([_load(d, ctx, 0, False)] if d else [])
-    rec = recommend_offload(loads[0], loads[1] if d else None, devices)
-    chosen = (rec[0] if ngl is None else ngl, rec[1] if ngld is None else ngld)
     mm = Path(mmproj).expanduser() if mmproj else None
-    extra = [Load(mm.name, mm.stat().st_size, 0, 0, ctx, -1 if chosen[0] else 0)] if mm and mm.is_file() else []
-    fit = estimate([_load(t, ctx, chosen[0], True)] + ([_load(d, ctx, chosen[1], False)] if d else []) + extra,
+    projector = mm.stat().st_size if mm and mm.is_file() else 0
+    rec = _offload(t, d, ctx, devices, None, None, projector)
+    chosen = _offload(t, d, ctx, devices, ngl, ngld, projector) if (ngl, ngld) != (None, None) else rec
+    extra = [Load(mm.name, projector, 0, 0, ctx, -1 if chosen.ngl else 0)] if projector and mm else []
+    fit = estimate([_load(t, ctx, chosen.ngl, True)] + ([_load(d, ctx, chosen.ngld, False)] if d else []) + extra,
                    devices)
     return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [],
                       projector_note(t, mm) if mm else "", unused_gpu_advice())
+
+
+def fitted_offload(target: Path, draft: Path | None, n_ctx: int = 0, ngl: int | None = None,
+                   ngld: int | None = None, mmproj: Path | None = None) -> Offload:
+    """The -ngl / -ngld a load gets: those asked for, the others (None) fitted to the GPUs' free memory as llama.cpp's
+    ``-ngl auto`` does, judged from the files' headers before anything is loaded."""
+    t = read_info(target)
+    d = read_info(draft) if draft else None
+    projector = mmproj.stat().st_size if mmproj and mmproj.is_file() else 0
+    return _offload(t, d, context_of(t, n_ctx), gpus(), ngl, ngld, projector)
+
+
+def context_of(target: GgufInfo, n_ctx: int) -> int:
+    """The context a load gets: as asked, else the engine's default (0: min(training context, 4096))."""
+    return n_ctx or min(target.context_length or DEFAULT_CTX, DEFAULT_CTX)
+
+
+def _offload(t: GgufInfo, d: GgufInfo | None, ctx: int, devices: list, ngl: int | None, ngld: int | None,
+             projector: int) -> Offload:
+    if ngl is not None and ngld is not None or ngl is not None and d is None:
+        return Offload(ngl, ngld or 0, "as asked (-ngl" + (f" {ngl} -ngld {ngld})" if d else f" {ngl})"))
+    fitted = recommend_offload(_load(t, ctx, 0, True), _load(d, ctx, 0, False) if d else None, devices, ngld,
+                               projector)
+    if ngl is None:
+        return fitted
+    return Offload(ngl, fitted.ngld, f"-ngl {ngl} as asked; the draft fitted: {fitted.why}")
 
 
 def projector_note(target: GgufInfo, path: Path) -> str:
@@ -173,9 +199,8 @@ def describe(r: PairReport) -> list[str]:
         lines.append(r.projector)
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
-    ngl, ngld = r.recommended
-    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld}"
-                 + ("" if r.fit.vram_free is not None else " (no GPU in this build)"))
+    ngl, ngld, why = r.recommended
+    lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld} ({why}; the default, -ngl auto, loads so)")
     if r.gpu_advice:
         lines.append(f"note: {r.gpu_advice}")
     if r.suggestions:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..engine import DraftParams, Engine, EngineError, ModelSettings
 from ..engine.measured import AcceptanceMemory
+from .check import fitted_offload
 
 MIN_BATCH = 8  # a round verifies its draft in one batch: smaller ones leave little to draft
 
@@ -19,8 +20,8 @@ class LoadSpec:
     ctx: int = 0  # 0: min(training context, 4096)
     threads: int = 0  # 0: physical cores
     threads_draft: int = 0  # 0: same as threads
-    ngl: int = 0  # target layers on the GPU (-1: all)
-    ngld: int = 0  # draft layers on the GPU
+    ngl: int | None = None  # target layers on the GPU (-1: all; None: what fits, llama.cpp's -ngl auto)
+    ngld: int | None = None  # draft layers on the GPU (the same)
     ctx_checkpoints: int = 8  # recurrent/hybrid models: saved states kept between chat turns
     batch: int = 0  # tokens a prompt is evaluated in at a time (llama.cpp's -b; 0: 512)
     mmproj: str | None = None  # the target's vision projector (None: the one found beside the target, if any)
@@ -37,6 +38,16 @@ class LoadSpec:
         if self.pair:
             return self.pair
         return Path(self.target).name + (f" + {Path(self.draft).name}" if self.draft else "") if self.target else "?"
+
+    @property
+    def may_offload(self) -> bool:
+        """Whether layers may go to a GPU: asked for, or left to fit (where the build cannot offload, none do)."""
+        return self.ngl != 0 or self.ngld != 0
+
+    def offload_flags(self) -> str:
+        """The GPU layers asked for, as llama.cpp's flags say them ("auto": what fits)."""
+        auto = lambda n: "auto" if n is None else str(n)  # noqa: E731
+        return f"-ngl {auto(self.ngl)}" + (f" -ngld {auto(self.ngld)}" if self.ngld != self.ngl else "")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,11 +134,14 @@ def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bo
     n_batch = spec.batch or ModelSettings.n_batch
     # Recurrent-state snapshots for the pair's longest draft (at least llama-server's default of 16).
     n_rs_seq = max(ModelSettings.n_rs_seq, r.draft_params.draft_max)
+    with_draft = bool(r.draft and with_draft)
+    offload = fitted_offload(r.target, r.draft if with_draft else None, spec.ctx, spec.ngl, spec.ngld, r.mmproj)
     return Engine(
-        ModelSettings(r.target, n_ctx=spec.ctx, n_threads=spec.threads, n_gpu_layers=spec.ngl, n_rs_seq=n_rs_seq,
-                      n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch),
-        ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads, n_gpu_layers=spec.ngld,
-                      n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch)
+        ModelSettings(r.target, n_ctx=spec.ctx, n_threads=spec.threads, n_gpu_layers=offload.ngl, n_rs_seq=n_rs_seq,
+                      n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch, offload_why=offload.why),
+        ModelSettings(r.draft, n_ctx=spec.ctx, n_threads=spec.threads_draft or spec.threads,
+                      n_gpu_layers=offload.ngld, n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch,
+                      offload_why=offload.why)
         if r.draft and with_draft else None,
         r.mmproj, r.mmproj_found, memory,
     )

@@ -242,6 +242,8 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
                        f"{r['saved']} saved states" for r in loaded.get("recurrent", [])) + ")"
              if loaded["target"] else "—"),
         ]
+        if (offload := loaded.get("offload")) and loaded["gpu_offload"]:
+            rows.append(("GPU layers", _offload_row(offload)))
         if worker := loaded.get("worker"):
             rows.append(("Engine worker", _worker_row(worker)))
         if threads := loaded.get("threads"):
@@ -249,6 +251,14 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
                                                           for role, t in threads.items()))))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="spec-hw">{body}</table>'
+
+
+def _offload_row(offload: dict) -> str:
+    """The layers each model put on the GPU, and why (the fit to the GPU's free memory, or as asked)."""
+    count = lambda m: m["n_layers"] if m["n_gpu_layers"] < 0 else min(m["n_gpu_layers"], m["n_layers"])  # noqa: E731
+    layers = "; ".join(f"{role} {count(m)} of {m['n_layers']}" for role, m in offload.items())
+    whys = list(dict.fromkeys(m["why"] for m in offload.values() if m["why"]))
+    return html.escape(layers + (f" — {'; '.join(whys)}" if whys else ""))
 
 
 def _worker_row(worker: dict) -> str:

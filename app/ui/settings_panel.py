@@ -75,8 +75,9 @@ class SettingsPanel:
         self.target = gr.Textbox(label="Target GGUF (with the files option)", elem_id="target-path")
         self.draft = gr.Textbox(label="Draft GGUF (optional)", elem_id="draft-path")
         self.ctx = gr.Number(0, label="Context size, tokens (0: the model's own, capped at 4096)", precision=0)
-        self.ngl = gr.Number(0, label="GPU layers, target (-ngl; -1 = all)", precision=0)
-        self.ngld = gr.Number(0, label="GPU layers, draft (-ngld)", precision=0)
+        self.ngl = gr.Number(None, label="GPU layers, target (-ngl; empty: what fits in the GPU, -1: all, 0: none)",
+                             precision=0, elem_id="ngl")
+        self.ngld = gr.Number(None, label="GPU layers, draft (-ngld; empty: what fits)", precision=0, elem_id="ngld")
         with gr.Accordion("Server (llama-server, vLLM, SGLang, TGI, specchat serve)", open=False,
                           elem_id="server-box"):
             self.s_url = gr.Textbox(label="Server URL", placeholder="http://127.0.0.1:8080", elem_id="server-url")

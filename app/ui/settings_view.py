@@ -92,11 +92,12 @@ class SettingsView:
             if pair == SERVER:
                 spec = server_spec(url, model, url_off, method)
             else:
-                numbers = [int(x) if x is not None else 0 for x in (ctx, ngl, ngld)]
-                spec = LoadSpec(pair=pair, ctx=numbers[0], ngl=numbers[1], ngld=numbers[2]) if pair != FILES else \
+                numbers = [int(x) if x is not None else None for x in (ctx, ngl, ngld)]  # (None: what fits)
+                ctx, ngl, ngld = numbers[0] or 0, numbers[1], numbers[2]
+                spec = LoadSpec(pair=pair, ctx=ctx, ngl=ngl, ngld=ngld) if pair != FILES else \
                     LoadSpec(target=(target or "").strip() or None, draft=(draft or "").strip() or None,
-                             ctx=numbers[0], ngl=numbers[1], ngld=numbers[2])
-                if min(numbers) < -1 or numbers[0] < 0:
+                             ctx=ctx, ngl=ngl, ngld=ngld)
+                if min(n for n in (ngl, ngld, 0) if n is not None) < -1 or ctx < 0:
                     raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
             self.runtime.load(spec, lambda f, msg: progress(f, desc=msg), api_key=key if spec.server else None)
         except (EngineError, ValueError, TypeError) as exc:

@@ -132,7 +132,7 @@ class WorkerEngine:
             self._spawn_and_load(spec, resolved)
         except WorkerDied as exc:
             load_crashes.record(spec, str(exc))
-            if not (spec.ngl or spec.ngld):
+            if not spec.may_offload:
                 raise
             on_cpu = replace(spec, ngl=0, ngld=0)
             try:
@@ -150,7 +150,7 @@ class WorkerEngine:
         ours, theirs = socket.socketpair()
         with open(self.log, "ab") as log:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} loading {spec.describe()} "
-                      f"(-ngl {spec.ngl})\n".encode())
+                      f"({spec.offload_flags()})\n".encode())
             self._log_from = log.tell()
             package_root = str(Path(__file__).resolve().parents[3])  # (where ``app`` is, installed or not)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root,
@@ -160,7 +160,7 @@ class WorkerEngine:
                                     env=env)
         theirs.close()
         conn = Connection(ours.detach())
-        doing = f"loading {spec.describe()}" + (f" with -ngl {spec.ngl}" if spec.ngl else "")
+        doing = f"loading {spec.describe()}" + (f" with {spec.offload_flags()}" if spec.may_offload else "")
         try:
             conn.send(Load(spec, resolved))
             msg = conn.recv()
@@ -315,7 +315,7 @@ class WorkerEngine:
     forget_answers = _forwarded("forget_answers")
     started_from_kept, threads = _forwarded("started_from_kept"), _forwarded("threads")
     memory_bytes, state_costs = _forwarded("memory_bytes"), _forwarded("state_costs")
-    recurrent_states = _forwarded("recurrent_states")
+    recurrent_states, offload = _forwarded("recurrent_states"), _forwarded("offload")
 
     def process_info(self) -> dict:
         """The worker as Hardware shows it: its pid, state and memory, and where its log is."""

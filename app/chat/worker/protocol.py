@@ -22,7 +22,7 @@ LOAD = 0  # the request id of the load
 CALLS = frozenset({
     "check_drafter", "check_logit_bias", "speculation", "reset", "alternatives", "ceiling", "measure_costs",
     "forget_costs", "forget_answers", "started_from_kept", "threads", "memory_bytes", "state_costs", "recurrent_states",
-    "tokenize_images",
+    "tokenize_images", "offload",
 })
 
 

@@ -20,6 +20,7 @@ class ModelSettings:
     n_ctx: int = 0  # 0: min(training context, 4096)
     n_threads: int = 0  # 0: physical cores
     n_gpu_layers: int = 0  # -1: all layers
+    offload_why: str = ""  # why n_gpu_layers is what it is, in words (shown with it: the fit, or "as asked")
     n_batch: int = 512
     # Recurrent/hybrid models only. n_rs_seq: llama.cpp's per-token snapshots of the recurrent state, the deepest
     # draft rejection rolled back for free (deeper ones restore a saved state); costs n_rs_seq copies of the state.
