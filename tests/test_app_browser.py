@@ -196,6 +196,10 @@ def test_chat_streams_with_live_stats(page, app_url):
     page.page.locator("#chat .tok-draft").first.wait_for(timeout=10_000)
     assert "accepted" in legend.inner_text() and legend.is_visible()
     assert page.page.locator("#chat .spec-coloured p .tok-draft").count() > 0
+    # each drafted run says which drafter wrote it: its kind's colour, its name on hover
+    named = page.page.locator("#chat .spec-coloured .tok-draft[title]")
+    assert named.count() > 0 and named.first.get_attribute("title") in ("draft model", "n-gram lookup (ngram-longest)",
+                                                                         "earlier answers")
     page.shot("chat-draft-tokens")
 
     # The conversation is saved, with the answer's figures, and comes back on reload.

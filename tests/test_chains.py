@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings
+from app.chat.live_answer import Live
+from app.engine import Done, DraftParams, Engine, EngineError, GenerationParams, ModelSettings, TextDelta
 from app.engine.drafters import Draft, Drafter, NgramParams, registry
 from app.engine.drafters.chain import ChainDrafter, expected_accepted
 from app.engine.drafters.ngram import NgramSimple
@@ -215,9 +216,11 @@ def test_the_api_takes_speculative_type_as_a_list_or_a_comma_string():
         parse({"messages": msgs, "speculative": {"ngram_mod_n_match": 0}}, True, Settings(), usable)
 
 
-def run(engine, ids, drafter, n, **draft):
+def run(engine, ids, drafter, n, events=None, **draft):
+    """The generation's Done (``events``: a list the events are put in)."""
     engine.reset()
-    events = list(engine.generate(ids, GenerationParams(max_tokens=n, draft=DraftParams(**draft)), drafter))
+    events = [] if events is None else events
+    events += engine.generate(ids, GenerationParams(max_tokens=n, draft=DraftParams(**draft)), drafter)
     assert isinstance(events[-1], Done)
     return events[-1]
 
@@ -228,7 +231,8 @@ def test_a_draft_model_and_ngram_mod_together_are_greedy_identical(starter_engin
     ids = chat_tokens(starter_engine.model, [{"role": "user", "content": REPEAT}])
     plain = run(starter_engine, ids, "none", 96)
     small = NgramParams(mod_n_match=4, mod_n_min=2, mod_n_max=16)
-    done = run(starter_engine, ids, "model,ngram-mod", 96, draft_max=6, draft_p_min=0.0, ngram=small,
+    events: list = []
+    done = run(starter_engine, ids, "model,ngram-mod", 96, events, draft_max=6, draft_p_min=0.0, ngram=small,
                adaptive=adaptive)
     s = done.stats
     assert done.token_ids == plain.token_ids and s.drafter == "ngram-mod,model"
@@ -236,6 +240,15 @@ def test_a_draft_model_and_ngram_mod_together_are_greedy_identical(starter_engin
     assert sum(r for r, _, _ in s.by_drafter.values()) <= s.n_rounds
     assert sum(d for _, d, _ in s.by_drafter.values()) == s.n_drafted
     assert sum(a for _, _, a in s.by_drafter.values()) == s.n_accepted
+    # each drafted piece of text says which member drafted it, as the chat colours it; the target's say none
+    texts = [e for e in events if isinstance(e, TextDelta)]
+    named = {e.drafter for e in texts if e.from_draft}
+    assert {n for n, (_, _, a) in s.by_drafter.items() if a >= 3} <= named <= set(s.by_drafter) and named
+    assert all(e.drafter == "" for e in texts if not e.from_draft)
+    live = Live()
+    for e in events:
+        live.add(e)
+    assert {o for _, o in live.segments} == {False, *named} and live.text == done.text
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import re
 
 from markdown_it import MarkdownIt
 
-from app.ui.draft_colours import SPAN, coloured_html, one_line
+from app.ui.draft_colours import SPAN, coloured_html, kind, legend, one_line
 
 DOCS = [
     "# Lighthouses\n\nA **lighthouse** guides _ships_ at night.\n\n- one\n- two with `code`\n\n1. first\n2. second\n",
@@ -53,3 +53,19 @@ def test_the_plain_answer_and_the_coloured_one_render_the_same_blocks():
     assert coloured_html([["<script>alert(1)</script>", True]]) == \
         '<div class="spec-coloured"><p><span class="tok-draft">&lt;script&gt;alert(1)&lt;/script&gt;</span></p></div>'
     assert coloured_html([["  \n", True]]) == ""
+
+
+def test_each_drafters_text_takes_its_kinds_colour_and_name():
+    segments = [["Hello ", False], ["there", "model"], [" and ", "ngram-longest"], ["again", "suffix"],
+                [" twice", "mtp"], [".", True]]
+    html = coloured_html(segments)
+    assert '<span class="tok-draft by-model" title="draft model">there</span>' in html
+    assert '<span class="tok-draft by-ngram" title="n-gram lookup (ngram-longest)"> and </span>' in html
+    assert '<span class="tok-draft by-suffix" title="earlier answers">again</span>' in html
+    assert '<span class="tok-draft by-head" title="' in html and "twice</span>" in html
+    assert html.endswith('<span class="tok-draft">.</span></p></div>')  # (an answer kept before drafters were named)
+    assert [kind(n) for n in ("model", "model (as text)", "ngram-simple", "suffix", "eagle3")] == \
+        ["model", "model", "ngram", "suffix", "head"]
+    assert all(f"by-{k}" in legend() for k in ("model", "ngram", "suffix", "head"))
+    # runs of two drafters side by side stay two spans
+    assert coloured_html([["ab", "model"], ["cd", "suffix"]]).count("<span") == 2

@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS messages (
     conversation INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
     content TEXT NOT NULL,
-    segments TEXT,                           -- JSON [[text, from_draft], ...]: which model wrote which text
+    segments TEXT,                           -- JSON [[text, origin], ...]: which drafter (or the target) wrote what
     stats TEXT,                              -- JSON: the engine's measured Stats
     finish TEXT,                             -- stop | length | cancelled | interrupted
     state TEXT NOT NULL DEFAULT 'done',      -- streaming while the answer is written, then done

@@ -13,7 +13,9 @@ MAX_POINTS = 400  # chart points kept per answer
 class Live:
     """One answer so far: text runs tagged with where they came from, running stats, chart points."""
 
-    segments: list[list] = field(default_factory=list)  # [[text, from_draft], ...], adjacent runs merged
+    # [[text, origin], ...], adjacent runs merged; origin: False (the target's), the drafter's name (a drafted token
+    # the target accepted), or True (drafted, by a drafter not recorded: answers kept by earlier versions)
+    segments: list[list] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, tokens/s, acceptance)
     done: Done | None = None
@@ -27,10 +29,11 @@ class Live:
         if isinstance(ev, PromptProgress):
             self.prompt = ev
         elif isinstance(ev, TextDelta):
-            if self.segments and self.segments[-1][1] == ev.from_draft:
+            origin = (ev.drafter or True) if ev.from_draft else False
+            if self.segments and self.segments[-1][1] == origin:
                 self.segments[-1][0] += ev.text
             else:
-                self.segments.append([ev.text, ev.from_draft])
+                self.segments.append([ev.text, origin])
         elif isinstance(ev, (Round, Done)):
             self.stats = ev.stats
             if ev.stats.rate_measured:

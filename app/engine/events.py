@@ -88,6 +88,7 @@ class TextDelta:
     token_ids: list[int]
     from_draft: bool
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the generation asked for them
+    drafter: str = ""  # with from_draft: the drafter that drafted it (a chain's member: the one whose draft it was)
 
 
 @dataclass

@@ -81,12 +81,12 @@ def speculative_generate(
         yield from _prefill(target, prompt_ids, stats, params.prompt_progress, t_start)
         drafter.begin(prompt_ids)
         rng.at = len(prompt_ids)
-        pending, accepted = [choose.pick(target.logits(-1))], 0
+        pending, accepted, origin = [choose.pick(target.logits(-1))], 0, ""
         t_first = time.perf_counter()
         stats.time_to_first_token_s = t_first - t_start
         t_end = None  # when the last round ended: the time until the next starts is a round's cost too
         while True:
-            yield from out.commit(pending, accepted, choose.reported())
+            yield from out.commit(pending, accepted, choose.reported(), origin)
             stats.n_tokens = len(out.ids)
             stats.decode_seconds = time.perf_counter() - t_first
             if len(target.tokens) > len(out.history):  # stopped inside an accepted draft
@@ -108,6 +108,7 @@ def speculative_generate(
             k = _usable(draft, limit, params.draft.draft_min, target.model)
             t1 = time.perf_counter()
             pending, accepted = _verify(target, out.history, draft, k, choose)
+            origin = draft.source or drafter.name
             t2 = time.perf_counter()
             if k:
                 drafter.accept(accepted)
@@ -265,9 +266,10 @@ class Output:
         """The probabilities of the last ``len(tokens)`` ids (None: not asked for)."""
         return None if self.logprobs is None else self.logprobs[len(self.logprobs) - len(tokens):]
 
-    def commit(self, pending: list[int], accepted: int, logprobs: list[TokenLogprob] | None) -> Iterator[TextDelta]:
-        """Commit a round's tokens (its first ``accepted`` came from the draft; ``logprobs``: theirs, if asked),
-        checking the stop conditions token by token; text as it becomes whole."""
+    def commit(self, pending: list[int], accepted: int, logprobs: list[TokenLogprob] | None,
+               drafter: str = "") -> Iterator[TextDelta]:
+        """Commit a round's tokens (its first ``accepted`` came from the draft, which ``drafter`` made; ``logprobs``:
+        theirs, if asked), checking the stop conditions token by token; text as it becomes whole."""
         for i, tok in enumerate(pending):
             from_draft = i < accepted
             if self.model.is_eog(tok):
@@ -282,7 +284,8 @@ class Output:
             shown = self.model.piece_text(tok) if tok in self.params.shown else self.model.piece(tok)
             text = self.stream.feed(shown)
             if text:
-                yield TextDelta(text, self.unshown, from_draft, self.logprobs_of(self.unshown))
+                yield TextDelta(text, self.unshown, from_draft, self.logprobs_of(self.unshown),
+                                drafter if from_draft else "")
                 self.unshown = []
             if self.stream.stopped:
                 self.finish = "stop"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..chat.settings import Settings
-from . import render
+from . import draft_colours, render
 
 
 class ChatTab:
@@ -55,5 +55,4 @@ class ChatTab:
         with gr.Row():
             self.regen = gr.Button("Regenerate", size="sm", elem_id="regen")
             self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft")
-            gr.HTML('<span class="tok-draft">highlighted</span>: drafted, then accepted by the target',
-                    elem_id="draft-legend")
+            gr.HTML(draft_colours.legend(), elem_id="draft-legend")

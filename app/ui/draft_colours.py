@@ -4,7 +4,8 @@ stay what they are, and the highlight sits only on text.
 The source is parsed as it is, never marked up, so the structure is the plain answer's by construction. Then each
 piece of text the renderer writes (a text run, inline code, a code block's lines) is found in the source, reading on
 from the last one found, and its characters take their runs' origin. A piece that cannot be found (rare: an entity
-such as ``&amp;`` written out) is shown uncoloured."""
+such as ``&amp;`` written out) is shown uncoloured. Each drafter's text takes its kind's colour (a draft model, n-gram
+lookup, earlier answers, the target's own heads), and the drafter's name on hover."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,11 @@ import re
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import escapeHtml
 
-SPAN = '<span class="tok-draft">'
+from ..engine.drafters.registry import DRAFT_MODEL, KINDS, SUFFIX, label
+
+SPAN = '<span class="tok-draft">'  # drafted, by a drafter not recorded (answers kept by earlier versions)
+KINDS_SHOWN = {"model": "a draft model", "ngram": "n-gram lookup", "suffix": "earlier answers",
+               "head": "the target's own heads (MTP, EAGLE-3, DFlash, an assistant)"}
 # Raw HTML in an answer is shown as text (the chat's sanitizer would otherwise have the last word on it)
 _MD = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 _TAGS = re.compile(r"(<[^>]*>)")
@@ -23,7 +28,7 @@ class _Origins:
 
     def __init__(self, segments: list[list]):
         self.source = "".join(t for t, _ in segments)
-        self.drafted = [bool(d) for t, d in segments for _ in t]
+        self.drafted = [d for t, d in segments for _ in t]  # per character: False, True or the drafter's name
         self.at = 0
 
     def html(self, text: str) -> str:
@@ -40,9 +45,29 @@ class _Origins:
             for end in range(1, len(line) + 1):
                 if end == len(line) or self.drafted[i + end] != self.drafted[i + start]:
                     piece = escapeHtml(line[start:end])
-                    out.append(SPAN + piece + "</span>" if self.drafted[i + start] else piece)
+                    out.append(span(self.drafted[i + start]) + piece + "</span>" if self.drafted[i + start] else piece)
                     start = end
         return "".join(out)
+
+
+def kind(drafter: str) -> str:
+    """The colour a drafter's text takes: its kind's (KINDS_SHOWN)."""
+    if drafter.startswith(DRAFT_MODEL):  # (a draft model drafting as text too)
+        return "model"
+    return "ngram" if drafter in KINDS else "suffix" if drafter == SUFFIX else "head"
+
+
+def span(origin) -> str:
+    """The opening tag around text drafted by ``origin`` (a drafter's name, or True: one not recorded)."""
+    if not isinstance(origin, str):
+        return SPAN
+    return f'<span class="tok-draft by-{kind(origin)}" title="{escapeHtml(label(origin))}">'
+
+
+def legend() -> str:
+    """What the highlight means, each kind in its colour."""
+    kinds = ", ".join(f'<span class="tok-draft by-{k}">{words}</span>' for k, words in KINDS_SHOWN.items())
+    return f"highlighted: drafted, then accepted by the target; drafted by {kinds}"
 
 
 def _text(self, tokens, idx, options, env) -> str:
@@ -64,7 +89,7 @@ for _rule, _fn in (("text", _text), ("code_inline", _code_inline), ("fence", _co
 
 
 def coloured_html(segments: list[list]) -> str:
-    """``segments`` ([[text, from_draft], ...]) as one line of HTML: the Markdown rendered, drafted text in spans."""
+    """``segments`` ([[text, origin], ...]) as one line of HTML: the Markdown rendered, drafted text in spans."""
     origins = _Origins(segments)
     if not origins.source.strip():
         return ""
