@@ -60,12 +60,12 @@ def test_each_drafters_text_takes_its_kinds_colour_and_name():
                 [" twice", "mtp"], [".", True]]
     html = coloured_html(segments)
     assert '<span class="tok-draft by-model" title="draft model">there</span>' in html
-    assert '<span class="tok-draft by-ngram" title="n-gram lookup (ngram-longest)"> and </span>' in html
-    assert '<span class="tok-draft by-suffix" title="earlier answers">again</span>' in html
+    assert '<span class="tok-draft by-lookup" title="n-gram lookup (ngram-longest)"> and </span>' in html
+    assert '<span class="tok-draft by-earlier" title="earlier answers">again</span>' in html
     assert '<span class="tok-draft by-head" title="' in html and "twice</span>" in html
     assert html.endswith('<span class="tok-draft">.</span></p></div>')  # (an answer kept before drafters were named)
     assert [kind(n) for n in ("model", "model (as text)", "ngram-simple", "suffix", "eagle3")] == \
-        ["model", "model", "ngram", "suffix", "head"]
-    assert all(f"by-{k}" in legend() for k in ("model", "ngram", "suffix", "head"))
+        ["model", "model", "lookup", "earlier", "head"]
+    assert all(f"by-{k}" in legend() for k in ("model", "lookup", "earlier", "head"))
     # runs of two drafters side by side stay two spans
     assert coloured_html([["ab", "model"], ["cd", "suffix"]]).count("<span") == 2

@@ -81,12 +81,12 @@ def speculative_generate(
         yield from _prefill(target, prompt_ids, stats, params.prompt_progress, t_start)
         drafter.begin(prompt_ids)
         rng.at = len(prompt_ids)
-        pending, accepted, origin = [choose.pick(target.logits(-1))], 0, ""
+        pending, accepted, draft = [choose.pick(target.logits(-1))], 0, Draft()
         t_first = time.perf_counter()
         stats.time_to_first_token_s = t_first - t_start
         t_end = None  # when the last round ended: the time until the next starts is a round's cost too
         while True:
-            yield from out.commit(pending, accepted, choose.reported(), origin)
+            yield from out.commit(pending, accepted, choose.reported(), draft.source or drafter.name)
             stats.n_tokens = len(out.ids)
             stats.decode_seconds = time.perf_counter() - t_first
             if len(target.tokens) > len(out.history):  # stopped inside an accepted draft
@@ -108,7 +108,6 @@ def speculative_generate(
             k = _usable(draft, limit, params.draft.draft_min, target.model)
             t1 = time.perf_counter()
             pending, accepted = _verify(target, out.history, draft, k, choose)
-            origin = draft.source or drafter.name
             t2 = time.perf_counter()
             if k:
                 drafter.accept(accepted)

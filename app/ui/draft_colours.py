@@ -16,7 +16,7 @@ from markdown_it.common.utils import escapeHtml
 from ..engine.drafters.registry import DRAFT_MODEL, KINDS, SUFFIX, label
 
 SPAN = '<span class="tok-draft">'  # drafted, by a drafter not recorded (answers kept by earlier versions)
-KINDS_SHOWN = {"model": "a draft model", "ngram": "n-gram lookup", "suffix": "earlier answers",
+KINDS_SHOWN = {"model": "a draft model", "lookup": "n-gram lookup", "earlier": "earlier answers",
                "head": "the target's own heads (MTP, EAGLE-3, DFlash, an assistant)"}
 # Raw HTML in an answer is shown as text (the chat's sanitizer would otherwise have the last word on it)
 _MD = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
@@ -54,7 +54,7 @@ def kind(drafter: str) -> str:
     """The colour a drafter's text takes: its kind's (KINDS_SHOWN)."""
     if drafter.startswith(DRAFT_MODEL):  # (a draft model drafting as text too)
         return "model"
-    return "ngram" if drafter in KINDS else "suffix" if drafter == SUFFIX else "head"
+    return "lookup" if drafter in KINDS else "earlier" if drafter == SUFFIX else "head"
 
 
 def span(origin) -> str:
