@@ -217,7 +217,7 @@ def fit_note(target_gb: float, draft_gb: float, devices: list) -> str:
     weights = int((target_gb + draft_gb) * 1e9)
     vram = sum(g.free for g in devices)
     if devices and weights + 2 * OVERHEAD <= 0.9 * vram:
-        return f"fits in GPU memory ({vram / GIB:.0f} GiB free): use -ngl -1 -ngld -1"
+        return f"fits in GPU memory ({vram / GIB:.0f} GiB free): every layer goes there by default"
     fit = estimate([Load("pair", weights, 0, 1, 0, 0)], devices)
     if not fit.ok:
         return (f"too large: {weights / GIB:.1f} GiB of weights, {fit.ram_total / GIB:.0f} GiB of RAM"

@@ -98,7 +98,8 @@ class SettingsView:
                     LoadSpec(target=(target or "").strip() or None, draft=(draft or "").strip() or None,
                              ctx=ctx, ngl=ngl, ngld=ngld)
                 if min(n for n in (ngl, ngld, 0) if n is not None) < -1 or ctx < 0:
-                    raise EngineError("Context size must be 0 (default) or more; GPU layers -1 (all), 0 or more.")
+                    raise EngineError("Context size must be 0 (default) or more; GPU layers empty (what fits), "
+                                      "-1 (all), 0 or more.")
             self.runtime.load(spec, lambda f, msg: progress(f, desc=msg), api_key=key if spec.server else None)
         except (EngineError, ValueError, TypeError) as exc:
             return render.notice(str(exc)), gr.skip(), self.header(), self.hardware(), *keep, self.image_note()
