@@ -22,9 +22,9 @@ def pytest_configure(config):
 # a file's module fixtures (a started app, a loaded pair) are made once. These files take minutes (the "seconds per
 # file" table in each run's log): they start first, so that no worker is left running one of them while the other
 # has nothing to do. The rest keep their order.
-LONG_FILES = ("test_app_browser.py", "test_starter.py", "test_ngram_kinds.py", "test_bundle.py",
-              "test_exact_sampling.py", "test_heads.py", "test_speculative_servers.py", "test_recurrent.py",
-              "test_cli.py", "test_hostile_requests.py", "test_hub.py", "test_remote.py")
+LONG_FILES = ("test_app_browser.py", "test_starter.py", "test_vulkan_offload.py", "test_ngram_kinds.py",
+              "test_bundle.py", "test_exact_sampling.py", "test_heads.py", "test_speculative_servers.py",
+              "test_recurrent.py", "test_cli.py", "test_hostile_requests.py", "test_hub.py", "test_remote.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -87,7 +87,10 @@ print('answer:', repr(live.text[:160]), '| stats:', live.stats.as_dict()); rt.cl
         --target "$1" --draft "$draft" --adaptive --prompts tests/prompts/heldout.jsonl -n 96 --repeats 2 2>&1 \
         | grep -v "$Q" | tail -16 | tee -a "$OUT/adaptive.txt"
     done ;;
-  tests)  # the engine's tests with every layer offloaded; near-ties of the random tiny models fail on a GPU
+  tests)  # what holds on a GPU (tests/gpu_checks.py: the fit, the device, near-ties measured), then the engine's
+          # tests with every layer offloaded; near-ties of the random tiny models fail on a GPU
+    timeout 200 python3 -m pytest -p no:cacheprovider -n 0 -q -s -rfEs tests/gpu_checks.py 2>&1 | grep -v "$Q" \
+      | tee "$OUT/gpu_checks.txt" | grep "identical greedy\|passed\|failed"
     T=$(( $(left) - 10 ))
     SPECCHAT_LLAMA_SDIST="$PWD/.gpu/llama-cpp-python.tar.xz" timeout $T python3 -m pytest -p tests.support.gpu_offload \
       -p no:cacheprovider -p no:benchmark -n 14 --timeout 150 -q -rf \
