@@ -93,7 +93,8 @@ def test_a_model_with_some_or_all_layers_offloaded_decodes_as_on_the_cpu(pair, n
             model.close()
     gap = float(np.max(np.abs(rows[0] - rows[n_gpu_layers])))
     print(f"-ngl {n_gpu_layers}: largest logit difference from the CPU {gap:.2e}")
-    assert 0 < gap < 0.05  # computed elsewhere (not bit-equal to the CPU), the same numbers up to rounding
+    # computed elsewhere (not bit-equal to the CPU: 4e-6 on lavapipe), the same numbers up to a GPU's rounding
+    assert 0 < gap < 0.5
     assert np.argmax(rows[0]) == np.argmax(rows[n_gpu_layers])
 
 
