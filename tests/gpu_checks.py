@@ -75,6 +75,27 @@ def test_the_hardware_tab_names_the_device_and_the_layers_on_it(pair):
     assert "<th>GPU layers</th><td>target 3 of 3; draft 3 of 3" in panel, panel
 
 
+def test_the_engine_worker_loads_the_pair_offloaded_and_answers(pair):
+    """The app's own load path (Model() in the engine worker, as `specchat serve -ngl 99` loads), which segfaulted on
+    the H200 (bench/gpu/run.sh's crash step): the pair stays on the device and answers, with no crash notice."""
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.models.loader import LoadSpec
+
+    rt = Runtime(worker=True)
+    try:
+        rt.load(LoadSpec(target=str(pair[0]), draft=str(pair[1]), ngl=99, ngld=99, ctx=512))
+        info = rt.info()
+        assert info["worker"]["state"] == "ready" and info["worker"]["restarts"] == 0 and not rt.engine.notice
+        assert [info["offload"][role]["n_gpu_layers"] for role in ("target", "draft")] == [99, 99], info["offload"]
+        for live in rt.answer([{"role": "user", "content": "Name three rivers."}],
+                              Settings(temperature=0, max_tokens=24)):
+            pass
+        assert live.text and live.stats.n_drafted > 0, live.stats
+    finally:
+        rt.close()
+
+
 @pytest.mark.parametrize("n_gpu_layers", [1, -1])
 def test_a_model_with_some_or_all_layers_offloaded_decodes_as_on_the_cpu(pair, n_gpu_layers):
     """Model(n_gpu_layers=N) really puts layers on the device, and its logits stay those of the CPU's up to the
