@@ -88,9 +88,8 @@ def test_the_engine_worker_loads_the_pair_offloaded_and_answers(pair):
         info = rt.info()
         assert info["worker"]["state"] == "ready" and info["worker"]["restarts"] == 0 and not rt.engine.notice
         assert [info["offload"][role]["n_gpu_layers"] for role in ("target", "draft")] == [99, 99], info["offload"]
-        for live in rt.answer([{"role": "user", "content": "Name three rivers."}],
-                              Settings(temperature=0, max_tokens=24)):
-            pass
+        *_, live = rt.answer([{"role": "user", "content": "Name three rivers."}],
+                             Settings(temperature=0, max_tokens=24))
         assert live.text and live.stats.n_drafted > 0, live.stats
     finally:
         rt.close()
