@@ -4,7 +4,7 @@
 # C++ headers of Debian 13's libvulkan-dev, unpacked into the tests' build cache and never installed (Debian 12's
 # 1.3.239 lack VK_EXT_layer_settings, which ggml-vulkan uses). Without them the Vulkan tests skip, saying so.
 set -euo pipefail
-VER=1.4.309
+VER=1.4.309  # (vulkan_build.HEADERS_VERSION: where the build looks for them)
 DEB=libvulkan-dev_$VER.0-1_amd64.deb
 DEST="${SPECCHAT_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specchat-tests}/vulkan-headers-$VER"
 sudo=$([ "$(id -u)" = 0 ] || echo sudo)
