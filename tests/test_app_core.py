@@ -14,7 +14,7 @@ from app.prompts import chat_prompt, plain_tokens
 from app.paths import config_dir
 from app.chat.runtime import Runtime
 from app.chat.settings import Settings, load_settings, save_settings
-from app.chat.json_files import load_json, save_json
+from app.json_files import load_json, save_json
 from app.chat.streaming import Generation
 from app.ui import render
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from app.chat.conversations import Conversations, for_model, title_from
-from app.chat.json_files import save_json
+from app.json_files import save_json
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import pytest
 APP = Path(__file__).resolve().parent.parent / "app"
 
 # Parts from the bottom up: a module may import its own part and any part below it, never one above. Parts on the
-# same level (ui, server; base, prompts) do not import each other. `base` (paths, resources) serves every part but the
-# engine and prompts; prompts (templates, thinking, tool-call formats) import nothing of ours but the engine.
+# same level (ui, server; base, prompts) do not import each other. `base` (paths, resources, json_files) serves every
+# part but the engine and prompts; prompts (templates, thinking, tool-call formats) import nothing of ours but the engine.
 LEVELS = {"engine": 0, "base": 1, "prompts": 1, "models": 2, "chat": 3, "ui": 4, "server": 4, "cli": 5, "main": 6}
-TOP_MODULES = {"__init__", "__main__", "paths", "resources"}
+TOP_MODULES = {"__init__", "__main__", "paths", "resources", "json_files"}
 FORBIDDEN = {"engine": {"gradio", "fastapi", "huggingface_hub"}, "ui": {"llama_cpp"}, "server": {"llama_cpp", "gradio"},
              "chat": {"gradio"}, "models": {"gradio"},
              "prompts": {"gradio", "fastapi", "huggingface_hub", "llama_cpp"}}
@@ -33,7 +33,7 @@ def part_of(name: list[str]) -> str:
     if len(name) == 1:
         return "main"  # the app package itself
     head = name[1]
-    if head in ("paths", "resources"):
+    if head in ("paths", "resources", "json_files"):
         return "base"
     if head == "__main__":
         return "main"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..paths import data_dir
-from .json_files import load_json, save_json
+from ..json_files import load_json, save_json
 from .method_ranking import pair_key
 
 FILE = "acceptance.json"

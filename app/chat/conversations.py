@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..engine import Stats
 from ..paths import data_dir, owner_alive
-from .json_files import load_json
+from ..json_files import load_json
 
 FILE = "conversations.sqlite3"
 LEGACY_HISTORY = "history.json"  # the single conversation of earlier versions, imported once

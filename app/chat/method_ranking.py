@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..engine import method_name
 from ..paths import data_dir
-from .json_files import load_json, save_json
+from ..json_files import load_json, save_json
 
 FILE = "measured_methods.json"
 

@@ -3,7 +3,7 @@ may read (0600), keyed by server URL. Keys are never logged, shown back in the U
 from __future__ import annotations
 
 from ..paths import config_dir
-from .json_files import load_json, save_json
+from ..json_files import load_json, save_json
 from .remote_server import base_url
 
 FILE = "server-keys.json"

@@ -7,7 +7,7 @@ from ..engine import DRAFT_MODEL, DraftParams, EngineError, GenerationParams, Sa
 from ..engine.drafters import NgramParams, registry
 from ..models.loader import LoadSpec
 from ..paths import config_dir
-from .json_files import load_json, save_json
+from ..json_files import load_json, save_json
 
 FILE = "settings.json"
 LOAD_SPECS = ("models", "server")  # the fields that are what to load, not how to generate

@@ -12,7 +12,7 @@ from typing import Callable
 import gradio as gr
 
 from ..chat.conversations import for_model
-from ..chat.json_files import load_json, save_json
+from ..json_files import load_json, save_json
 from ..chat.runtime import Runtime
 from ..engine import EngineError
 from ..paths import data_dir

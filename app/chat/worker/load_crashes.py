@@ -6,7 +6,7 @@ import json
 
 from ...models.loader import LoadSpec
 from ...paths import data_dir
-from ..json_files import load_json, save_json
+from ...json_files import load_json, save_json
 
 LIMIT = 2  # loads of one pair that killed the worker, in a row, before the app stops loading it by itself
 
