@@ -7,17 +7,22 @@ from pathlib import Path
 from typing import Iterator
 
 from .costs import Costs, measure
-from .drafters import Drafter, ModelDrafter, registry
+from .drafters import OFF, Drafter, ModelDrafter, registry
 from .errors import EngineError, ModelsUnloaded
 from .events import Done, Event, Stats
 from .fair_lock import FairLock
 from .images import for_images, has_images
-from .llama import Model, ModelSettings, Projector, default_threads
+from .llama import Model, ModelSettings, Projector, default_threads, supports_gpu_offload
 from .loop import GenerationParams, logit_bias_for, speculative_generate
-from .measured import AcceptanceMemory, Measured
+from .measured import AcceptanceMemory, Measured, SpeedLog
 from .pair import Loaded, LoadedPair
 from .speedup import Ceiling
 from .threads import RECHECK_S, ThreadChooser
+
+
+# A plain answer's tokens/s is kept as the GPU's speed (SpeedLog) from this many tokens: a short one's rate is
+# mostly its first steps' (llama.cpp's CUDA graphs are captured on the first ones)
+PLAIN_SPEED_MIN_TOKENS = 32
 
 
 class Engine:
@@ -25,15 +30,17 @@ class Engine:
     caches persist between generations so a chat turn only evaluates what is new."""
 
     def __init__(self, target: ModelSettings, draft: ModelSettings | None = None, mmproj: Path | None = None,
-                 mmproj_found: bool = False, memory: AcceptanceMemory | None = None):
+                 mmproj_found: bool = False, memory: AcceptanceMemory | None = None, speeds: SpeedLog | None = None):
         """``mmproj``: the target's vision projector; ``mmproj_found``: found beside it, not asked for, so one that
         does not fit the target is left out (``projector_problem`` says why) rather than failing the load;
-        ``memory``: where how each drafter's tokens fared on this pair is kept across launches."""
+        ``memory``: where how each drafter's tokens fared on this pair is kept across launches; ``speeds``: where
+        plain decoding's speed is kept when the target runs wholly on a GPU."""
         self._lock = FairLock()  # one generation at a time, in the order they asked
         self._pair: LoadedPair | None = LoadedPair(target, draft, mmproj, mmproj_found)
         self._threads = ThreadChooser(default_threads())
         self._measured: dict[tuple[str, int], Measured] = {}  # see measured.Measured
         self._memory = memory
+        self._speeds = speeds
         self._kept: set[str] = set()  # drafters that started from a profile kept by an earlier launch
         self._recalled: set[str] = set()  # drafters whose kept profile was looked up since loading
 
@@ -165,8 +172,10 @@ class Engine:
                 measured = self._measured_for(d.name)
                 try:
                     for event in speculative_generate(self._pair.target.ctx, d, prompt_ids, params, cancel, measured):
-                        if isinstance(event, Done) and params.draft.remember:  # (before it is handed on)
-                            self._remember(prompt_ids, event, params.draft.scope)
+                        if isinstance(event, Done):  # (before it is handed on)
+                            if params.draft.remember:
+                                self._remember(prompt_ids, event, params.draft.scope)
+                            self._keep_speed(d, params, event)
                         yield event
                         if self._threads.since_last_look >= RECHECK_S:
                             self._choose_threads()
@@ -178,6 +187,20 @@ class Engine:
                     self.draft.ctx.set_cancel(None)
         finally:
             self._lock.release()
+
+    def _keep_speed(self, d: Drafter, params: GenerationParams, done: Done) -> None:
+        """A plain answer (speculation off, nothing but the tokens asked of it) made with the target wholly on a GPU
+        gives that GPU's speed for this target: kept (``speeds``), for the Models view's expectations of others."""
+        s = done.stats
+        plain = d.name == OFF and params.grammar is None and params.logprobs is None
+        if (self._speeds and plain and done.finish_reason != "cancelled" and s.n_tokens >= PLAIN_SPEED_MIN_TOKENS
+                and self._target_on_gpu()):
+            self._speeds.keep_plain(s.tokens_per_second)
+
+    def _target_on_gpu(self) -> bool:
+        """Every layer of the target offloaded (-ngl -1, or at least its layers and output layer)."""
+        ngl = self._pair.settings[0].n_gpu_layers
+        return supports_gpu_offload() and (ngl < 0 or ngl >= self.model.n_layer + 1)
 
     def _remember(self, prompt_ids: list[int], done: Done, scope: str) -> None:
         """A generation's prompt and answer join the earlier answers ``suffix`` drafts from (a prompt with images:

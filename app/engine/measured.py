@@ -18,6 +18,13 @@ class AcceptanceMemory(Protocol):
     def keep(self, drafter: str, profile: dict) -> None: ...
 
 
+class SpeedLog(Protocol):
+    """Where the speed of plain decoding with the target wholly on a GPU is kept across launches (the app's data
+    folder): what the Models view expects of other targets on that GPU (``models.gpu_speed``)."""
+
+    def keep_plain(self, tokens_per_second: float) -> None: ...
+
+
 class Measured:
     """What a round costs with one drafter on this pair, and how often its tokens were accepted lately: kept from
     one answer to the next, so each does not pay again to learn it. The acceptance is only a prior (the text

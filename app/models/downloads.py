@@ -120,14 +120,17 @@ def rows() -> list[dict]:
     expected speed here (expected_speed) and the one pair recommended for this machine marked."""
     from ..engine.llama import gpus
     from .check import fit_note
+    from .gpu_speed import recall
 
     devices = gpus()  # once for the whole table
+    measured = recall(devices)  # plain decoding's speed on them, if measured yet
     out = []
     for p in sorted(load_catalog().values(), key=lambda p: p.released, reverse=True):  # (stable: catalog order)
         t = status(p.target)
         d = status(p.draft) if p.draft else None  # (none: the target drafts with its own MTP layers)
         fit = fit_note(p.target.size_gb, p.draft.size_gb if d else 0.0, devices)
-        speed = expected(p.target.read_per_token_gb, p.target.quantization, fit)
+        speed = expected(p.target.read_per_token_gb, p.target.quantization, fit, measured,
+                         p.target.files() if measured else [])
         out.append({
             "pair": p.name, "use": p.use, "context": p.context, "license": p.license,
             "description": p.description,

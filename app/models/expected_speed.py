@@ -7,7 +7,8 @@ buffer larger than any cache. EFFICIENCY is the share of that bound llama.cpp's 
 model is bound by memory, and reached 1.09x and 1.20x the copy figure in two runs (two threads read faster than one
 copies); a quantized one spends its time unpacking weights on a small CPU, and reached 0.37x in both (the starter's
 Q4_1 draft, 2 cores).
-A pair that fits in GPU memory runs there; no GPU bandwidth is measured, so its speed is not guessed.
+A pair that fits in GPU memory runs there: what is said of its speed comes from targets measured on that GPU
+(``gpu_speed``), and nothing is guessed before one was.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from .gpu_speed import GpuSpeed
 
 # measured tokens/s x bytes per token / copy bandwidth: bench/expected_speed.py, 2 cores, 2026-12-04 (medians of 3)
 EFFICIENCY = {"float": 1.1, "quantized": 0.4}
@@ -51,17 +54,27 @@ class Expected:
     runs_well: bool  # fits, and fast enough to chat with
 
 
-def expected(active_gb: float, quantization: str, fit: str) -> Expected:
+def expected(active_gb: float, quantization: str, fit: str, gpu: GpuSpeed | None = None,
+             files: list[str] = ()) -> Expected:
     """The speed ``fit`` (check.fit_note's verdict) allows a target of ``quantization`` reading ``active_gb`` GB of
-    weights per token."""
+    weights per token; for a pair that fits in GPU memory, what plain decoding measured on that GPU (``gpu``) says
+    of it, exactly where one of the target's ``files`` was measured, else as a floor."""
     if fit.startswith("fits in GPU"):
-        return Expected(None, "on the GPU: faster than the CPU (its speed is not measured here)", True)
-    if fit.startswith("too large"):
+        if gpu is None:
+            return Expected(None, "on the GPU: faster than the CPU (measured once an answer runs there with "
+                                  "speculation off)", True)
+        tps, m = gpu.floor(active_gb * 1e9, files)
+        if m.model not in files:  # (a floor: it may run far faster, so it is not judged by it)
+            return Expected(tps, f"at least {tps:.0f} tok/s on this GPU before speculation (from {m.model}, "
+                                 "measured here)", True)
+        where, basis = "on this GPU", " (measured)"
+    elif fit.startswith("too large"):
         return Expected(None, "", False)
-    tps = cpu_tps(active_gb, quantization)
+    else:
+        tps, where, basis = cpu_tps(active_gb, quantization), "here", ""
     if tps < CRAWL_TPS:
-        return Expected(tps, f"≈{tps:.1f} tok/s here before speculation: it fits, but would crawl", False)
-    return Expected(tps, f"≈{tps:.0f} tok/s here before speculation", tps >= GOOD_TPS)
+        return Expected(tps, f"≈{tps:.1f} tok/s {where} before speculation: it fits, but would crawl", False)
+    return Expected(tps, f"≈{tps:.0f} tok/s {where} before speculation{basis}", tps >= GOOD_TPS)
 
 
 def recommend(rows: list[dict]) -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..engine import DraftParams, Engine, EngineError, ModelSettings
 from ..engine.measured import AcceptanceMemory
 from .check import fitted_offload
+from .gpu_speed import GpuSpeedLog
 
 MIN_BATCH = 8  # a round verifies its draft in one batch: smaller ones leave little to draft
 
@@ -127,7 +128,8 @@ def find_head(target: Path) -> Path | None:
 def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bool = True,
                 memory: AcceptanceMemory | None = None) -> Engine:
     """``memory``: where how the drafters' tokens fare on this pair is kept across launches (the app's and the
-    command line's: ``acceptance_memory.memory_for``)."""
+    command line's: ``acceptance_memory.memory_for``). A plain answer with the target wholly on a GPU keeps that
+    GPU's speed (``gpu_speed``)."""
     if spec.batch and not MIN_BATCH <= spec.batch:
         raise EngineError(f"Invalid --batch-size {spec.batch}: use {MIN_BATCH} or more (0: {ModelSettings.n_batch}).")
     r = resolved or resolve(spec)
@@ -143,5 +145,5 @@ def load_engine(spec: LoadSpec, resolved: Resolved | None = None, with_draft: bo
                       n_gpu_layers=offload.ngld, n_checkpoints=spec.ctx_checkpoints, n_batch=n_batch,
                       offload_why=offload.why)
         if r.draft and with_draft else None,
-        r.mmproj, r.mmproj_found, memory,
+        r.mmproj, r.mmproj_found, memory, GpuSpeedLog(r.target),
     )
