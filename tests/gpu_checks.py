@@ -95,6 +95,35 @@ def test_the_engine_worker_loads_the_pair_offloaded_and_answers(pair):
         rt.close()
 
 
+def test_a_plain_answer_on_the_device_keeps_its_speed_for_the_models_view(pair, tmp_path, monkeypatch):
+    """Speculation off with the target wholly on the device: its tokens/s is kept for this GPU, and the catalog's
+    pairs that fit there are said to run at least as fast as that allows, where that says something
+    (app/models/gpu_speed.py)."""
+    from app.engine import OFF, SamplingParams
+    from app.models import downloads, gpu_speed
+    from app.models.expected_speed import CRAWL_TPS
+    from app.models.loader import LoadSpec, load_engine
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    engine = load_engine(LoadSpec(target=str(pair[0])))  # -ngl auto: all of it
+    try:
+        params = GenerationParams(max_tokens=40, sampling=SamplingParams(temperature=0, ignore_eos=True))
+        done = list(engine.generate([1, 300, 301, 302], params, OFF))[-1]
+    finally:
+        engine.close()
+    found = gpu_speed.recall(gpus())
+    assert found and found.measured[0].model == pair[0].name, found
+    assert found.measured[0].tokens_per_second == pytest.approx(done.stats.tokens_per_second, abs=0.01)
+    print(f"kept for {gpu_speed.device_key(gpus())}: {found.measured[0]}")
+    catalog = downloads.load_catalog()
+    on_gpu = [r for r in downloads.rows() if r["fit"].startswith("fits in GPU")]  # (lavapipe's 2 GiB: 1.2B and less)
+    assert on_gpu
+    for r in on_gpu:  # the floor this tiny target's speed sets each catalog target, said where it says something
+        floor, _ = found.floor(catalog[r["pair"]].target.read_per_token_gb * 1e9)
+        assert r["expected_tps"] == (round(floor, 1) if floor >= CRAWL_TPS else None), (r, floor)
+        print(f"{r['pair']}: {r['expected']} (floor {floor:.2f} tok/s)")
+
+
 @pytest.mark.parametrize("n_gpu_layers", [1, -1])
 def test_a_model_with_some_or_all_layers_offloaded_decodes_as_on_the_cpu(pair, n_gpu_layers):
     """Model(n_gpu_layers=N) really puts layers on the device, and its logits stay those of the CPU's up to the
