@@ -205,7 +205,7 @@ def test_runtime_answer_streams_snapshots(runtime):
 def test_runtime_compare_is_identical_under_greedy(runtime):
     msgs = [{"role": "user", "content": "the dog"}]
     cmp = _last(runtime.compare(msgs, Settings(max_tokens=48, draft_max=6, draft_p_min=0.0)))
-    assert cmp.phase == "done" and cmp.first_difference() is None
+    assert cmp.phase == "done" and cmp.first_difference() is None and cmp.note == ""
     assert cmp.off.stats.drafter == "none" and cmp.on.stats.n_drafted > 0 and cmp.speedup > 0
     assert cmp.off.stats.prompt_cached == 0 and cmp.on.stats.prompt_cached == 0  # both from an empty cache
     # what the pair can reach here, timed after the runs, with the pair's other methods for the advice

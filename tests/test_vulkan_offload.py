@@ -55,7 +55,7 @@ def run_tests(lib: Path, name: str, *args: str, timeout: int) -> tuple[str, dict
 
 def test_what_holds_on_a_gpu_holds_on_lavapipe(lib):
     output, counts = run_tests(lib, "gpu-checks", "tests/gpu_checks.py", timeout=900)
-    assert counts["skipped"] == 0 and counts["tests"] == 9, counts  # (it skips where llama.cpp cannot offload)
+    assert counts["skipped"] == 0 and counts["tests"] == 10, counts  # (it skips where llama.cpp cannot offload)
     # the device found (lavapipe here), the plain speed kept for it, the answers
     for said in ("GPUs: [Gpu(", "kept for ", "identical greedy answers"):
         print(next(line for line in output.splitlines() if said in line))

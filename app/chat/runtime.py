@@ -11,7 +11,8 @@ import threading
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from ..engine import DRAFT_MODEL, DRAFTERS, OFF, DraftParams, Engine, EngineError, method_name, supports_gpu_offload
+from ..engine import (DRAFT_MODEL, DRAFTERS, OFF, DraftParams, Engine, EngineError, inexact_note, method_name,
+                      supports_gpu_offload)
 from ..engine.drafters import registry
 from ..engine.images import through_images
 from ..models.hardware import unused_gpu_advice
@@ -264,6 +265,8 @@ class Runtime:
         cmp.busy_during = watch.since()
         cmp.phase = "done"
         cmp.locate_difference(engine.detokenize)
+        if cmp.first_difference() is not None:  # (on a GPU: said why, where the two parted)
+            cmp.note = inexact_note(engine.offload()["target"]["n_gpu_layers"])
         yield cmp
 
     def _compare_remote(self, messages, params, kwargs, cancel, interval, watch,

@@ -13,7 +13,7 @@ from ..chat.method_ranking import recall
 from ..chat.runtime import RELOAD_WAIT_S
 from ..chat.worker import WorkerEngine
 from ..engine import (Done, DraftParams, Engine, EngineError, GenerationParams, SamplingParams, TextDelta,
-                      batch_invariant)
+                      batch_invariant, inexact_note)
 from ..engine.drafters import OFF, registry
 from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
@@ -213,13 +213,8 @@ def build_engine(args, worker: bool = False) -> tuple[Engine, str, DraftParams]:
     engine = WorkerEngine(spec, resolved) if worker else load_engine(
         spec, resolved, with_draft=any(registry.needs_draft_file(n, resolved.draft) for n in names),
         memory=memory_for(resolved.target, resolved.draft))
-    if drafter != OFF and not batch_invariant(engine.offload()["target"]["n_gpu_layers"]):
-        cause, fix = (("the GPU picks other kernels for a verification batch than for one token", "-ngl 0")
-                      if batch_invariant() else
-                      ("batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set)",
-                       "reinstall as the README shows and leave GGML_CPU_TILED_MM unset"))
-        print(f"specchat: note: {cause}, so greedy output can differ from plain decoding at rare near-ties. For "
-              f"bit-identical output: {fix}.", file=sys.stderr)
+    if drafter != OFF and (note := inexact_note(engine.offload()["target"]["n_gpu_layers"])):
+        print(f"specchat: note: {note}", file=sys.stderr)
     return engine, drafter, dp
 
 

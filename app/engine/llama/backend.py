@@ -148,6 +148,19 @@ def batch_invariant(gpu_layers: int = 0) -> bool:
     return "LLAMAFILE = 1" not in system_info() and os.environ.get(TILED_MM, "0").strip() in ("0", "")
 
 
+def inexact_note(gpu_layers: int = 0) -> str:
+    """Why greedy output with speculation can part from plain decoding here, and what keeps it bit-identical ('' where
+    it is: ``batch_invariant``)."""
+    if batch_invariant(gpu_layers):
+        return ""
+    cause, fix = (("the GPU picks other kernels for a verification batch than for one token", "-ngl 0")
+                  if batch_invariant() else
+                  ("batched kernels are on (a llama.cpp build with llamafile, or GGML_CPU_TILED_MM set)",
+                   "reinstall as the README shows and leave GGML_CPU_TILED_MM unset"))
+    return (f"{cause[0].upper()}{cause[1:]}, so greedy output can differ from plain decoding at rare near-ties (as "
+            f"llama.cpp's own speculation does). For bit-identical output: {fix}.")
+
+
 def default_threads() -> int:
     """Physical cores: llama.cpp decoding is memory-bound and hyper-threads only add contention."""
     try:
