@@ -124,11 +124,11 @@ def test_what_a_measurement_says_of_other_targets_is_a_floor():
     low_floor = expected(40.0, "Q4_K_M", FITS, gpu)  # a floor under the bar judges nothing
     assert low_floor.tps == 8.0 and low_floor.tps < GOOD_TPS and low_floor.runs_well
     no_floor = expected(800.0, "Q4_K_M", FITS, gpu)  # 0.4 tok/s "at least" says nothing: not said
-    assert no_floor.tps is None and no_floor.runs_well and "a target of its size" in no_floor.note
+    assert no_floor.tps is None and no_floor.runs_well and "too small to tell" in no_floor.note
     measured_slow = expected(4.0, "Q4_K_M", FITS, GpuSpeed((Measured("x.gguf", 4_000_000_000, 3.0, 0.0),)), ["x.gguf"])
     assert not measured_slow.runs_well and "would crawl" in measured_slow.note and 3.0 < GOOD_TPS
     unmeasured = expected(1.0, "Q4_K_M", FITS)
-    assert unmeasured.tps is None and "speculation off" in unmeasured.note
+    assert unmeasured.tps is None and "once a model answers on the GPU with speculation off" in unmeasured.note
 
 
 def test_the_models_view_prices_the_pairs_that_fit_by_what_this_gpu_measured(models, home, monkeypatch):
@@ -137,7 +137,7 @@ def test_the_models_view_prices_the_pairs_that_fit_by_what_this_gpu_measured(mod
     monkeypatch.setattr(llama, "gpus", lambda: CARD)
     before = downloads.rows()
     assert all(r["fit"].startswith("fits in GPU") and r["expected_tps"] is None for r in before)
-    assert all("answers there with speculation off" in r["expected"] for r in before)
+    assert all("once a model answers on the GPU with speculation off" in r["expected"] for r in before)
 
     size = read_info(models["target"]).size_bytes  # (a tiny model, said to read 30 GB/s: the floors of 0.5-20 GB
     monkeypatch.setattr(gpu_speed, "gpus", lambda: CARD)  # targets fall on both sides of CRAWL_TPS)
@@ -152,6 +152,6 @@ def test_the_models_view_prices_the_pairs_that_fit_by_what_this_gpu_measured(mod
             assert r["expected"] == (f"at least {floor:.0f} tok/s on this GPU before speculation (from "
                                      f"{models['target'].name}, measured here)"), r["expected"]
         else:
-            assert r["expected_tps"] is None and "a target of its size" in r["expected"], r
+            assert r["expected_tps"] is None and "too small to tell" in r["expected"], r
     assert {r["expected_tps"] is None for r in after.values()} == {True, False}  # (both kinds of rows seen)
     assert sum(r["recommended"] for r in after.values()) == 1

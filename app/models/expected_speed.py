@@ -60,10 +60,13 @@ def expected(active_gb: float, quantization: str, fit: str, gpu: GpuSpeed | None
     weights per token; for a pair that fits in GPU memory, what plain decoding measured on that GPU (``gpu``) says
     of it, exactly where one of the target's ``files`` was measured, else as a floor."""
     if fit.startswith("fits in GPU"):
-        tps, m = gpu.floor(active_gb * 1e9, files) if gpu else (0.0, None)
-        if m is None or (m.model not in files and tps < CRAWL_TPS):  # (a floor that low says nothing)
-            return Expected(None, "on the GPU: faster than the CPU (measured once a target of its size answers "
-                                  "there with speculation off)", True)
+        if gpu is None:
+            return Expected(None, "on the GPU: faster than the CPU (measured here once a model answers on the GPU "
+                                  "with speculation off)", True)
+        tps, m = gpu.floor(active_gb * 1e9, files)
+        if m.model not in files and tps < CRAWL_TPS:  # (a floor that low says nothing)
+            return Expected(None, "on the GPU: faster than the CPU (the models measured on this GPU are too small "
+                                  "to tell how much)", True)
         if m.model not in files:  # (a floor: it may run far faster, so it is not judged by it)
             return Expected(tps, f"at least {tps:.0f} tok/s on this GPU before speculation (from {m.model}, "
                                  "measured here)", True)
