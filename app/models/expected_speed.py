@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,7 @@ class Expected:
 
 
 def expected(active_gb: float, quantization: str, fit: str, gpu: GpuSpeed | None = None,
-             files: list[str] = ()) -> Expected:
+             files: Sequence[str] = ()) -> Expected:
     """The speed ``fit`` (check.fit_note's verdict) allows a target of ``quantization`` reading ``active_gb`` GB of
     weights per token; for a pair that fits in GPU memory, what plain decoding measured on that GPU (``gpu``) says
     of it, exactly where one of the target's ``files`` was measured, else as a floor."""

@@ -10,6 +10,7 @@ floor it gives a large one can be far below what the large one makes.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class GpuSpeed:
 
     measured: tuple[Measured, ...]
 
-    def floor(self, read_bytes: float, files: list[str] = ()) -> tuple[float, Measured]:
+    def floor(self, read_bytes: float, files: Sequence[str] = ()) -> tuple[float, Measured]:
         """The highest floor on the tokens/s here of a target reading ``read_bytes`` a token, and the measurement it
         comes from: the target's own where one of its ``files`` was measured."""
         if own := next((m for m in self.measured if m.model in files), None):
@@ -89,7 +90,8 @@ class GpuSpeedLog:
                 return
             saved = _saved()
             key = device_key(devices)
-            mine = saved.get(key) if isinstance(saved.get(key), dict) else {}
+            found = saved.get(key)
+            mine: dict = found if isinstance(found, dict) else {}
             mine[self.target.name] = asdict(Measured(self.target.name, info.size_bytes, round(tokens_per_second, 2),
                                                      time.time()))
             latest = sorted(mine.items(), key=lambda kv: kv[1].get("at", 0) if isinstance(kv[1], dict) else 0)
