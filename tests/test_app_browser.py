@@ -635,6 +635,7 @@ def test_models_view_checks_your_own_pair(page, tmp_path):
     text = p.locator("#pair-report").inner_text()
     assert "different vocabularies: drafted as text" in text and "token 300 means" in text
     assert "recommended offload: -ngl 0 -ngld 0" in text
+    assert re.search(r"speed: ≈\d+ tok/s here before speculation", text), text  # (what plain decoding makes here)
     page.shot("models-check")
     p.locator("#own-draft textarea").fill(str(tmp_path / "missing.gguf"))
     p.locator("#own-check").click()

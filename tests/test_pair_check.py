@@ -122,6 +122,37 @@ def test_the_fit_is_judged_from_the_files_headers(models, monkeypatch):
     assert fitted_offload(t, d) == (0, 0, "no GPU this llama.cpp build can use: every layer on the CPU")
 
 
+def test_check_says_what_plain_decoding_would_make_here(models, monkeypatch, tmp_path):
+    """`specchat check` (and the Models view's check of your own files) says the speed the Models view says of the
+    catalog's pairs: on the CPU the target's size over the memory bandwidth measured here; wholly on a GPU, what was
+    measured there; nothing where layers are split, or for a mixture of experts (its header does not say what share
+    of its weights a token reads)."""
+    from support.tiny_recurrent import write_recurrent
+
+    from app.models import check, gpu_speed
+    from app.models.expected_speed import cpu_tps
+
+    monkeypatch.setenv("SPECCHAT_HOME", str(tmp_path))
+    t, d = models["target"], models["draft"]
+    speed = lambda *a, **kw: [x for x in describe(check_files(*a, **kw)) if x.startswith("speed: ")]  # noqa: E731
+    info = read_info(t)
+    assert speed(t, d) == [f"speed: ≈{cpu_tps(info.size_bytes / 1e9, info.quantization):.0f} tok/s here before "
+                           "speculation"]
+    card = [Gpu("Injected 8 GiB", 8 * GIB, 8 * GIB)]
+    monkeypatch.setattr(check, "gpus", lambda: card)
+    monkeypatch.setattr(gpu_speed, "gpus", lambda: card)
+    assert speed(t, d) == ["speed: on the GPU: faster than the CPU (measured here once a model answers on the GPU "
+                           "with speculation off)"]
+    gpu_speed.GpuSpeedLog(t).keep_plain(123.0)  # (as a plain answer wholly on that GPU keeps it)
+    assert speed(t, d) == ["speed: ≈123 tok/s on this GPU before speculation (measured)"]
+    assert speed(d, None) == [f"speed: at least 123 tok/s on this GPU before speculation (from {t.name}, measured "
+                              "here)"]  # (as large as the target: as fast at least)
+    assert speed(t, d, ngl=1) == []  # one layer on the GPU, the rest on the CPU
+    assert speed(t, d, ngl=0, ngld=0) == [f"speed: ≈{cpu_tps(info.size_bytes / 1e9, info.quantization):.0f} tok/s "
+                                          "here before speculation"]
+    assert speed(write_recurrent(tmp_path / "moe.gguf", "jamba", n_expert=4), None) == []
+
+
 def test_fit_problems_and_warnings():
     huge = estimate([_model(10_000.0)], [])
     assert not huge.ok and "of RAM" in huge.problems[0]

@@ -16,6 +16,8 @@ from ..engine.llama import ModelSettings, gpus
 from ..engine.pair import DEFAULT_CTX
 from . import size_ratio
 from .catalog import load_catalog, local_path, status
+from .expected_speed import expected
+from .gpu_speed import recall
 from .hardware import unused_gpu_advice
 
 SPEC_TYPE_OF = {m.name: m.spec_types[0] for m in METHODS}  # llama.cpp's name for each method
@@ -34,6 +36,7 @@ class PairReport:
     suggestions: list[str] = field(default_factory=list)
     projector: str = ""  # the target's vision projector, judged from its header ("": none given or found)
     gpu_advice: str = ""  # a GPU this machine has and the build cannot use, with the command that rebuilds for it
+    speed: str = ""  # plain decoding's speed here at the chosen offload, in words ("": not said)
 
     @property
     def compatible(self) -> bool:
@@ -55,7 +58,20 @@ def check_files(target: str | Path, draft: str | Path | None, n_ctx: int = 0, ng
     fit = estimate([_load(t, ctx, chosen.ngl, True)] + ([_load(d, ctx, chosen.ngld, False)] if d else []) + extra,
                    devices)
     return PairReport(t, d, problems, ctx, fit, rec, suggest_drafts(t) if (d is None or problems) else [],
-                      projector_note(t, mm) if mm else "", unused_gpu_advice())
+                      projector_note(t, mm) if mm else "", unused_gpu_advice(), speed_here(t, chosen.ngl, fit, devices))
+
+
+def speed_here(t: GgufInfo, ngl: int, fit: Fit, devices: list) -> str:
+    """What plain decoding of ``t`` would make here with ``ngl`` layers offloaded, as the Models view says it of the
+    catalog's pairs (expected_speed): '' for a mixture of experts (the share of its weights a token reads is not in
+    its header), for layers split between a GPU and the CPU, and for a file that is no model."""
+    if int(t.kv.get(f"{t.architecture}.expert_count") or 0) or head_of(t) or not_a_model(t.path):
+        return ""
+    on_gpu = bool(devices) and (ngl < 0 or ngl >= t.n_layer + 1)
+    if ngl and devices and not on_gpu:
+        return ""
+    verdict = "fits in GPU" if on_gpu else "fits" if fit.ok else "too large"
+    return expected(t.size_bytes / 1e9, t.quantization, verdict, recall(devices), [t.path.name]).note
 
 
 def fitted_offload(target: Path, draft: Path | None, n_ctx: int = 0, ngl: int | None = None,
@@ -199,6 +215,8 @@ def describe(r: PairReport) -> list[str]:
         lines.append(r.projector)
     lines.append(f"memory at {r.n_ctx:,} tokens of context: {r.fit.describe()}")
     lines += [f"will not fit: {p}" for p in r.fit.problems] + [f"warning: {w}" for w in r.fit.warnings]
+    if r.speed:
+        lines.append(f"speed: {r.speed}")
     ngl, ngld, why = r.recommended
     lines.append(f"recommended offload: -ngl {ngl} -ngld {ngld} ({why}; the default, -ngl auto, loads so)")
     if r.gpu_advice:
