@@ -72,7 +72,7 @@ def test_the_hardware_tab_names_the_device_and_the_layers_on_it(pair):
         panel = hardware_panel(hardware.snapshot(), rt.info())
     finally:
         rt.close()
-    assert gpus()[0].name in panel
+    assert f"<th>GPU</th><td>{gpus()[0].name} — " in panel and " GiB free of " in panel
     assert "<th>GPU layers</th><td>target 3 of 3; draft 3 of 3" in panel, panel
 
 

@@ -155,3 +155,23 @@ def test_the_models_view_prices_the_pairs_that_fit_by_what_this_gpu_measured(mod
             assert r["expected_tps"] is None and "too small to tell" in r["expected"], r
     assert {r["expected_tps"] is None for r in after.values()} == {True, False}  # (both kinds of rows seen)
     assert sum(r["recommended"] for r in after.values()) == 1
+
+
+def test_the_hardware_tab_names_each_gpu_its_free_memory_and_what_was_measured_on_it(models, home, monkeypatch):
+    import app.engine.llama as llama
+    from app.models import hardware
+    from app.ui.render import hardware_panel
+
+    loaded = {"gpu_offload": True, "pair": None, "target": None}
+    assert "<th>GPU</th>" not in hardware_panel(hardware.snapshot(), loaded)  # (this CPU build: no GPU)
+    monkeypatch.setattr(llama, "gpus", lambda: CARD)
+    monkeypatch.setattr(gpu_speed, "gpus", lambda: CARD)
+    row = "<th>GPU</th><td>Injected GPU — 900.0 GiB free of 1000.0 GiB — "
+    assert row + "no speed measured here yet (an answer with speculation off measures it)</td>" in \
+        hardware_panel(hardware.snapshot(), loaded)
+    GpuSpeedLog(models["draft"]).keep_plain(80.0)
+    GpuSpeedLog(models["target"]).keep_plain(95.4)
+    snap = hardware.snapshot()
+    assert [m["model"] for m in snap["gpu_measured"]] == [models["target"].name, models["draft"].name]  # latest first
+    assert row + (f"measured here before speculation: {models['target'].name} 95 tok/s, {models['draft'].name} 80 "
+                  "tok/s</td>") in hardware_panel(snap, loaded)

@@ -31,8 +31,17 @@ def _cpu_name() -> str:
 
 
 def snapshot() -> dict:
+    from ..engine.llama import gpus
+    from .gpu_speed import recall
+
     vm = psutil.virtual_memory()
+    devices = gpus()  # (those this llama.cpp build can use: none on a CPU build)
+    measured = recall(devices)
     return {
+        "gpus": [{"name": g.name, "free": g.free, "total": g.total} for g in devices],
+        # plain decoding measured on them (gpu_speed), the latest first
+        "gpu_measured": sorted(({"model": m.model, "tokens_per_second": m.tokens_per_second, "at": m.at}
+                                for m in measured.measured), key=lambda m: -m["at"]) if measured else [],
         "cpu": _cpu_name(),
         "cores_physical": psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         "cores_logical": psutil.cpu_count() or 1,

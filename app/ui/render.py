@@ -227,6 +227,7 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
         ("GPU offload", "yes — this llama.cpp build can offload layers (-ngl / -ngld)" if loaded["gpu_offload"]
          else f"no — {html.escape(loaded['gpu_advice'])}" if loaded.get("gpu_advice")
          else "no — this machine has no GPU that llama.cpp could use: everything runs on the CPU"),
+        *([("GPU", _gpu_row(hw))] if hw.get("gpus") else []),
         ("Loaded pair", html.escape(loaded["pair"] or "none")),
     ]
     if server := loaded.get("server"):  # the models run there: nothing of theirs in this machine's memory
@@ -251,6 +252,17 @@ def hardware_panel(hw: dict, loaded: dict) -> str:
                                                           for role, t in threads.items()))))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="spec-hw">{body}</table>'
+
+
+def _gpu_row(hw: dict) -> str:
+    """Each GPU's free memory, and the speeds of plain decoding measured on them (the latest few): what the Models
+    view's GPU rows are priced by."""
+    gib = 1024**3
+    devices = "; ".join(f"{g['name']} — {g['free'] / gib:.1f} GiB free of {g['total'] / gib:.1f} GiB"
+                        for g in hw["gpus"])
+    measured = ", ".join(f"{m['model']} {m['tokens_per_second']:.0f} tok/s" for m in hw.get("gpu_measured", [])[:3])
+    return html.escape(devices + (f" — measured here before speculation: {measured}" if measured else
+                                  " — no speed measured here yet (an answer with speculation off measures it)"))
 
 
 def _offload_row(offload: dict) -> str:
