@@ -13,7 +13,7 @@ from app.engine.fit import Gpu
 from app.engine.gguf_file import read_info
 from app.models import downloads, gpu_speed
 from app.models.expected_speed import CRAWL_TPS, GOOD_TPS, expected
-from app.models.gpu_speed import GpuSpeed, GpuSpeedLog, Measured, recall
+from app.models.gpu_speed import GpuSpeed, GpuSpeedLog, Measurement, recall
 from app.models.loader import LoadSpec, load_engine
 
 GIB = 1024**3
@@ -107,8 +107,8 @@ def test_each_gpu_keeps_its_latest_targets_and_a_mixture_of_experts_tells_nothin
 
 
 def test_what_a_measurement_says_of_other_targets_is_a_floor():
-    small = Measured("small.gguf", 1_000_000_000, 200.0, 0.0)  # 200 GB/s of weights
-    large = Measured("large.gguf", 4_000_000_000, 80.0, 0.0)  # 320 GB/s
+    small = Measurement("small.gguf", 1_000_000_000, 200.0, 0.0)  # 200 GB/s of weights
+    large = Measurement("large.gguf", 4_000_000_000, 80.0, 0.0)  # 320 GB/s
     gpu = GpuSpeed((small, large))
     assert gpu.floor(8e9) == (40.0, large)  # priced by the larger one's bytes per second: 320 / 8
     assert gpu.floor(2e9) == (100.0, small)  # 200 / 2 beats "as fast as large.gguf" (80)
@@ -125,7 +125,8 @@ def test_what_a_measurement_says_of_other_targets_is_a_floor():
     assert low_floor.tps == 8.0 and low_floor.tps < GOOD_TPS and low_floor.runs_well
     no_floor = expected(800.0, "Q4_K_M", FITS, gpu)  # 0.4 tok/s "at least" says nothing: not said
     assert no_floor.tps is None and no_floor.runs_well and "too small to tell" in no_floor.note
-    measured_slow = expected(4.0, "Q4_K_M", FITS, GpuSpeed((Measured("x.gguf", 4_000_000_000, 3.0, 0.0),)), ["x.gguf"])
+    slow = GpuSpeed((Measurement("x.gguf", 4_000_000_000, 3.0, 0.0),))
+    measured_slow = expected(4.0, "Q4_K_M", FITS, slow, ["x.gguf"])
     assert not measured_slow.runs_well and "would crawl" in measured_slow.note and 3.0 < GOOD_TPS
     unmeasured = expected(1.0, "Q4_K_M", FITS)
     assert unmeasured.tps is None and "once a model answers on the GPU with speculation off" in unmeasured.note

@@ -25,7 +25,7 @@ KEEP = 16  # targets kept per GPU, the latest measured
 
 
 @dataclass(frozen=True)
-class Measured:
+class Measurement:
     """One target's plain decoding (speculation off) with every layer on the GPU, as last measured."""
 
     model: str  # its file name
@@ -44,9 +44,9 @@ class Measured:
 class GpuSpeed:
     """What was measured on one GPU (or set of GPUs)."""
 
-    measured: tuple[Measured, ...]
+    measured: tuple[Measurement, ...]
 
-    def floor(self, read_bytes: float, files: Sequence[str] = ()) -> tuple[float, Measured]:
+    def floor(self, read_bytes: float, files: Sequence[str] = ()) -> tuple[float, Measurement]:
         """The highest floor on the tokens/s here of a target reading ``read_bytes`` a token, and the measurement it
         comes from: the target's own where one of its ``files`` was measured."""
         if own := next((m for m in self.measured if m.model in files), None):
@@ -69,7 +69,7 @@ def recall(devices: list) -> GpuSpeed | None:
         return None
     try:
         entry = _saved().get(device_key(devices))
-        found = tuple(Measured(**m) for m in entry.values()) if isinstance(entry, dict) else ()
+        found = tuple(Measurement(**m) for m in entry.values()) if isinstance(entry, dict) else ()
     except (OSError, TypeError, AttributeError):  # (a file from another version, a folder gone: nothing measured)
         return None
     return GpuSpeed(found) if found else None
@@ -92,8 +92,8 @@ class GpuSpeedLog:
             key = device_key(devices)
             found = saved.get(key)
             mine: dict = found if isinstance(found, dict) else {}
-            mine[self.target.name] = asdict(Measured(self.target.name, info.size_bytes, round(tokens_per_second, 2),
-                                                     time.time()))
+            mine[self.target.name] = asdict(Measurement(self.target.name, info.size_bytes,
+                                                        round(tokens_per_second, 2), time.time()))
             latest = sorted(mine.items(), key=lambda kv: kv[1].get("at", 0) if isinstance(kv[1], dict) else 0)
             saved[key] = dict(latest[-KEEP:])
             save_json(data_dir() / FILE, saved)
