@@ -244,6 +244,11 @@ class GgufInfo:
         return self.bos >= 0
 
     @property
+    def n_expert(self) -> int:
+        """A mixture of experts' experts per layer (0: a dense model); a token reads only some of them."""
+        return int(self.kv.get(f"{self.architecture}.expert_count") or 0)
+
+    @property
     def n_vocab(self) -> int:
         return len(self.tokens)
 

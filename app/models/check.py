@@ -65,7 +65,7 @@ def speed_here(t: GgufInfo, ngl: int, fit: Fit, devices: list) -> str:
     """What plain decoding of ``t`` would make here with ``ngl`` layers offloaded, as the Models view says it of the
     catalog's pairs (expected_speed): '' for a mixture of experts (the share of its weights a token reads is not in
     its header), for layers split between a GPU and the CPU, and for a file that is no model."""
-    if int(t.kv.get(f"{t.architecture}.expert_count") or 0) or head_of(t) or not_a_model(t.path):
+    if t.n_expert or head_of(t) or not_a_model(t.path):
         return ""
     on_gpu = bool(devices) and (ngl < 0 or ngl >= t.n_layer + 1)
     if ngl and devices and not on_gpu:

@@ -65,10 +65,11 @@ def expected(active_gb: float, quantization: str, fit: str, gpu: GpuSpeed | None
             return Expected(None, "on the GPU: faster than the CPU (measured here once a model answers on the GPU "
                                   "with speculation off)", True)
         tps, m = gpu.floor(active_gb * 1e9, files)
-        if m.model not in files and tps < CRAWL_TPS:  # (a floor that low says nothing)
+        floor = m.model not in files  # (else the target's own figure)
+        if floor and tps < CRAWL_TPS:  # (a floor that low says nothing)
             return Expected(None, "on the GPU: faster than the CPU (the models measured on this GPU are too small "
                                   "to tell how much)", True)
-        if m.model not in files:  # (a floor: it may run far faster, so it is not judged by it)
+        if floor:  # (it may run far faster, so it is not judged by it)
             return Expected(tps, f"at least {tps:.0f} tok/s on this GPU before speculation (from {m.model}, "
                                  "measured here)", True)
         where, basis = "on this GPU", " (measured)"

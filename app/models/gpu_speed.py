@@ -86,7 +86,7 @@ class GpuSpeedLog:
             info = read_info(self.target)
             devices = gpus()
             # A mixture of experts reads a share of its weights a token: its speed tells nothing of the others'
-            if not devices or tokens_per_second <= 0 or int(info.kv.get(f"{info.architecture}.expert_count") or 0):
+            if not devices or tokens_per_second <= 0 or info.n_expert:
                 return
             saved = _saved()
             key = device_key(devices)
