@@ -98,7 +98,8 @@ def mtmd_cli(files, image, expected: str) -> str:
     outputs = []
     for _ in range(5):
         run = subprocess.run([str(MTMD_CLI), "-m", str(files["target"]), "--mmproj", str(files["mmproj"]), "--image",
-                              str(files[image]), "-p", "the cat sat on", "-n", "8", "--temp", "0", "-t", "2"],
+                              str(files[image]), "-p", "the cat sat on", "-n", "8", "--temp", "0",
+                              "-t", str(llama_tools.threads())],
                              capture_output=True, timeout=120, env=llama_tools.environment())
         assert run.returncode == 0, llama_tools.death_report("llama-mtmd-cli", run.returncode,
                                                              run.stderr.decode("utf-8", "replace"))

@@ -19,7 +19,7 @@ from typing import Iterator
 import httpx
 
 from . import llama_build
-from .llama_tools import Tool, running
+from .llama_tools import Tool, running, threads
 from .servers import free_port
 
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
@@ -54,7 +54,7 @@ def llama_server_tool(model: Path, draft: Path | None = None, *extra: str) -> It
     """As :func:`llama_server`, yielding the running tool beside its URL (what it has printed: ``tool.output()``)."""
     port = free_port()
     cmd = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
-           "-t", str(os.cpu_count() or 2), "--no-webui", "-fa", "off", *extra]  # plain attention: batch-invariant
+           "-t", str(threads()), "--no-webui", "-fa", "off", *extra]  # plain attention: batch-invariant
     if draft:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
     url = f"http://127.0.0.1:{port}"

@@ -22,6 +22,15 @@ EXACT_ENV = {"LLAMA_ARG_REPACK": "0", "GGML_CPU_TILED_MM": "0"}
 TAIL_LINES = 25
 
 
+def threads() -> int:
+    """Threads for a tool the tests start: this worker's share of the cores. llama.cpp's threads spin at each
+    barrier, so a tool given every core while other pytest workers keep one busy waits on a descheduled thread at
+    every graph node (measured beside one busy core: -t 2 on two cores took over 600 s for the llama-server bench
+    test, -t 1 47 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment with the tool's weights loaded as SpecChat loads them (then ``extra``)."""
     return {**os.environ, **EXACT_ENV, **(extra or {})}
