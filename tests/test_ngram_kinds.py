@@ -241,8 +241,9 @@ def test_every_kind_is_greedy_identical_to_speculation_off(starter_engine, repea
         drafted += done.stats.n_drafted
     if settings == "small" or kind in ("ngram-map-k", "ngram-mod", "ngram-cache"):
         assert drafted > 0  # the answers repeat the prompt: every kind finds it
-    adaptive = generate(starter_engine, repeat_ids[0], kind, 128, adaptive=True, ngram=SMALL)
-    assert adaptive.token_ids == plain[0]
+    if settings == "small":  # (one adaptive run per kind: it is the same run under either settings id)
+        adaptive = generate(starter_engine, repeat_ids[0], kind, 128, adaptive=True, ngram=SMALL)
+        assert adaptive.token_ids == plain[0]
 
 
 @pytest.mark.slow
