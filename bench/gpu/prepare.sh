@@ -15,7 +15,17 @@ tar cJf .gpu/llama-cpp-python.tar.xz -C /tmp/gpu-sdist --exclude="$P/.git" --exc
   --exclude="$V/models/*.gguf" --exclude="$V/docs" --exclude="$V/benches" --exclude="$V/tools/ui" \
   --exclude="$V/tools/server/public*" --exclude="$V/.git*" \
   $(for b in opencl sycl vulkan hexagon et webgpu openvino cann; do echo --exclude="$V/ggml/src/ggml-$b"; done) $P
-# Pure-Python or abi3 wheels; numpy, psutil, jinja2, pyyaml, requests, tqdm, h11, anyio are in the image.
-python3 -m pip download -q --no-deps -d .gpu/whl gguf platformdirs "llguidance>=1.9,<2" diskcache \
-  "huggingface-hub>=2,<3" httpx2 httpcore2 truststore
+# Wheels for the image's Python 3.12 of everything the steps import, with their dependencies: the engine (gguf,
+# platformdirs, llguidance; diskcache, which llama_cpp imports), and for the worker step and tests/gpu_checks.py the
+# app's chat runtime, its HTTP client (httpx), its Markdown (markdown-it-py) and the Hub client (huggingface-hub 2).
+# Less what the image has (numpy, psutil, jinja2, pyyaml, requests, tqdm, h11, anyio, pytest with xdist and
+# pytest-timeout): an image-like Python 3.12 with only those failed to import app.chat.runtime without httpx,
+# app.ui.render without markdown-it-py and app.models.downloads without filelock.
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .gpu/whl \
+  gguf platformdirs "llguidance>=1.9,<2" diskcache "huggingface-hub>=2,<3" httpx "markdown-it-py>=3" jsonschema
+for have in numpy psutil jinja2 markupsafe pyyaml requests tqdm h11 anyio charset_normalizer urllib3 certifi; do
+  find .gpu/whl -iname "${have}-*.whl" -delete
+done
 du -sh .gpu

