@@ -164,6 +164,8 @@ class Page:
 def page(browser, app_url):
     p = Page(browser, app_url[0])
     p.page.locator("#new-chat").click()
+    # The click returns before the server's answer: the restored last conversation ("done") shows until it lands.
+    p.wait_state(("idle",), timeout=60)
     yield p
     assert p.outside_requests() == []  # the page never reaches beyond 127.0.0.1
     p.close()
