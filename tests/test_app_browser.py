@@ -230,6 +230,41 @@ def test_stop_ends_generation_and_no_token_follows(page):
     page.shot("chat-stopped")
 
 
+def test_on_a_laptop_screen_the_chat_fits_and_escape_stops_the_answer(browser, app_url):
+    """At 1366x768, the most common laptop screen, the page opens unscrolled with the header, the tabs, the chat
+    and the message box in sight (a fixed-height chat pushed the box below the fold, and focusing it scrolled the
+    tabs away); a taller window gives the chat the room. Escape, pressed in the box the message was typed in,
+    stops the answer as Stop does."""
+    heights = {}
+    for w, h in ((1920, 1080), (1366, 768)):
+        p = Page(browser, app_url[0])
+        p.page.set_viewport_size({"width": w, "height": h})
+        p.page.goto(app_url[0], wait_until="domcontentloaded")
+        p.page.locator('.spec-header[data-ready="true"]').wait_for(timeout=120_000)
+        box = p.page.locator("#msg textarea")
+        box.wait_for(state="visible", timeout=60_000)
+        assert p.page.evaluate("window.scrollY") == 0
+        for sel in (".spec-header", "[role=tablist]", "#chat", "#msg", "#stop", "#regen"):
+            r = p.page.locator(sel).first.bounding_box()
+            assert r and 0 <= r["y"] and r["y"] + r["height"] <= h, (w, h, sel, r)
+        heights[h] = p.page.locator("#chat").bounding_box()["height"]
+        if h == 768:
+            break
+        p.close()
+    assert heights[1080] > heights[768] + 250
+    p.page.locator("#new-chat").click()
+    p.wait_state(("idle",), timeout=60)
+    p.send(LONG_PROMPT)
+    deadline = time.monotonic() + 60
+    while int(p.live()["tokens"] or 0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert p.page.evaluate("document.activeElement === document.querySelector('#msg textarea')")
+    p.page.keyboard.press("Escape")
+    assert p.wait_state(("cancelled", "done"), timeout=15)["state"] == "cancelled"
+    p.shot("chat-laptop-escape")
+    p.close()
+
+
 def test_compare_reports_speedup_and_identical(page):
     summary = page.compare("Explain in three sentences why the sky is blue.")
     assert float(summary.get_attribute("data-speedup")) > 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import pytest
@@ -118,6 +119,23 @@ def test_the_live_panel_claims_nothing_before_an_answer():
     done = live_panel(Stats(drafter="model", n_drafted=4, n_accepted=3, n_tokens=5), [], "done")
     assert "75.0%" in done and "drafted by draft model" in done
     assert "speculation off" in live_panel(Stats(drafter="none", n_tokens=5), [], "done")
+    assert "appear here" not in done  # a finished answer shown again (a reload): no placeholder for its chart
+    assert "appear here" in live_panel(Stats(drafter="model", n_tokens=1), [], "running")
+
+
+def test_nothing_drafted_yet_is_no_acceptance_figure():
+    """An answer stopped before the draft proposed anything, or one adaptive drafting kept off: acceptance and
+    accepted/round are "—", not a 0% and 0.00 that were never measured."""
+    from app.engine import Stats
+    from app.ui.render import live_panel, stats_title
+
+    early = Stats(drafter="model", n_tokens=3)
+    panel = live_panel(early, [], "cancelled")
+    figures = dict(re.findall(r'data-key="([\w-]+)"><span class="v">([^<]*)<', panel))
+    assert figures["acceptance"] == "—" and figures["per-round"] == "—", figures
+    assert "acceptance — · — accepted/round · 3 tokens · stopped" in stats_title(early, "cancelled")
+    drafted = Stats(drafter="model", n_tokens=9, n_drafted=8, n_accepted=0, n_rounds=2)
+    assert "acceptance 0.0% · 0.00 accepted/round" in stats_title(drafted, "stop")  # measured: a real zero
 
 
 def test_the_reading_of_a_prompt_is_followed_until_the_first_token():

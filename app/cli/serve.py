@@ -213,14 +213,15 @@ def _web_app(runtime: Runtime, settings: Settings, notes: list[str], with_ui: bo
         os.environ["GRADIO_TEMP_DIR"] = str(temp_folder("gradio"))
     import gradio as gr
 
-    from ..ui.app import SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
+    from ..ui.app import PAGE_JS, SpecChatUI, css, theme  # Gradio is heavy: import it only when serving the UI
 
     ui = SpecChatUI(runtime, notes, api_info=lambda: {"base_url": f"http://127.0.0.1:{port}/v1",
                                                        "key": bool(api_key), "served": list(api.served)})
     demo = ui.build()
     demo.queue(default_concurrency_limit=1)
     root = gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
-                               theme=theme(), css=css(), footer_links=[],  # no Gradio footer: the API tab is ours
+                               theme=theme(), css=css(), js=PAGE_JS,
+                               footer_links=[],  # no Gradio footer: the API tab is ours
                                favicon_path=str(resource("assets/logo.svg")))
     return root, api, ui
 

@@ -311,3 +311,14 @@ def theme() -> gr.themes.Base:
 
 def css() -> str:
     return resource("assets/specchat.css").read_text(encoding="utf-8")
+
+
+# Escape stops what streams in the open tab, as its Stop button does (the chat's answer, Compare's runs), wherever
+# the focus is: most often still in the box the message was typed in. Stop only ever ends this tab's own work.
+PAGE_JS = """() => {
+  document.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape' || e.isComposing) return;
+    const stop = [...document.querySelectorAll('#stop, #cmp-stop')].find((b) => b.offsetParent !== null);
+    if (stop) stop.click();
+  });
+}"""

@@ -9,6 +9,9 @@ from ..chat.settings import Settings
 from . import draft_colours, render
 
 
+CHAT_HEIGHT = "calc(100dvh - 400px)"  # 400 px: what the page holds above and below the chat
+
+
 class ChatTab:
     """The tab's components, made where it is constructed (inside the Chat tab), with ``s``'s defaults."""
 
@@ -36,7 +39,10 @@ class ChatTab:
                                 elem_id="conv-files")
 
     def _chat(self, s: Settings) -> None:
-        self.chatbot = gr.Chatbot(elem_id="chat", height=560, show_label=False, buttons=["copy", "copy_all"],
+        # As tall as the window leaves room for: the header, tabs, message box and buttons stay in sight on a
+        # 1366x768 laptop screen (a fixed 560 px opened the page scrolled past them) and a tall screen is used.
+        self.chatbot = gr.Chatbot(elem_id="chat", height=CHAT_HEIGHT, min_height=240, show_label=False,
+                                  buttons=["copy", "copy_all"],
                                   feedback_options=None, placeholder="Ask anything. Tokens the draft model got right "
                                                                      "are counted live on the right.")
         self.notice = gr.HTML(elem_id="notice")

@@ -6,7 +6,7 @@ import html
 
 from ..chat.machine_load import busy_warning
 from ..engine import method_name
-from .render import NOT_REPORTED, figure, pct, prompt_reading, rate
+from .render import NOT_REPORTED, acceptance, pct, per_round, prompt_reading, rate
 
 CHART_RUNS = 20  # the newest runs in Compare's chart (the table has them all)
 
@@ -66,8 +66,7 @@ def compare_summary(cmp) -> str:
         f'<div class="spec-compare" data-speedup="{cmp.speedup:.3f}">'
         f'<div class="speedup">{cmp.speedup:.2f}× <small>speedup</small></div>'
         f'<div class="row">off {off.tokens_per_second:.1f} tok/s → on {on.tokens_per_second:.1f} tok/s · '
-        f'acceptance {figure(on, "acceptance_rate", pct(on.acceptance_rate))} · '
-        f'{figure(on, "mean_accepted_per_round", f"{on.mean_accepted_per_round:.2f}")} accepted/round · '
+        f'acceptance {acceptance(on)} · {per_round(on)} accepted/round · '
         f'{html.escape(method_name(cmp.drafter))}</div><div class="check">{check}</div>{_ceiling(cmp)}{note}</div>'
     )
 

@@ -29,14 +29,23 @@ def figure(stats: Stats, name: str, text: str) -> str:
     return text if stats.reported(name) else NOT_REPORTED
 
 
+def acceptance(stats: Stats) -> str:
+    """The acceptance rate; "—" while nothing was drafted (no 0% for drafts that never happened)."""
+    return figure(stats, "acceptance_rate", pct(stats.acceptance_rate) if stats.n_drafted else "—")
+
+
+def per_round(stats: Stats) -> str:
+    """Draft tokens accepted per verification round; "—" before the first round."""
+    return figure(stats, "mean_accepted_per_round", f"{stats.mean_accepted_per_round:.2f}" if stats.n_rounds else "—")
+
+
 def stats_title(stats: Stats, finish: str | None) -> str:
     """The one-line summary each finished answer keeps."""
     end = {"stop": "", "length": " · hit the token limit", "cancelled": " · stopped",
            "interrupted": " · interrupted", "error": " · the stream stopped"}.get(finish or "", "")
     if stats.drafter == OFF:
         return f"⚡ {rate(stats)} tok/s · {stats.n_tokens} tokens · speculation off{end}"
-    return (f"⚡ {rate(stats)} tok/s · acceptance {figure(stats, 'acceptance_rate', pct(stats.acceptance_rate))} · "
-            f"{figure(stats, 'mean_accepted_per_round', f'{stats.mean_accepted_per_round:.2f}')} accepted/round · "
+    return (f"⚡ {rate(stats)} tok/s · acceptance {acceptance(stats)} · {per_round(stats)} accepted/round · "
             f"{stats.n_tokens} tokens{end}")
 
 
@@ -156,8 +165,7 @@ def live_panel(stats: Stats | None, points: list, state: str, prompt=None) -> st
         f"{s.n_accepted}/—" if s.reported("n_accepted") else NOT_REPORTED
     # Nothing measured yet: every figure "—" (no 0% acceptance that never happened)
     values = ["—"] * len(FIGURES) if stats is None else [
-        figure(s, "acceptance_rate", pct(s.acceptance_rate)), rate(s),
-        figure(s, "mean_accepted_per_round", f"{s.mean_accepted_per_round:.2f}"), counts,
+        acceptance(s), rate(s), per_round(s), counts,
         f"{s.time_to_first_token_s * 1000:.0f} ms", str(s.n_tokens)]
     metrics = "".join(_metric(v, label + (" measured here" if key == "tps" and s.unreported else ""), key)
                       for v, (label, key) in zip(values, FIGURES))
@@ -166,6 +174,8 @@ def live_panel(stats: Stats | None, points: list, state: str, prompt=None) -> st
     # The corner names the drafter that wrote the answer shown ("drafted by ..."): a bare "off" read as a switch.
     corner = "" if stats is None else ("speculation off" if s.drafter == OFF else f"drafted by {s.method}") + (
         "" if s.unreported else f" · {sampling_words(s)}")
+    # The chart, or where it will be; not for a finished answer restored without its series (a reload)
+    chart = line_chart(points) if len(points) >= 2 or stats is None or state in ("queued", "running") else ""
     if stats is None:
         split = ""
     elif s.reported("draft_seconds"):
@@ -186,7 +196,7 @@ def live_panel(stats: Stats | None, points: list, state: str, prompt=None) -> st
         f'<span class="drafter">{html.escape(corner)}</span></div>'
         f'{prompt_reading(prompt) if stats is None else ""}<div class="spec-metrics">{metrics}</div>{split}{error}'
         + "".join(f'<div class="spec-member">{html.escape(m)}</div>' for m in members(s))
-        + f'{line_chart(points)}</div>'
+        + f'{chart}</div>'
     )
 
 
