@@ -262,6 +262,15 @@ def test_on_a_laptop_screen_the_chat_fits_and_escape_stops_the_answer(browser, a
     p.page.keyboard.press("Escape")
     assert p.wait_state(("cancelled", "done"), timeout=15)["state"] == "cancelled"
     p.shot("chat-laptop-escape")
+    # Compare, by keyboard too: Escape in its first run (speculation off) ends it as stopped, with no error
+    p.tab("Compare")
+    p.page.locator("#cmp-prompt textarea").click()
+    p.page.keyboard.type(LONG_PROMPT)
+    p.page.keyboard.press("Enter")
+    p.page.wait_for_function("document.querySelector('#cmp-off').innerText.length > 80", timeout=120_000)
+    p.page.keyboard.press("Escape")
+    p.page.locator("#cmp-summary", has_text="Stopped before both runs finished.").wait_for(timeout=30_000)
+    assert p.page.get_by_text("Error", exact=True).count() == 0  # no Gradio error (toast, or a pane's badge)
     p.close()
 
 

@@ -234,6 +234,22 @@ def test_runtime_compare_is_identical_under_greedy(runtime):
         _last(runtime.compare(msgs, Settings(drafter="none")))
 
 
+@pytest.mark.parametrize("phase", ["off", "on"])
+def test_a_comparison_stopped_mid_run_ends_as_stopped(runtime, phase):
+    """Stop (or Escape) while speculation is off, or on: the comparison ends saying it was stopped, compares
+    nothing and raises nothing (stopped in its first run, it raised on the second run's missing outcome)."""
+    from app.ui.compare_html import compare_summary
+
+    cancel = threading.Event()
+    for cmp in runtime.compare([{"role": "user", "content": "the dog"}], Settings(max_tokens=48, draft_max=6),
+                               cancel, interval=0.0):
+        if cmp.phase == phase and getattr(cmp, phase).stats.n_tokens >= 2:
+            cancel.set()
+    assert cmp.phase == "done" and not cmp.finished and cmp.diff_spans is None and cmp.note == ""
+    assert (cmp.on.done is None) == (phase == "off")
+    assert "Stopped before both runs finished." in compare_summary(cmp)
+
+
 def test_a_measured_fastest_method_is_what_a_loaded_pair_drafts_with(runtime, specchat_home):
     """What `specchat check --measure` ranked for these files (here a real bench of both methods) becomes the
     drafter the pair starts with: on Load in the app, and at start when measured since the settings were saved."""

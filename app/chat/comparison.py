@@ -32,13 +32,19 @@ class Comparison:
     cores: int = 1
 
     @property
+    def finished(self) -> bool:
+        """Both runs ran to their end (not stopped): only then are their outputs and speeds compared."""
+        return bool(self.off.done and self.on.done) and "cancelled" not in (self.off.done.finish_reason,
+                                                                            self.on.done.finish_reason)
+
+    @property
     def speedup(self) -> float:
         a, b = self.off.stats.tokens_per_second, self.on.stats.tokens_per_second
         return b / a if a > 0 else 0.0
 
     def locate_difference(self, detokenize: Callable[[list[int]], str]) -> None:
         """Where the outputs should be the same, find where the first differing token sits in each output's text."""
-        if not (self.same_tokens and self.off.done and self.on.done) or (i := self.first_difference()) is None:
+        if not (self.same_tokens and self.finished) or (i := self.first_difference()) is None:
             return
         if self.by_text:
             self.diff_spans = ((i, i + 1), (i, i + 1))

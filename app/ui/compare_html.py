@@ -47,7 +47,7 @@ def compare_summary(cmp) -> str:
         live = getattr(cmp, cmp.phase)
         reading = prompt_reading(live.prompt) if not live.stats.n_tokens else ""
         return f'<div class="spec-compare running">Running speculation {cmp.phase}…{reading}{warn}</div>'
-    if not (cmp.off.done and cmp.on.done) or "cancelled" in (cmp.off.done.finish_reason, cmp.on.done.finish_reason):
+    if not cmp.finished:
         return '<div class="spec-compare">Stopped before both runs finished.</div>'
     unit = "character" if cmp.by_text else "token"
     if not cmp.same_tokens:

@@ -97,7 +97,7 @@ class CompareRuns:
         except EngineError as exc:
             yield gr.skip(), gr.skip(), render.notice(str(exc)), *skip
             return
-        if not (cmp.off.done and cmp.on.done) or cmp.on.done.finish_reason == "cancelled":
+        if not cmp.finished:
             return
         rows = self._history()  # (the file's: another tab may have added runs since this one loaded)
         n = max([r["run"] for r in rows if isinstance(r.get("run"), int)], default=0) + 1
