@@ -31,7 +31,7 @@ def bar_chart(rows: list[dict], w: int = 420, h: int = 140) -> str:
                       f'#{r.get("run", i + 1)}</text>')
     one = base - (base - 14) / top
     return (f'<svg class="spec-bars" viewBox="0 0 {w} {h}" role="img" aria-label="speedup per run">'
-            f'{"".join(bars)}<line x1="6" x2="{w - 50}" y1="{one:.1f}" y2="{one:.1f}" class="one"/>'
+            f'{"".join(bars)}<line x1="6" x2="{w - 62}" y1="{one:.1f}" y2="{one:.1f}" class="one"/>'
             f'<text x="{w - 4}" y="{one + 3:.1f}" text-anchor="end" class="one">1× no gain</text>'
             f'{"".join(labels)}</svg>')
 
@@ -114,6 +114,7 @@ def compare_pane(cmp, side: str) -> str:
 
 COMPARE_COLUMNS = ["run", "backend", "prompt", "drafter", "tokens", "tok/s off", "tok/s on", "speedup", "ceiling",
                    "acceptance", "identical"]
+COMPARE_WIDTHS = ["5%", "9%", "24%", "11%", "6%", "7%", "7%", "7%", "7%", "9%", "8%"]
 
 
 def compare_table(rows: list[dict]) -> list[list]:

@@ -36,16 +36,18 @@ class CompareTab:
             with gr.Column(scale=1, min_width=110):
                 self.run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
                 self.stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
-        with gr.Row():
-            self.off = gr.Markdown("**Speculation off**", elem_id="cmp-off", height=360, elem_classes=["cmp-pane"])
-            self.on = gr.Markdown("**Speculation on**", elem_id="cmp-on", height=360, elem_classes=["cmp-pane"])
+        with gr.Row():  # as tall as their text, up to 360 px (then they scroll): a short answer leaves no gap
+            self.off = gr.Markdown("**Speculation off**", elem_id="cmp-off", max_height=360, elem_classes=["cmp-pane"])
+            self.on = gr.Markdown("**Speculation on**", elem_id="cmp-on", max_height=360, elem_classes=["cmp-pane"])
         self.summary = gr.HTML(elem_id="cmp-summary")
         with gr.Row():
             self.chart = gr.HTML(elem_id="cmp-chart")
             with gr.Column():
                 self.export_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
                 self.export_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
-        self.table = gr.Dataframe(headers=compare_html.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table")
+        # The prompt wraps in a quarter of the width, so every column fits a laptop screen
+        self.table = gr.Dataframe(headers=compare_html.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table",
+                                  wrap=True, column_widths=compare_html.COMPARE_WIDTHS)
 
 
 class CompareRuns:
