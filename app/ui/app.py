@@ -129,7 +129,7 @@ class SpecChatUI:
         def refuse(msg: str, kind: str = "error"):  # the box, the history and the chat stay as they are
             return (gr.skip(),) * 4 + (render.notice(msg, kind),) + (gr.skip(),) * 3
         if self._tab(request) in self.busy:
-            return refuse("An answer is still being written: wait for it or press Stop.", "warning")
+            return refuse("An answer is still being written: wait for it or press Stop (Esc).", "warning")
         try:
             images = self._images(paths)
         except EngineError as exc:
