@@ -274,6 +274,49 @@ def test_on_a_laptop_screen_the_chat_fits_and_escape_stops_the_answer(browser, a
     p.close()
 
 
+def test_text_typed_but_not_sent_comes_back_after_a_reload(page):
+    """A reload (or the app restarted on its port) keeps what was typed and not sent, in the chat's box and in
+    Compare's; once sent, the box stays empty after the next reload."""
+    box, cmp_box = page.page.locator("#msg textarea"), page.page.locator("#cmp-prompt textarea")
+    box.click()
+    page.page.keyboard.type("a question typed, not yet sent")
+    page.tab("Compare")
+    cmp_box.click()
+    page.page.keyboard.type("a prompt to compare")
+    time.sleep(1.5)  # (kept twice a second)
+
+    def reload():
+        page.page.reload(wait_until="domcontentloaded")
+        page.page.locator('.spec-header[data-ready="true"]').wait_for(timeout=120_000)
+        page.page.wait_for_function("document.querySelector('#msg textarea').value !== ''", timeout=10_000)
+
+    reload()
+    assert box.input_value() == "a question typed, not yet sent"
+    page.tab("Compare")  # (its box is drawn when the tab is first opened, and filled then)
+    page.page.wait_for_function("document.querySelector('#cmp-prompt textarea')?.value", timeout=10_000)
+    assert cmp_box.input_value() == "a prompt to compare"
+    page.tab("Chat")
+    box.click()
+    page.page.keyboard.press("End")
+    page.page.keyboard.type(" Now sent.")
+    page.page.keyboard.press("Enter")
+    # (the reload restored the latest conversation: the message lands at its end)
+    page.page.locator("#chat .user-row").last.filter(has_text="a question typed, not yet sent Now sent.").wait_for(
+        timeout=30_000)
+    page.page.keyboard.press("Escape")
+    page.wait_state(("cancelled", "done"), timeout=60)
+    time.sleep(1.5)
+    page.page.reload(wait_until="domcontentloaded")
+    page.page.locator('.spec-header[data-ready="true"]').wait_for(timeout=120_000)
+    time.sleep(1.5)
+    assert box.input_value() == ""
+    page.tab("Compare")
+    page.page.wait_for_function("document.querySelector('#cmp-prompt textarea')?.value", timeout=10_000)
+    assert cmp_box.input_value() == "a prompt to compare"
+    cmp_box.fill("")  # (leaves the browser's storage as the other tests expect it)
+    time.sleep(1.5)
+
+
 def test_compare_reports_speedup_and_identical(page):
     summary = page.compare("Explain in three sentences why the sky is blue.")
     assert float(summary.get_attribute("data-speedup")) > 0

@@ -315,10 +315,30 @@ def css() -> str:
 
 # Escape stops what streams in the open tab, as its Stop button does (the chat's answer, Compare's runs), wherever
 # the focus is: most often still in the box the message was typed in. Stop only ever ends this tab's own work.
+# Text typed but not sent (the message box, Compare's prompt) is kept in the browser's storage twice a second and
+# put back after a reload or a restart of the app; a box the app emptied (sent) is kept empty.
 PAGE_JS = """() => {
   document.addEventListener('keydown', (e) => {
     if (e.key !== 'Escape' || e.isComposing) return;
     const stop = [...document.querySelectorAll('#stop, #cmp-stop')].find((b) => b.offsetParent !== null);
     if (stop) stop.click();
   });
+  const boxes = {'#msg textarea': 'specchat-unsent', '#cmp-prompt textarea': 'specchat-unsent-compare'};
+  const restored = new Set();
+  setInterval(() => {
+    for (const [sel, key] of Object.entries(boxes)) {
+      const box = document.querySelector(sel);
+      if (!box) continue;
+      if (!restored.has(key)) {
+        restored.add(key);
+        const kept = localStorage.getItem(key);
+        if (kept && !box.value) {
+          box.value = kept;
+          box.dispatchEvent(new Event('input', {bubbles: true}));
+        }
+        continue;
+      }
+      if (box.value) localStorage.setItem(key, box.value); else localStorage.removeItem(key);
+    }
+  }, 500);
 }"""
