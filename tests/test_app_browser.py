@@ -66,9 +66,10 @@ def app_url(tmp_path_factory, fake_hub):
 class Page:
     """A browser tab on the app, recording every request it makes."""
 
-    def __init__(self, browser, url: str):
+    def __init__(self, browser, url: str, context=None):
+        """A tab of its own browser (storage, cookies), or one more in ``context`` (a browser's other tabs)."""
         self.url = url
-        self.page = browser.new_page(viewport={"width": 1400, "height": 950})
+        self.page = context.new_page() if context else browser.new_page(viewport={"width": 1400, "height": 950})
         self.requests: list[str] = []
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.goto(url, wait_until="domcontentloaded")
@@ -274,9 +275,14 @@ def test_on_a_laptop_screen_the_chat_fits_and_escape_stops_the_answer(browser, a
     p.close()
 
 
-def test_text_typed_but_not_sent_comes_back_after_a_reload(page):
+def test_text_typed_but_not_sent_comes_back_after_a_reload(browser, app_url):
     """A reload (or the app restarted on its port) keeps what was typed and not sent, in the chat's box and in
-    Compare's; once sent, the box stays empty after the next reload."""
+    Compare's, with another tab of the app open beside it; once sent, the box stays empty after the next reload."""
+    tabs = browser.new_context(viewport={"width": 1400, "height": 950})  # (one browser storage for both)
+    page = Page(browser, app_url[0], tabs)
+    other = Page(browser, app_url[0], tabs)  # its boxes left empty
+    page.page.locator("#new-chat").click()
+    page.wait_state(("idle",), timeout=60)
     box, cmp_box = page.page.locator("#msg textarea"), page.page.locator("#cmp-prompt textarea")
     box.click()
     page.page.keyboard.type("a question typed, not yet sent")
@@ -313,8 +319,8 @@ def test_text_typed_but_not_sent_comes_back_after_a_reload(page):
     page.tab("Compare")
     page.page.wait_for_function("document.querySelector('#cmp-prompt textarea')?.value", timeout=10_000)
     assert cmp_box.input_value() == "a prompt to compare"
-    cmp_box.fill("")  # (leaves the browser's storage as the other tests expect it)
-    time.sleep(1.5)
+    assert page.outside_requests() == [] and other.outside_requests() == []
+    tabs.close()
 
 
 def test_compare_reports_speedup_and_identical(page):

@@ -316,7 +316,8 @@ def css() -> str:
 # Escape stops what streams in the open tab, as its Stop button does (the chat's answer, Compare's runs), wherever
 # the focus is: most often still in the box the message was typed in. Stop only ever ends this tab's own work.
 # Text typed but not sent (the message box, Compare's prompt) is kept in the browser's storage twice a second and
-# put back after a reload or a restart of the app; a box the app emptied (sent) is kept empty.
+# put back after a reload or a restart of the app; a box the app emptied (sent) is kept empty. Only a change is
+# written, so another tab of the app, its box untouched, leaves this one's text alone.
 PAGE_JS = """() => {
   document.addEventListener('keydown', (e) => {
     if (e.key !== 'Escape' || e.isComposing) return;
@@ -324,21 +325,21 @@ PAGE_JS = """() => {
     if (stop) stop.click();
   });
   const boxes = {'#msg textarea': 'specchat-unsent', '#cmp-prompt textarea': 'specchat-unsent-compare'};
-  const restored = new Set();
+  const seen = {};  // each box's value at the last look (absent: not restored yet)
   setInterval(() => {
     for (const [sel, key] of Object.entries(boxes)) {
       const box = document.querySelector(sel);
       if (!box) continue;
-      if (!restored.has(key)) {
-        restored.add(key);
+      if (!(key in seen)) {
         const kept = localStorage.getItem(key);
         if (kept && !box.value) {
           box.value = kept;
           box.dispatchEvent(new Event('input', {bubbles: true}));
         }
-        continue;
+      } else if (box.value !== seen[key]) {
+        if (box.value) localStorage.setItem(key, box.value); else localStorage.removeItem(key);
       }
-      if (box.value) localStorage.setItem(key, box.value); else localStorage.removeItem(key);
+      seen[key] = box.value;
     }
   }, 500);
 }"""
