@@ -265,7 +265,7 @@ class Runtime:
         cmp.busy_during = watch.since()
         cmp.phase = "done"
         cmp.locate_difference(engine.detokenize)
-        if cmp.finished and cmp.first_difference() is not None:  # (on a GPU: said why, where the two parted)
+        if cmp.diff_spans is not None:  # the two parted (on a GPU: said why)
             cmp.note = inexact_note(engine.offload()["target"]["n_gpu_layers"])
         yield cmp
 
