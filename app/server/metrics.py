@@ -25,8 +25,10 @@ class Metrics:
         self._bucket = [0, 0.0, 0, 0.0]  # since the last scrape: prompt tokens, their seconds, predicted, seconds
 
     async def observe(self, batches: AsyncGenerator[list, None]) -> AsyncGenerator[list, None]:
-        """``batches`` passed on, counted: a generation is processing from its first batch, and counted when done."""
-        drafts, begun = 0, False
+        """``batches`` passed on, counted: a generation is processing from its first batch, and counted when done.
+        One that ends before its Done (its client went away) is counted as far as its last round, as llama-server
+        flushes a slot's tokens when a cancel releases it: they were generated all the same."""
+        drafts, begun, last = 0, False, None
         try:
             async for batch in batches:
                 if not begun:
@@ -34,15 +36,19 @@ class Metrics:
                     with self._lock:
                         self.processing += 1
                 for ev in batch:
-                    if isinstance(ev, Round) and ev.n_drafted:
-                        drafts += 1
+                    if isinstance(ev, Round):
+                        drafts += ev.n_drafted > 0
+                        last = ev.stats
                     elif isinstance(ev, Done):
                         self.add(ev.stats, drafts)
+                        last = None
                 yield batch
         finally:
             if begun:
                 with self._lock:
                     self.processing -= 1
+                if last is not None:
+                    self.add(last, drafts)
             await batches.aclose()
 
     def add(self, s: Stats, drafts: int) -> None:
