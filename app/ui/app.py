@@ -301,11 +301,20 @@ class SpecChatUI:
 
 
 def theme() -> gr.themes.Base:
-    """Gradio's default theme fetches web fonts; this one uses the system's, so nothing leaves the machine."""
+    """Gradio's default theme fetches web fonts; this one uses the system's, so nothing leaves the machine. Field
+    names read as quiet text over their fields, as in a desktop app's forms: amber is kept for what acts (Send,
+    the chosen option) and for what the draft model contributed, not spent on every label."""
     return gr.themes.Soft(
         primary_hue="amber", neutral_hue="slate",
         font=["system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"],
         font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Liberation Mono", "monospace"],
+    ).set(
+        block_title_background_fill="transparent", block_title_background_fill_dark="transparent",
+        block_title_text_color="*neutral_600", block_title_text_color_dark="*neutral_300",
+        block_title_padding="0 0 2px 0",
+        block_label_background_fill="*background_fill_primary",
+        block_label_background_fill_dark="*background_fill_primary",
+        block_label_text_color="*neutral_500", block_label_text_color_dark="*neutral_400",
     )
 
 

@@ -29,25 +29,32 @@ class CompareTab:
         gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the whole machine; "
                     "both start from an empty cache. The drafter, sampling and draft length are the Settings tab's.")
         with gr.Row():
-            self.prompt = gr.MultimodalTextbox(label="Prompt (Enter runs, Shift+Enter for a new line; images: attach, "
-                                               "paste or drop)", lines=1, max_lines=8, scale=6, elem_id="cmp-prompt",
+            self.prompt = gr.MultimodalTextbox(show_label=False, placeholder="A prompt to run with speculation off, "
+                                               "then on… (Enter runs, Shift+Enter for a new line; paste or drop "
+                                               "images)", lines=1, max_lines=8, scale=6, elem_id="cmp-prompt",
                                                file_types=["image"], file_count="multiple", sources=["upload"],
                                                submit_btn=False, max_plain_text_length=10**9)
             with gr.Column(scale=1, min_width=110):
                 self.run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
                 self.stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
         with gr.Row():  # as tall as their text, up to 360 px (then they scroll): a short answer leaves no gap
-            self.off = gr.Markdown("**Speculation off**", elem_id="cmp-off", max_height=360, elem_classes=["cmp-pane"])
-            self.on = gr.Markdown("**Speculation on**", elem_id="cmp-on", max_height=360, elem_classes=["cmp-pane"])
+            self.off = gr.Markdown(EMPTY_PANE["off"], elem_id="cmp-off", max_height=360, elem_classes=["cmp-pane"])
+            self.on = gr.Markdown(EMPTY_PANE["on"], elem_id="cmp-on", max_height=360, elem_classes=["cmp-pane"])
         self.summary = gr.HTML(elem_id="cmp-summary")
+        # The runs so far: shown once there is one (a page restored with runs shows them at load)
         with gr.Row():
             self.chart = gr.HTML(elem_id="cmp-chart")
             with gr.Column():
-                self.export_csv = gr.DownloadButton("Export CSV", interactive=False, size="sm")
-                self.export_json = gr.DownloadButton("Export JSON", interactive=False, size="sm")
+                self.export_csv = gr.DownloadButton("Export CSV", visible=False, size="sm")
+                self.export_json = gr.DownloadButton("Export JSON", visible=False, size="sm")
         # The prompt wraps in a quarter of the width, so every column fits a laptop screen
         self.table = gr.Dataframe(headers=compare_html.COMPARE_COLUMNS, interactive=False, elem_id="cmp-table",
-                                  wrap=True, column_widths=compare_html.COMPARE_WIDTHS)
+                                  wrap=True, column_widths=compare_html.COMPARE_WIDTHS, visible=False)
+
+
+EMPTY_PANE = {"off": "**Speculation off**\n\n<small>The target alone, token by token: the answer to match.</small>",
+              "on": "**Speculation on**\n\n<small>The same prompt drafted and verified: its answer, its speed, "
+                    "where it differs.</small>"}
 
 
 class CompareRuns:
@@ -69,11 +76,11 @@ class CompareRuns:
     def _shown(self, rows: list[dict]) -> list:
         """Rows state, table, chart, CSV and JSON buttons for the runs so far."""
         if not rows:
-            return [rows, [], "", gr.skip(), gr.skip()]
+            return [rows, gr.skip(), "", gr.skip(), gr.skip()]
         csv_path, json_path = self._export(rows)
-        return [rows, compare_html.compare_table(rows), compare_html.bar_chart(rows),
-                gr.DownloadButton(value=str(csv_path), interactive=True),
-                gr.DownloadButton(value=str(json_path), interactive=True)]
+        return [rows, gr.Dataframe(compare_html.compare_table(rows), visible=True), compare_html.bar_chart(rows),
+                gr.DownloadButton(value=str(csv_path), visible=True),
+                gr.DownloadButton(value=str(json_path), visible=True)]
 
     def restore(self) -> list:
         """At page load: the runs of earlier sessions (outputs as ``_shown``)."""

@@ -404,15 +404,19 @@ def models_table(rows: list[dict]) -> str:
         uses = r["use"] + (" vision" if r["vision"] else "")
         badge = '<br><span class="recommended">★ recommended for this machine</span>' if r["recommended"] else ""
         here = e(r["fit"]) + (f'<br><span class="expected">{e(r["expected"])}</span>' if r["expected"] else "")
+        # Per file only where the pair is partly on disk (the On disk column says the rest); the projector once the
+        # pair's weights are here (before that, the Use column's "vision" says it)
+        target_disk, draft_disk = ((f'<br><small>{e(r[k])}</small>' if state == "partial" else "")
+                                   for k in ("target_status", "draft_status"))
+        images = f'<br><small>{e(r["images"])}</small>' if r.get("images") and state != "none" else ""
         body.append(
             f'<tr data-pair="{e(r["pair"])}" data-state="{state}" data-use="{uses}" '
             f'data-well="{"yes" if r["runs_well"] else "no"}" tabindex="0"'
             f'{" data-recommended" if r["recommended"] else ""}><td><b>{e(r["pair"])}</b>{badge}<br>'
             f'<small>{e(r["description"])}</small></td><td>{e(uses.replace(" ", ", "))}</td>'
             f'<td>{e(r["released"]) or "—"}</td>'
-            f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB<br><small>{e(r["target_status"])}</small>'
-            + (f'<br><small>{e(r["images"])}</small>' if r.get("images") else "") + '</td>'
-            + (f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB<br><small>{e(r["draft_status"])}</small></td>'
+            f'<td>{e(r["target_quant"])} · {r["target_gb"]:.2f} GB{target_disk}{images}</td>'
+            + (f'<td>{e(r["draft_quant"])} · {r["draft_gb"]:.2f} GB{draft_disk}</td>'
                if r["draft_quant"] else f'<td><small>{e(r["draft"])}</small></td>')
             + f'<td>{r["context"]:,}</td><td class="state {state}">{label}</td><td><small>{here}</small></td>'
             f'<td><small>{e(r["license"])}</small></td></tr>')
