@@ -320,6 +320,10 @@ def test_text_typed_but_not_sent_comes_back_after_a_reload(browser, app_url):
 
 
 def test_compare_reports_speedup_and_identical(page):
+    page.page.get_by_role("tab", name="Compare").click()  # before this app's first comparison: nothing to export yet
+    page.page.locator("#cmp-off", has_text="the answer to match").wait_for()
+    assert not page.page.get_by_role("button", name="Export CSV").is_visible()
+    assert not page.page.locator("#cmp-table").is_visible()
     summary = page.compare("Explain in three sentences why the sky is blue.")
     assert float(summary.get_attribute("data-speedup")) > 0
     assert "outputs identical" in summary.inner_text()
