@@ -27,9 +27,10 @@ class ChatTab:
 
     def _conversation_list(self) -> None:
         self.new_chat = gr.Button("+ New chat", size="sm", elem_id="new-chat")
-        self.search = gr.Textbox(show_label=False, placeholder="Search chats…", lines=1, max_lines=1,
-                                 elem_id="conv-search")
-        self.conv_list = gr.Radio([], show_label=False, elem_id="conv-list")
+        # (hidden names still name the fields for a screen reader: Gradio's own default is "Textbox")
+        self.search = gr.Textbox(label="Search chats", show_label=False, placeholder="Search chats…", lines=1,
+                                 max_lines=1, elem_id="conv-search")
+        self.conv_list = gr.Radio([], label="Chats", show_label=False, elem_id="conv-list")
         self.title = gr.Textbox(label="Title (Enter renames)", lines=1, max_lines=1, elem_id="conv-title")
         with gr.Row():
             self.delete = gr.Button("Delete", size="sm", variant="stop", elem_id="conv-delete")
@@ -58,7 +59,8 @@ class ChatTab:
                 self.send = gr.Button("Send", variant="primary", elem_id="send")
                 self.stop = gr.Button("Stop", variant="stop", elem_id="stop")
         self.images = gr.HTML(elem_id="image-note")  # whether the loaded model takes images, in words
-        with gr.Row():
-            self.regen = gr.Button("Regenerate", size="sm", elem_id="regen")
-            self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft")
-            gr.HTML(draft_colours.legend(), elem_id="draft-legend")
+        with gr.Row():  # the legend takes the room the two controls leave: in a third of it, it ran to 7 lines
+            self.regen = gr.Button("Regenerate", size="sm", elem_id="regen", scale=0, min_width=130)
+            self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft",
+                                          scale=0, min_width=200)
+            gr.HTML(draft_colours.legend(), elem_id="draft-legend", scale=1)

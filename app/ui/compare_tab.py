@@ -29,11 +29,11 @@ class CompareTab:
         gr.Markdown("Runs **one after the other** — speculation off first, then on — so each gets the whole machine; "
                     "both start from an empty cache. The drafter, sampling and draft length are the Settings tab's.")
         with gr.Row():
-            self.prompt = gr.MultimodalTextbox(show_label=False, placeholder="A prompt to run with speculation off, "
-                                               "then on… (Enter runs, Shift+Enter for a new line; paste or drop "
-                                               "images)", lines=1, max_lines=8, scale=6, elem_id="cmp-prompt",
-                                               file_types=["image"], file_count="multiple", sources=["upload"],
-                                               submit_btn=False, max_plain_text_length=10**9)
+            self.prompt = gr.MultimodalTextbox(
+                label="Prompt", show_label=False, placeholder="A prompt to run with speculation off, then on… "
+                "(Enter runs, Shift+Enter for a new line; paste or drop images)", lines=1, max_lines=8, scale=6,
+                elem_id="cmp-prompt", file_types=["image"], file_count="multiple", sources=["upload"],
+                submit_btn=False, max_plain_text_length=10**9)
             with gr.Column(scale=1, min_width=110):
                 self.run = gr.Button("Compare", variant="primary", elem_id="cmp-run")
                 self.stop = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
