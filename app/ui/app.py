@@ -256,10 +256,12 @@ class SpecChatUI:
                     self.models.build()
                 with gr.Tab("Hardware", id="hardware") as hw_tab:  # (drawn afresh each time it is opened)
                     hw = gr.HTML(elem_id="hardware")
-                    hw_refresh = gr.Button("Refresh", size="sm")
+                    with gr.Row():  # (a button of its own size, not a bar across the page)
+                        hw_refresh = gr.Button("Refresh", size="sm", scale=0, min_width=120)
                 with gr.Tab("API", id="api", visible=self.api_info is not None) as api_tab:
                     api_panel = gr.HTML(elem_id="api-panel")
-                    api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh")
+                    with gr.Row():
+                        api_refresh = gr.Button("Refresh", size="sm", elem_id="api-refresh", scale=0, min_width=120)
             by_name = dict(system_prompt=chat.system, drafter=panel.drafter, temperature=panel.temperature,
                            top_k=panel.top_k, top_p=panel.top_p, min_p=panel.min_p, seed=panel.seed,
                            max_tokens=panel.max_tokens, draft_max=panel.draft_max, draft_min=panel.draft_min,
