@@ -756,6 +756,53 @@ def test_shift_enter_makes_a_new_line_and_enter_sends(page):
     assert page.conversations()[0] == "First line second line"  # a new conversation, titled by its first words
 
 
+def test_a_sent_message_edited_by_keyboard_is_answered_again_and_an_earlier_one_continues_in_a_copy(page, app_url):
+    """A sent message's pencil, by keyboard: Enter submits the edit, Escape cancels it. The last message changes in
+    place and is answered again; an earlier one continues in a copy of the chat, the original keeping every turn."""
+    p = page.page
+    p.locator("#new-chat").click()
+    for question in ("Name one planet.", "Name one fruit."):
+        page.send(question)
+        page.wait_state(("done",))
+
+    def edit(which: int, text: str, key: str = "Enter") -> None:
+        p.locator('#chat button[aria-label="Edit"]').nth(which).focus()
+        p.keyboard.press("Enter")
+        p.locator("#chat textarea.edit-textarea").wait_for(timeout=10_000)
+        p.keyboard.press("Control+A")
+        p.keyboard.type(text)
+        p.keyboard.press(key)
+
+    def answered() -> str:  # the edit's answer, made again: the panel leaves its last "done", then comes back to it
+        p.wait_for_function("document.querySelector('#live-stats .spec-live').dataset.state !== 'done'",
+                            timeout=30_000)
+        page.wait_state(("done",))
+        return p.locator("#chat").inner_text()
+
+    edit(-1, "Name one vegetable.")
+    chat = answered()
+    assert "Name one vegetable." in chat and "Name one fruit." not in chat and chat.count("tok/s") == 2
+    titles = page.conversations()
+    assert titles[0] == "Name one planet."  # the same conversation
+
+    edit(0, "Name one bird.")
+    chat = answered()
+    assert "Name one bird." in chat and "Name one planet." not in chat and "vegetable" not in chat
+    assert page.conversations() == ["Name one planet. (edited)", *titles]
+
+    edit(0, "Never sent.", "Escape")
+    p.locator("#chat textarea.edit-textarea").wait_for(state="detached", timeout=10_000)
+    assert "Never sent." not in p.locator("#chat").inner_text() and page.live()["state"] == "done"
+
+    db = sqlite3.connect(app_url[1] / "data" / "conversations.sqlite3")
+    kept = db.execute("SELECT c.title, m.role, m.content FROM messages m JOIN conversations c ON c.id = m.conversation "
+                      "WHERE c.title LIKE 'Name one planet.%' AND m.role = 'user' ORDER BY m.id").fetchall()
+    db.close()
+    assert [(t, c) for t, _, c in kept] == [("Name one planet.", "Name one planet."),
+                                           ("Name one planet.", "Name one vegetable."),
+                                           ("Name one planet. (edited)", "Name one bird.")]
+
+
 def test_switching_conversations_while_an_answer_streams_is_refused(page):
     page.send("Say hello to the tester.")
     page.wait_state(("done",))

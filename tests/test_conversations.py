@@ -49,6 +49,22 @@ def test_messages_keep_their_figures_and_who_wrote_them(store):
     assert (answer["finish"], answer["pair"], answer["drafter"]) == ("stop", "starter", "model")
 
 
+def test_a_branch_copies_the_turns_before_a_message_and_leaves_the_original_whole(store):
+    a = store.create()
+    store.add(a, "user", "Describe this", images=[b"\x89PNG one"])
+    store.add(a, "assistant", "A cat.", segments=[["A cat.", True]], stats={"n_tokens": 3}, finish="stop",
+              drafter="model")
+    later = store.add(a, "user", "And this?")
+    store.add(a, "assistant", "A dog.")
+    b = store.branch(a, later, "Describe this (edited)")
+    copied, original = store.messages(b), store.messages(a)
+    assert [m["content"] for m in original] == ["Describe this", "A cat.", "And this?", "A dog."]
+    assert [{k: v for k, v in m.items() if k != "id"} for m in copied] == \
+        [{k: v for k, v in m.items() if k != "id"} for m in original[:2]]  # images, figures and who drafted
+    assert store.title(b) == "Describe this (edited)"
+    assert {m["id"] for m in copied}.isdisjoint(m["id"] for m in original)
+
+
 def test_search_matches_titles_and_message_text(store):
     a, b = store.create(), store.create()
     store.add(a, "user", "tell me about lighthouses")

@@ -285,6 +285,17 @@ class Conversations:
             self._db.execute("UPDATE messages SET content = ?, segments = ?, stats = ?, finish = ?, state = ? "
                              "WHERE id = ?", (content, _json(segments), _json(stats), finish, state, mid))
 
+    def branch(self, cid: int, before: int, title: str) -> int:
+        """A new conversation, ``title``, holding a copy of ``cid``'s messages that came before message ``before``
+        (an edited message then continues it, and ``cid`` keeps every turn it had)."""
+        new = self.create(title)
+        for m in self.messages(cid):
+            if m["id"] >= before:
+                break
+            self.add(new, m["role"], m["content"], segments=m.get("segments"), stats=m.get("stats"),
+                     finish=m.get("finish"), pair=m.get("pair"), drafter=m.get("drafter"), images=m.get("images", ()))
+        return new
+
     def remove_message(self, mid: int) -> None:
         with self._lock:
             self._db.execute("DELETE FROM messages WHERE id = ?", (mid,))  # (its images go with it: cascade)

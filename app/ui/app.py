@@ -232,6 +232,38 @@ class SpecChatUI:
             self.busy.add(self._tab(request))
         return history, render.chat_messages(history, show_draft)
 
+    def edit(self, history: list, conv, show_draft: bool, evt: gr.EditData, request: gr.Request):
+        """A sent message edited in the chat (its pencil), then answered again. The last one changes in place (its
+        answer goes, as Regenerate's does); an earlier one continues in a copy of the chat up to it, so the turns
+        after it stay where they were. Outputs: history, conv, chatbot, notice, conversation list, title, live
+        panel. Refused (the chat shows the message as it was) while this tab's answer is being written."""
+        def refuse(msg: str, kind: str = "warning"):
+            return (gr.skip(), gr.skip(), render.chat_messages(history, show_draft), render.notice(msg, kind),
+                    gr.skip(), gr.skip(), gr.skip())
+        if self._tab(request) in self.busy:
+            return refuse("An answer is being written: stop it (Stop or Esc) or let it finish, then edit.")
+        k = render.history_index(history, evt.index, show_draft)
+        text = attachments.edited_text(evt.value).strip()
+        if k is None or conv is None or history[k]["role"] != "user":
+            return refuse("Only your own messages can be edited.")
+        if not text:
+            return refuse("An edited message needs some text: press Cancel to keep it as it was.")
+        message = history[k]
+        if any(m["role"] == "user" for m in history[k + 1:]):  # the list shows both: "… (edited)" on top
+            conv = self.store.branch(conv, message["id"], f"{self.store.title(conv)} (edited)")
+            self.store.add(conv, "user", text, images=message.get("images", ()))
+            history = self.store.messages(conv)
+        else:
+            for m in history[k + 1:]:
+                self.store.remove_message(m["id"])
+            self.store.update(message["id"], text)
+            history = history[:k] + [{**message, "content": text}]
+        self._cancel_for(request)
+        self.busy.add(self._tab(request))
+        return (history, conv, render.chat_messages(history, show_draft), "",
+                gr.Radio(choices=self.conversations.choices(), value=conv), self.store.title(conv),
+                render.live_panel(None, [], "queued"))
+
     def redraw(self, history: list, show_draft: bool):
         return render.chat_messages(history, show_draft)
 
@@ -287,7 +319,8 @@ class SpecChatUI:
         return demo
 
     def _wire_chat(self, chat: ChatTab, history: gr.State, conv: gr.State, values: list) -> None:
-        """Send (or Enter) stores the message, then the answer streams; Stop, Regenerate, the draft colouring."""
+        """Send (or Enter) stores the message, then the answer streams; Stop, Regenerate, a sent message edited, the
+        draft colouring."""
         respond_out = [history, chat.chatbot, chat.live, chat.notice, chat.msg]
         submit_out = [chat.msg, history, conv, chat.chatbot, chat.notice, chat.conv_list, chat.title, chat.live]
         # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
@@ -298,6 +331,10 @@ class SpecChatUI:
                       api_name="chat" if api == "public" else None, api_visibility=api, **ENGINE)
         chat.stop.click(self.stop, None, None, queue=False)
         chat.regen.click(self.regenerate, [history, chat.show_draft], [history, chat.chatbot], queue=False) \
+            .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
+        chat.chatbot.edit(self.edit, [history, conv, chat.show_draft],
+                          [history, conv, chat.chatbot, chat.notice, chat.conv_list, chat.title, chat.live],
+                          queue=False) \
             .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
         chat.show_draft.change(self.redraw, [history, chat.show_draft], chat.chatbot, queue=False)
 
@@ -326,12 +363,22 @@ def css() -> str:
 
 # Escape stops what streams in the open tab, as its Stop button does (the chat's answer, Compare's runs), wherever
 # the focus is: most often still in the box the message was typed in. Stop only ever ends this tab's own work.
+# In a sent message being edited, Enter submits the edit and Escape cancels it, as in the message box (Gradio's
+# edit box takes Enter as a new line; Shift+Enter still is one).
 # Text typed but not sent (the message box, Compare's prompt) is kept in the browser's storage twice a second and
 # put back after a reload or a restart of the app; a box the app emptied (sent) is kept empty. Only a change is
 # written, so another tab of the app, its box untouched, leaves this one's text alone.
 PAGE_JS = """() => {
   document.addEventListener('keydown', (e) => {
-    if (e.key !== 'Escape' || e.isComposing) return;
+    if (e.isComposing) return;
+    if (e.target.matches && e.target.matches('#chat textarea.edit-textarea')) {  // a sent message being edited
+      const name = e.key === 'Escape' ? 'Cancel' : e.key === 'Enter' && !e.shiftKey ? 'Submit' : null;
+      const button = name && [...document.querySelectorAll(`#chat button[aria-label="${name}"]`)]
+        .find((b) => b.offsetParent !== null);
+      if (button) { e.preventDefault(); e.stopPropagation(); button.click(); }
+      return;
+    }
+    if (e.key !== 'Escape') return;
     const stop = [...document.querySelectorAll('#stop, #cmp-stop')].find((b) => b.offsetParent !== null);
     if (stop) stop.click();
   });

@@ -131,6 +131,18 @@ def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict
     return out
 
 
+def history_index(history: list[dict], shown: int | tuple | list, show_draft: bool) -> int | None:
+    """The history entry behind the chat's message ``shown`` (an index into chat_messages, as Gradio's edit event
+    gives it; a pair where a message has several parts): an answer shows as several messages, a question as one."""
+    shown = shown[0] if isinstance(shown, (tuple, list)) else shown
+    at = 0
+    for k, m in enumerate(history):
+        at += len(chat_messages([m], show_draft))
+        if shown < at:
+            return k
+    return None
+
+
 def _metric(value: str, label: str, key: str) -> str:
     return f'<div class="m" data-key="{key}"><span class="v">{value}</span><span class="k">{label}</span></div>'
 
