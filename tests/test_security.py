@@ -221,6 +221,9 @@ def test_listen_with_a_key_guards_the_gradio_api_and_v1(listening_app):
     assert httpx.get(url + "v1/models", headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
     client = Client(url, verbose=False, headers={"Authorization": f"Bearer {KEY}"})
     client.predict("rainbow", api_name="/search")  # answered
+    # what "Use via API" lists: the four endpoints docs/api.md names (the page's other events stay callable)
+    listed = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert set(listed) == {"/submit", "/chat", "/compare", "/new_chat"}, listed
     assert httpx.get(url + "v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).status_code == 200
 
 

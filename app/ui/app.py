@@ -32,6 +32,7 @@ from .settings_panel import server_fields
 from .settings_view import SETTING_NAMES, SettingsView, collect
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
+PUBLIC_API = ("submit", "chat", "compare", "new_chat")  # the app's Gradio API for gradio_client (docs/api.md)
 SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
 def api_panel(api_info, runtime: Runtime) -> str:
     """The API tab: where this app serves the OpenAI-compatible API (``api_info``: None where it does not)."""
@@ -316,6 +317,9 @@ class SpecChatUI:
                                      (api_tab.select, self._api, api_panel), (api_refresh.click, self._api, api_panel)):
                 trigger(fn, None, out, queue=False)
             self.models.wire(panel.pair, panel.target, panel.draft)
+        for fn in demo.fns.values():  # the rest stay callable as before; "Use via API" lists only what docs/api.md does
+            if fn.api_visibility == "public" and fn.api_name not in PUBLIC_API:
+                fn.api_visibility = "undocumented"
         return demo
 
     def _wire_chat(self, chat: ChatTab, history: gr.State, conv: gr.State, values: list) -> None:
