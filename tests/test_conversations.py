@@ -65,6 +65,21 @@ def test_a_branch_copies_the_turns_before_a_message_and_leaves_the_original_whol
     assert {m["id"] for m in copied}.isdisjoint(m["id"] for m in original)
 
 
+def test_an_edited_first_message_renames_the_conversation_unless_the_user_named_it(store):
+    a, b = store.create(), store.create()
+    first, later = store.add(a, "user", "Describe this", images=[b"\x89PNG one"]), store.add(a, "user", "And this?")
+    store.edit(later, "And that?")
+    assert store.title(a) == "Describe this"  # a later message leaves the title alone
+    store.edit(first, "Describe that")
+    assert store.title(a) == "Describe that"
+    assert [(m["content"], m.get("images", [])) for m in store.messages(a)] == [("Describe that", [b"\x89PNG one"]),
+                                                                        ("And that?", [])]
+    named = store.add(b, "user", "Hello")
+    store.rename(b, "Greetings")
+    store.edit(named, "Hi")
+    assert store.title(b) == "Greetings" and store.messages(b)[0]["content"] == "Hi"
+
+
 def test_search_matches_titles_and_message_text(store):
     a, b = store.create(), store.create()
     store.add(a, "user", "tell me about lighthouses")

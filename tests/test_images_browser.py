@@ -109,14 +109,30 @@ def test_images_by_paste_and_button_are_answered_and_come_back_after_a_restart(b
         p.page.locator("#msg textarea").press("Enter")  # sent again as it came back
         box_images(p, 0)  # sent: the box empties (the live panel leaves the last error's state)
         assert p.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
-        assert user_images(p) == 2 and "the cat sat on" in p.page.locator("#chat .user").inner_text()
+        assert user_images(p) == 2 and "the cat sat on" in p.page.locator("#chat").inner_text()
         answer = p.page.locator("#chat .bot").first.inner_text().strip()
         assert answer
         p.shot("images-answered")
+
+        # Its text edited by keyboard: answered again, with its images (they stay in the chat and in the store).
+        p.page.locator('#chat button[aria-label="Edit"]').focus()
+        p.page.keyboard.press("Enter")
+        p.page.locator("#chat textarea.edit-textarea").wait_for(timeout=10_000)
+        p.page.keyboard.press("Control+A")
+        p.page.keyboard.type("the dog sat on")
+        p.page.keyboard.press("Enter")
+        p.page.locator("#chat .user-row").filter(has_text="the dog sat on").wait_for(timeout=60_000)
+        assert p.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
+        said = [text.strip() for text in p.page.locator("#chat .user-row").all_inner_texts() if text.strip()]
+        assert user_images(p) == 2 and said == ["the dog sat on"]
+        assert p.conversations() == ["the dog sat on"]  # the first message names it, edited too
+        answer = p.page.locator("#chat .bot").first.inner_text().strip()
         db = sqlite3.connect(tmp_path / "data" / "conversations.sqlite3")
         stored = [bytes(r[0]) for r in db.execute("SELECT data FROM images ORDER BY id")]
+        asked = [r[0] for r in db.execute("SELECT content FROM messages WHERE role = 'user'")]
         db.close()
         assert stored == [png_bytes(1), vision["b"].read_bytes()]  # pasted first, then the button's
+        assert asked == ["the dog sat on"]
 
         # Compare: both runs get the image (greedy: the same text), and it is read (without it the text differs).
         p.page.get_by_role("tab", name="Compare").click()

@@ -285,6 +285,17 @@ class Conversations:
             self._db.execute("UPDATE messages SET content = ?, segments = ?, stats = ?, finish = ?, state = ? "
                              "WHERE id = ?", (content, _json(segments), _json(stats), finish, state, mid))
 
+    def edit(self, mid: int, content: str) -> None:
+        """A sent message's text changed; when it is the first, the title follows it (as ``add`` named it), unless
+        the user renamed the conversation."""
+        with self._lock, self._db:
+            self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, mid))
+            self._db.execute(
+                "UPDATE conversations SET title = :title WHERE renamed = 0 "
+                "AND id = (SELECT conversation FROM messages WHERE id = :mid) "
+                "AND :mid = (SELECT min(id) FROM messages WHERE conversation = conversations.id AND role = 'user')",
+                {"title": title_from(content), "mid": mid})
+
     def branch(self, cid: int, before: int, title: str) -> int:
         """A new conversation, ``title``, holding a copy of ``cid``'s messages that came before message ``before``
         (an edited message then continues it, and ``cid`` keeps every turn it had)."""

@@ -257,7 +257,7 @@ class SpecChatUI:
         else:
             for m in history[k + 1:]:
                 self.store.remove_message(m["id"])
-            self.store.update(message["id"], text)
+            self.store.edit(message["id"], text)
             history = history[:k] + [{**message, "content": text}]
         self._cancel_for(request)
         self.busy.add(self._tab(request))
