@@ -209,9 +209,14 @@ def test_chat_streams_with_live_stats(page, app_url):
 
     # The conversation is saved, with the answer's figures, and comes back on reload.
     db = sqlite3.connect(app_url[1] / "data" / "conversations.sqlite3")
-    rows = db.execute("SELECT role, stats, state FROM messages ORDER BY id DESC LIMIT 2").fetchall()[::-1]
+    rows = db.execute("SELECT role, stats, state, content FROM messages ORDER BY id DESC LIMIT 2").fetchall()[::-1]
     db.close()
     assert [r[0] for r in rows] == ["user", "assistant"] and rows[1][2] == "done"
+    # The answer's Copy gives the answer as written, not the HTML that colours it
+    page.page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.page.locator('#chat .bot-row:not(:has(.thought-group)) + .message-buttons button[aria-label="Copy message"]'
+                      ).last.click()
+    assert page.page.evaluate("navigator.clipboard.readText()") == rows[1][3]
     assert json.loads(rows[1][1])["n_tokens"] == int(live["tokens"])
     page.page.reload(wait_until="domcontentloaded")
     page.page.locator("#chat").get_by_text(LONG_PROMPT).wait_for(timeout=30_000)

@@ -69,3 +69,18 @@ def test_each_drafters_text_takes_its_kinds_colour_and_name():
     assert all(f"by-{k}" in legend() for k in ("model", "lookup", "earlier", "head"))
     # runs of two drafters side by side stay two spans
     assert coloured_html([["ab", "model"], ["cd", "suffix"]]).count("<span") == 2
+
+
+def test_an_answer_drawn_with_html_keeps_its_markdown_for_copy_on_one_line():
+    """The chat's Copy gives the answer as written (the page's script reads the .spec-source's title): kept whole
+    when colours or the interrupted mark draw it with HTML, on one line so the chat's Markdown keeps it in its block."""
+    import html
+
+    from app.ui.render import chat_messages
+    text = 'A "quote" & <tag>\n\n```\ncode\n```\nend'
+    answer = {"role": "assistant", "content": text, "segments": [[text[:9], True], [text[9:], False]]}
+    for show_draft, finish in ((True, None), (False, "interrupted"), (True, "interrupted")):
+        body = chat_messages([{**answer, "finish": finish}], show_draft)[-1]["content"]
+        source = re.search(r'<span class="spec-source" title="([^"]*)"></span>', body)
+        assert source and "\n" not in source[0] and html.unescape(source[1]) == text
+    assert chat_messages([answer], False)[-1]["content"] == text  # plain Markdown: Gradio's own Copy gives it

@@ -386,6 +386,16 @@ PAGE_JS = """() => {
     const stop = [...document.querySelectorAll('#stop, #cmp-stop')].find((b) => b.offsetParent !== null);
     if (stop) stop.click();
   });
+  // An answer drawn with HTML (draft colours, an interrupted mark) keeps its Markdown in a .spec-source: its Copy
+  // button gives that, where Gradio's would give the HTML
+  document.addEventListener('click', (e) => {
+    const button = e.target.closest && e.target.closest('#chat button[aria-label="Copy message"]');
+    const row = button && button.closest('.message-buttons');
+    const source = row && row.previousElementSibling && row.previousElementSibling.querySelector('.spec-source');
+    if (!source || !navigator.clipboard) return;
+    e.preventDefault(); e.stopImmediatePropagation();
+    navigator.clipboard.writeText(source.title);
+  }, true);
   const boxes = {'#msg textarea': 'specchat-unsent', '#cmp-prompt textarea': 'specchat-unsent-compare'};
   const seen = {};  // each box's value at the last look (absent: not restored yet)
   setInterval(() => {

@@ -44,9 +44,10 @@ class ChatTab:
         # 1366x768 laptop screen (a fixed 560 px opened the page scrolled past them) and a tall screen is used.
         # editable="user": a sent message's pencil edits it, and the answer is made again from there. Each message
         # part is a row of its own (group_consecutive_messages=False): grouped, Gradio 6.31's edit of a message with
-        # images fails in the page (its Submit slices the image part as text) and nothing reaches the server
+        # images fails in the page (its Submit slices the image part as text) and nothing reaches the server.
+        # No "Copy conversation": Gradio's copies each message's HTML and figures; Export gives the chat as Markdown.
         self.chatbot = gr.Chatbot(elem_id="chat", height=CHAT_HEIGHT, min_height=240, show_label=False,
-                                  buttons=["copy", "copy_all"], editable="user", group_consecutive_messages=False,
+                                  buttons=["copy"], editable="user", group_consecutive_messages=False,
                                   feedback_options=None, placeholder="Ask anything. Tokens the draft model got right "
                                                                      "are counted live on the right.")
         self.notice = gr.HTML(elem_id="notice")

@@ -94,6 +94,11 @@ def _slice(segments: list[list], start: int) -> list[list]:
     return out
 
 
+def _attribute(text: str) -> str:
+    """``text`` as an HTML attribute's value on one line (in the chat's Markdown a blank line ends an HTML block)."""
+    return html.escape(text).replace("\n", "&#10;")
+
+
 def _answer(content: str, segments: list[list], show_draft: bool, streaming: bool, finish: str | None) -> list[dict]:
     """One answer as chat messages: its thinking (collapsed, titled) when it has some, then the answer itself."""
     parts = thinking.split(content)
@@ -103,10 +108,14 @@ def _answer(content: str, segments: list[list], show_draft: bool, streaming: boo
         title = "Thinking…" if status == "pending" else "Thinking"
         out.append({"role": "assistant", "content": parts.thinking or "…",
                     "metadata": {"title": title, "status": status}})
-    body = answer_html(_slice(segments, parts.answer_start), show_draft)
+    answer = _slice(segments, parts.answer_start)
+    text = "".join(t for t, _ in answer)
+    body = answer_html(answer, show_draft)
     if finish == "interrupted":
         body += ('\n\n<span class="interrupted">⚠ Interrupted: the app or its engine stopped while this answer was '
                  'written. Regenerate to answer again.</span>')
+    if body != text:  # drawn with HTML of ours: the page's script gives Copy the answer's Markdown, kept here
+        body += f'<span class="spec-source" title="{_attribute(text)}"></span>'
     if body or not out:
         out.append({"role": "assistant", "content": body or "…"})
     return out
