@@ -366,13 +366,23 @@ def test_thinking_is_shown_collapsed_above_the_answer():
     assert out[2] == {"role": "assistant", "content": "Answer **bold**"}
     assert "8.0 tok/s" in out[3]["metadata"]["title"]
     coloured = render.chat_messages(history, show_draft=True)[2]["content"]
-    assert coloured == '<div class="spec-coloured"><p><span class="tok-draft">Answer</span> <strong>bold</strong></p></div>'
+    assert coloured == ('<div class="spec-coloured"><p><span class="tok-draft">Answer</span> <strong>bold</strong></p>'
+                        '</div><span class="spec-source" title="Answer **bold**"></span>')  # (what Copy gives)
 
     class Live:  # an answer still thinking
         text = "<think>\nhmm"
         segments = [["<think>\nhmm", False]]
     live = render.chat_messages([], False, Live())
     assert live == [{"role": "assistant", "content": "hmm", "metadata": {"title": "Thinking…", "status": "pending"}}]
+
+
+def test_a_message_shows_its_images_then_its_text_and_an_image_sent_alone_no_empty_text():
+    from app.ui import render
+
+    pictures = render.chat_messages([{"role": "user", "content": "What is this?", "images": [b"a", b"b"]},
+                                     {"role": "user", "content": "", "images": [b"c"]}], show_draft=False)
+    assert [[p if isinstance(p, str) else p["alt_text"] for p in m["content"]] for m in pictures] == \
+        [["image 1", "image 2", "What is this?"], ["image 1"]]
 
 
 def test_an_interrupted_answer_says_so_with_its_stats():

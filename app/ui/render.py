@@ -128,7 +128,8 @@ def chat_messages(history: list[dict], show_draft: bool, live=None) -> list[dict
         if m["role"] == "user":  # its images (thumbnails, by the page's CSS), then its text
             pictures = [{"path": image_file(b), "alt_text": f"image {i + 1}"}
                         for i, b in enumerate(m.get("images", ()))]
-            out.append({"role": "user", "content": [*pictures, m["content"]] if pictures else m["content"]})
+            text = [m["content"]] if m["content"] else []  # (an image sent alone: no empty bubble under it)
+            out.append({"role": "user", "content": [*pictures, *text] if pictures else m["content"]})
             continue
         out += _answer(m["content"], m.get("segments") or [[m["content"], False]], show_draft, False, m.get("finish"))
         if m.get("stats"):
