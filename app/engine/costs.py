@@ -54,8 +54,11 @@ class Costs:
         """(best speedup over plain decoding, the draft length reaching it) if every draft token were accepted:
         max over k of (k + 1) tokens per round / round time, times one plain step. No drafter with these costs
         can do better; rejections only lower it."""
-        k, rate = best_draft_length(self.verify, self.draft, range(1, draft_max + 1))
-        return (rate * self.verify(1) if k else 1.0), k
+        step = self.verify(1)
+        # (a batch timed on a busy moment can come out faster than one step: none costs less, or a round of k
+        # draft tokens would seem to beat k + 1 plain steps)
+        k, rate = best_draft_length(lambda n: max(self.verify(n), step), self.draft, range(1, draft_max + 1))
+        return (rate * step if k else 1.0), k
 
     def ceiling_of(self, draft_max: int) -> Ceiling:
         """The ceiling with the costs that make it: a draft token, and a verified position at the length reaching
