@@ -216,6 +216,7 @@ def test_chat_streams_with_live_stats(page, app_url):
     page.page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     page.page.locator('#chat .bot-row:not(:has(.thought-group)) + .message-buttons button[aria-label="Copy message"]'
                       ).last.click()
+    page.page.locator("#chat button.spec-copied").wait_for(timeout=2_000)  # its tick, as Gradio's own Copy shows
     assert page.page.evaluate("navigator.clipboard.readText()") == rows[1][3]
     assert json.loads(rows[1][1])["n_tokens"] == int(live["tokens"])
     page.page.reload(wait_until="domcontentloaded")

@@ -394,7 +394,10 @@ PAGE_JS = """() => {
     const source = row && row.previousElementSibling && row.previousElementSibling.querySelector('.spec-source');
     if (!source || !navigator.clipboard) return;
     e.preventDefault(); e.stopImmediatePropagation();
-    navigator.clipboard.writeText(source.title);
+    navigator.clipboard.writeText(source.title).then(() => {  // a tick in place of the icon, as Gradio's own shows
+      button.classList.add('spec-copied');
+      setTimeout(() => button.classList.remove('spec-copied'), 2000);
+    });
   }, true);
   const boxes = {'#msg textarea': 'specchat-unsent', '#cmp-prompt textarea': 'specchat-unsent-compare'};
   const seen = {};  // each box's value at the last look (absent: not restored yet)
