@@ -122,6 +122,8 @@ def test_images_by_paste_and_button_are_answered_and_come_back_after_a_restart(b
         p.page.keyboard.type("the dog sat on")
         p.page.keyboard.press("Enter")
         p.page.locator("#chat .user-row").filter(has_text="the dog sat on").wait_for(timeout=60_000)
+        # (the page drops the images while it sends the edit; the app's reply to it, the answer queued, has them)
+        p.page.wait_for_function("document.querySelectorAll('#chat .user img').length === 2", timeout=60_000)
         assert p.wait_state(("done", "error", "cancelled"), timeout=300)["state"] == "done"
         said = [text.strip() for text in p.page.locator("#chat .user-row").all_inner_texts() if text.strip()]
         assert user_images(p) == 2 and said == ["the dog sat on"]
