@@ -33,8 +33,13 @@ class Costs:
         draft = tuple(statistics.fmean(d[i] for d in drafts) for i in (0, 1)) if drafts else None
         return cls(verify, draft)
 
-    def verify(self, n: int) -> float:
-        """Seconds for a verification batch of n tokens: linear between the measured sizes (and past the last)."""
+    def verify(self, n: float) -> float:
+        """Seconds for a verification batch of n tokens: linear between the measured sizes (and past the last), and
+        never less than one plain step (a batch timed on a busy moment can come out faster than a step: taken as
+        it was, a round of k draft tokens would seem to beat k + 1 plain steps)."""
+        return max(self._timed(n), self._timed(1))
+
+    def _timed(self, n: float) -> float:
         sizes = sorted(self.verify_s)
         if n in self.verify_s or len(sizes) == 1:
             return self.verify_s.get(n, self.verify_s[sizes[0]] * n / sizes[0])
@@ -54,11 +59,8 @@ class Costs:
         """(best speedup over plain decoding, the draft length reaching it) if every draft token were accepted:
         max over k of (k + 1) tokens per round / round time, times one plain step. No drafter with these costs
         can do better; rejections only lower it."""
-        step = self.verify(1)
-        # (a batch timed on a busy moment can come out faster than one step: none costs less, or a round of k
-        # draft tokens would seem to beat k + 1 plain steps)
-        k, rate = best_draft_length(lambda n: max(self.verify(n), step), self.draft, range(1, draft_max + 1))
-        return (rate * step if k else 1.0), k
+        k, rate = best_draft_length(self.verify, self.draft, range(1, draft_max + 1))
+        return (rate * self.verify(1) if k else 1.0), k
 
     def ceiling_of(self, draft_max: int) -> Ceiling:
         """The ceiling with the costs that make it: a draft token, and a verified position at the length reaching
@@ -66,9 +68,8 @@ class Costs:
         speedup, k = self.ceiling(draft_max)
         n = max(k or draft_max, 1) + 1
         step = self.verify(1)
-        # (a batch timed on a busy moment can come out faster than one step: a position never costs below nothing)
         return Ceiling(speedup, k, self.draft_s[0] / step if self.draft_s else 0.0,
-                       max(self.verify(n) - step, 0.0) / (n - 1) / step)
+                       (self.verify(n) - step) / (n - 1) / step)
 
     def as_dict(self) -> dict:
         out = {"verify_ms": {n: s * 1e3 for n, s in sorted(self.verify_s.items())}}

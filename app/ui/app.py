@@ -244,7 +244,7 @@ class SpecChatUI:
         if self._tab(request) in self.busy:
             return refuse("An answer is being written: stop it (Stop or Esc) or let it finish, then edit.")
         k = render.history_index(history, evt.index, show_draft)
-        text = attachments.edited_text(evt.value).strip()
+        text = evt.value.strip() if isinstance(evt.value, str) else ""  # (the edited text row's: a string)
         if k is None or conv is None or history[k]["role"] != "user":
             return refuse("Only your own messages can be edited.")
         if not text:

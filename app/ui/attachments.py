@@ -1,5 +1,5 @@
 """Images in the chat: what the message box's attachments become (checked bytes, or one message in words), the
-files the page shows them from, and the words beside the attach button; and an edited message's text.
+files the page shows them from, and the words beside the attach button.
 
 A message's images live as bytes (in the history and the conversations file); the page needs files, so each is
 written once, named by its hash, into a temporary folder of this process.
@@ -25,16 +25,6 @@ def box_parts(value) -> tuple[str, list[str]]:
         return (value or ""), []
     files = [f if isinstance(f, str) else f.get("path") for f in value.get("files") or []]
     return value.get("text") or "", [f for f in files if f]
-
-
-def edited_text(value) -> str:
-    """The text of a message edited in the chat: Gradio gives a string, or a message's parts (its images kept as
-    they were, by the edit's handler) as a list or a dict with "text"."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        return value.get("text") or ""
-    return " ".join(edited_text(v) for v in value or () if isinstance(v, (str, dict))).strip()
 
 
 def read_images(paths: list[str]) -> list[bytes]:
