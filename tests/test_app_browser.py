@@ -540,6 +540,43 @@ def test_a_long_prompt_shows_how_far_its_reading_got(page):
     page.set_number("max-tokens", "512")  # (the module's limit again, saved as typed)
 
 
+def test_an_answer_cut_at_the_token_limit_goes_on_with_continue_by_keyboard(page, app_url):
+    """Continue (focused, Enter) writes on in the same message from where the token limit cut the answer: its
+    figures line counts both runs, SQLite keeps one answer that grew. With no answer to continue it says so."""
+    from playwright.sync_api import expect
+
+    go_on = page.page.locator("#continue")
+    go_on.focus()
+    page.page.keyboard.press("Enter")
+    expect(page.page.locator("#notice")).to_contain_text("Nothing to continue", timeout=30_000)
+    page.set_number("max-tokens", "16")
+    try:
+        page.send("Write a story about a lighthouse keeper.")
+        assert page.wait_state(("done", "error", "cancelled"))["state"] == "done"
+        chat = page.page.locator("#chat")
+        expect(chat).to_contain_text("16 tokens · hit the token limit", timeout=30_000)
+        db = app_url[1] / "data" / "conversations.sqlite3"
+        def answers():
+            with sqlite3.connect(db) as c:
+                return c.execute("SELECT id, content, stats, finish FROM messages WHERE role = 'assistant' AND "
+                                 "conversation = (SELECT max(id) FROM conversations) ORDER BY id").fetchall()
+        [(mid, first, _, finish)] = answers()
+        assert finish == "length" and first
+        go_on.focus()
+        page.page.keyboard.press("Enter")
+        page.wait_state(("queued", "running"), timeout=30)
+        assert page.wait_state(("done", "error", "cancelled"))["state"] == "done"
+        expect(chat).to_contain_text("32 tokens · hit the token limit", timeout=30_000)
+        [(same, grown, stats, finish)] = answers()  # one answer, the same message, longer
+        assert same == mid and grown.startswith(first) and len(grown) > len(first) and finish == "length"
+        assert json.loads(stats)["n_tokens"] == 32 and page.live()["tokens"] == "32"
+        last_word = re.findall(r"\w+", grown)[-1]  # (the page shows the Markdown drawn, the words the same)
+        assert chat.inner_text().count(last_word) >= grown.count(last_word) and page.notice().strip() == ""
+        page.shot("chat-continued")
+    finally:
+        page.set_number("max-tokens", "512")  # (the module's limit again)
+
+
 def test_the_chat_page_shows_only_what_is_true_and_the_apps_own_controls(page):
     """Before an answer, the live panel measures nothing (no "0.0%" acceptance, no "0 ms"); Gradio's trash button,
     which emptied the page's copy of a chat and nothing else, is gone; the starter's "takes no images" waits until

@@ -294,6 +294,51 @@ def test_the_chat_samples_by_default_with_a_fresh_seed_each_answer_shown_and_rep
     assert greedy.stats.seed == -1 and " · greedy · " in render.stats_details(greedy.stats)
 
 
+def test_continue_goes_on_from_the_answer_in_the_same_message_counting_both_runs(runtime):
+    """Continue: the answer cut at the token limit grows in place, from the cache the first run left; its figures
+    count both runs. Stopped, it keeps all it has."""
+    from app.chat.live_answer import Live
+    from app.prompts import chat_tokens
+
+    msgs = [{"role": "user", "content": "the cat"}]
+    greedy = Settings(max_tokens=8, temperature=0.0, draft_max=4, draft_p_min=0.0)
+    first = _last(runtime.answer(msgs, greedy))
+    assert first.done.finish_reason == "length" and first.stats.n_tokens == 8
+    so_far = Live.going_on(first.text, first.segments, first.stats.as_dict())
+    more = _last(runtime.answer(msgs, greedy, continues=so_far))
+    assert more is so_far and more.text.startswith(first.text) and len(more.text) > len(first.text)
+    assert more.segments[:len(first.segments) - 1] == first.segments[:-1]  # where its tokens came from, kept
+    assert more.stats.n_tokens == 8 + more.done.stats.n_tokens and more.done.finish_reason == "length"
+    assert more.stats.n_drafted == first.stats.n_drafted + more.done.stats.n_drafted
+    assert more.stats.time_to_first_token_s == first.stats.time_to_first_token_s  # the answer's first token
+    assert more.done.stats.prompt_cached >= len(chat_tokens(runtime.engine.model, msgs))  # not read again
+    cancel = threading.Event()
+    kept = Live.going_on(more.text, more.segments, more.stats.as_dict())
+    for live in runtime.answer(msgs, Settings(max_tokens=200), cancel, interval=0, continues=kept):
+        if live.stats.n_tokens >= more.stats.n_tokens + 2:
+            cancel.set()
+    assert live.done.finish_reason == "cancelled" and live.text.startswith(more.text)
+
+
+def test_an_answer_continued_counts_both_runs_figures():
+    first = Stats(drafter="model", prompt_tokens=30, n_tokens=10, n_drafted=8, n_accepted=6, n_rounds=4,
+                  time_to_first_token_s=0.5, decode_seconds=1.0, draft_seconds=0.2, verify_seconds=0.7, seed=7)
+    later = Stats(drafter="model", prompt_tokens=3, prompt_cached=40, n_tokens=5, n_drafted=4, n_accepted=2,
+                  n_rounds=3, time_to_first_token_s=0.25, decode_seconds=0.75, draft_seconds=0.1, verify_seconds=0.5,
+                  seed=9)
+    both = first.then(later)
+    assert (both.n_tokens, both.n_drafted, both.n_accepted, both.n_rounds) == (15, 12, 8, 7)
+    assert (both.prompt_tokens, both.prompt_cached, both.time_to_first_token_s) == (30, 0, 0.5)  # the first run's
+    assert both.draft_seconds == pytest.approx(0.3) and both.verify_seconds == pytest.approx(1.2)
+    # 14 tokens after the first, over the first run's 1 s, the second's prompt reading and its 0.75 s
+    assert both.decode_seconds == 2.0 and both.tokens_per_second == 7.0 and both.acceptance_rate == 8 / 12
+    assert both.by_drafter == {} and both.seed == 9
+    mixed = first.then(Stats(**{**later.__dict__, "drafter": "ngram"}))  # drafted another way: each run's share
+    assert mixed.drafter == "ngram" and mixed.by_drafter == {"model": (4, 8, 6), "ngram": (3, 4, 2)}
+    assert Stats().then(later) == later  # nothing written before: the later run is the whole answer
+    assert first.then(Stats(drafter="model")).decode_seconds == 1.0  # nothing written after: no time added
+
+
 def test_runtime_stop_keeps_the_partial_answer(runtime):
     cancel = threading.Event()
     lives = []
@@ -402,6 +447,7 @@ R1_STYLE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<
 
 def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
     """DeepSeek-R1's way: the generation prompt ends with <think>; earlier turns' thinking is left out."""
+    from app.chat.live_answer import Live
     from support.tiny_gguf import write_model
 
     rt = Runtime()
@@ -414,6 +460,13 @@ def test_a_template_that_opens_thinking_starts_the_answer_inside_it(tmp_path):
         live = _last(rt.answer(msgs, Settings(drafter="ngram", max_tokens=6)))
         assert live.text.startswith("<think>\n") and live.text[len("<think>\n"):] == live.done.text
         assert live.stats.n_tokens == len(live.done.token_ids)  # the tag is the template's, not a token counted
+        # Continued, the prompt opens the block once: the stored answer's own <think> is the template's
+        cont = chat_prompt(rt.engine.model, msgs + [{"role": "assistant", "content": live.text}],
+                           continue_final_message=True)
+        assert cont == chat_prompt(rt.engine.model, msgs) + live.done.text
+        more = _last(rt.answer(msgs, Settings(drafter="ngram", max_tokens=6),
+                               continues=Live.going_on(live.text, live.segments, live.stats.as_dict())))
+        assert more.text.startswith(live.text) and more.text.count("<think>") == 1
     finally:
         rt.close()
 

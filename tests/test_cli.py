@@ -211,9 +211,11 @@ def test_starter_pair_from_the_catalog():
 
 def test_chat_in_the_terminal(models):
     r = subprocess.run([sys.executable, "-m", "app", "chat", "--target", str(models["target"]), "--max-tokens", "8"],
-                       input="the cat sat\n/reset\nand the dog?\n", capture_output=True, text=True, timeout=120)
+                       input="the cat sat\n/continue\n/reset\n/continue\nand the dog?\n", capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stderr.count("[8 tokens") == 2  # two answers, each with its stats line
+    assert r.stderr.count("[8 tokens") == 3  # two answers and one continued, each run with its stats line
+    assert r.stderr.count("Nothing to continue yet") == 1  # (after /reset: no answer to go on with)
     assert "Traceback" not in r.stderr
 
 

@@ -385,6 +385,17 @@ def test_the_apps_runtime_chats_and_compares_through_a_server_and_keeps_its_key_
         assert s.reported("acceptance_rate") and not s.reported("draft_seconds")
         assert len(snapshots) > 1  # streamed, not all at the end
 
+        # Continue through the server: greedy, 12 tokens and 12 more are the 24-token answer
+        from app.chat.live_answer import Live
+
+        greedy = Settings(max_tokens=12, temperature=0.0)
+        part = list(rt.answer([{"role": "user", "content": "Write a story."}], greedy))[-1]
+        more = list(rt.answer([{"role": "user", "content": "Write a story."}], greedy, continues=Live.going_on(
+            part.text, part.segments, part.stats.as_dict())))[-1]
+        whole = list(rt.answer([{"role": "user", "content": "Write a story."}], Settings(max_tokens=24,
+                                                                                       temperature=0.0)))[-1]
+        assert more.text == whole.text and more.stats.n_tokens == 24 and part.done.finish_reason == "length"
+
         cmp = list(rt.compare([{"role": "user", "content": "Name three colours."}], settings))[-1]
         # The chat samples (temperature 0.7); Compare through a server runs greedy, and says so
         assert cmp.by_text and cmp.first_difference() is None and cmp.note.startswith("Compared greedy")
@@ -460,6 +471,7 @@ def test_the_app_keeps_a_partial_answer_when_the_stream_stops_and_explains_a_ref
 
 
 def test_thinking_streamed_apart_comes_back_in_think_tags_and_can_be_turned_off():
+    from app.chat.live_answer import Live
     from app.chat.runtime import Runtime
     from app.chat.settings import Settings
     from app.prompts.thinking import split
@@ -477,5 +489,9 @@ def test_thinking_streamed_apart_comes_back_in_think_tags_and_can_be_turned_off(
             assert "chat_template_kwargs" not in bodies[-1]  # the template's own default
             list(rt.answer([{"role": "user", "content": "Colours?"}], Settings(enable_thinking=False)))
             assert bodies[-1]["chat_template_kwargs"] == {"enable_thinking": False}
+            assert "continue_final_message" not in bodies[-1]
+            list(rt.answer([{"role": "user", "content": "Colours?"}], Settings(), continues=Live.going_on("Red")))
+            assert bodies[-1]["messages"][-1] == {"role": "assistant", "content": "Red"}  # Continue: said as
+            assert bodies[-1]["continue_final_message"] is True and bodies[-1]["add_generation_prompt"] is False
     finally:
         rt.close()

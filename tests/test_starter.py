@@ -62,6 +62,30 @@ def test_second_chat_turn_reuses_the_cache_and_matches_a_cold_run(starter_engine
 
 
 @pytest.mark.slow
+def test_continue_after_the_token_limit_writes_what_one_longer_answer_would(specchat_home):
+    """Greedy, an answer cut at 24 tokens and continued for 24 more is the 48-token answer: the prompt continues
+    the answer's text (as llama-server continues a final assistant message) and the cache it left is reused."""
+    from app.chat.live_answer import Live
+    from app.chat.runtime import Runtime
+    from app.chat.settings import Settings
+    from app.models.loader import LoadSpec
+
+    rt = Runtime()
+    rt.load(LoadSpec(pair="starter"))
+    try:
+        msgs = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+        whole = list(rt.answer(msgs, Settings(max_tokens=48, temperature=0.0)))[-1]
+        part = list(rt.answer(msgs, Settings(max_tokens=24, temperature=0.0)))[-1]
+        assert part.done.finish_reason == "length" and whole.text.startswith(part.text) and whole.text != part.text
+        more = list(rt.answer(msgs, Settings(max_tokens=24, temperature=0.0),
+                              continues=Live.going_on(part.text, part.segments, part.stats.as_dict())))[-1]
+        assert more.text == whole.text and more.stats.n_tokens == whole.stats.n_tokens == 48
+        assert more.stats.n_drafted > 0 and more.done.stats.prompt_tokens < 8  # only the tail read anew
+    finally:
+        rt.close()
+
+
+@pytest.mark.slow
 def test_chat_template_comes_from_the_gguf(starter_engine):
     ids = chat_tokens(starter_engine.model, [{"role": "user", "content": "Hi"}])
     text = "".join(starter_engine.model.piece_special(t) for t in ids)

@@ -20,6 +20,14 @@ class Live:
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, tokens/s, acceptance)
     done: Done | None = None
     prompt: PromptProgress | None = None  # how far the prompt's reading got (before the first token)
+    earlier: Stats | None = None  # an answer continued (Continue): its earlier runs' figures, which ``stats`` adds in
+
+    @classmethod
+    def going_on(cls, text: str, segments: list[list] | None = None, stats: dict | None = None) -> Live:
+        """An answer written before (as stored: its text, runs and figures), to be continued."""
+        earlier = Stats.from_dict(stats) if stats else None
+        return cls(segments=[list(s) for s in segments or ([[text, False]] if text else [])],
+                   stats=earlier or Stats(), earlier=earlier)
 
     @property
     def text(self) -> str:
@@ -35,7 +43,7 @@ class Live:
             else:
                 self.segments.append([ev.text, origin])
         elif isinstance(ev, (Round, Done)):
-            self.stats = ev.stats
+            self.stats = self.earlier.then(ev.stats) if self.earlier else ev.stats
             if ev.stats.rate_measured:
                 self.points.append((ev.stats.n_tokens, ev.stats.tokens_per_second, ev.stats.acceptance_rate))
                 if len(self.points) > MAX_POINTS:  # keep the chart light on long answers: every other point

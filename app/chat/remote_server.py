@@ -194,8 +194,9 @@ class RemoteServer:
                  template_kwargs: dict | None = None) -> Iterator[TextDelta | Round | Done]:
         """Stream one chat answer as events. ``speculate=False`` asks for speculation off in the request
         (``speculative.n_max: 0``); whether the server honoured it shows in its ``draft_n``. ``template_kwargs``
-        go to the server's chat template (``chat_template_kwargs``, e.g. ``enable_thinking``). Reasoning a server
-        streams apart (``reasoning_content``) comes back inside ``<think>…</think>``, as a local model writes it."""
+        go to the server's chat template (``chat_template_kwargs``, e.g. ``enable_thinking``). A last message that
+        is the assistant's is continued. Reasoning a server streams apart (``reasoning_content``) comes back inside
+        ``<think>…</think>``, as a local model writes it."""
         sp = params.sampling
         body = {
             "model": self.model, "messages": _wire(messages), "stream": True, "max_tokens": params.max_tokens,
@@ -210,6 +211,8 @@ class RemoteServer:
             body["speculative"] = {"n_max": 0}
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs
+        if messages and messages[-1]["role"] == "assistant":  # the answer goes on from its text (Continue): said
+            body.update(continue_final_message=True, add_generation_prompt=False)  # as llama-server and vLLM read it
         engine = self.identify()
         if engine == "SGLang":
             body["return_spec_tokens_details"] = True

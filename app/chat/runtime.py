@@ -202,11 +202,16 @@ class Runtime:
 
     # --- chat -----------------------------------------------------------------------------------------------
     def answer(self, messages: list[dict], settings: Settings, cancel: threading.Event | None = None,
-               interval: float = INTERVAL) -> Iterator[Live]:
-        """Stream the assistant's reply to ``messages`` (role/content dicts, system prompt included)."""
+               interval: float = INTERVAL, continues: Live | None = None) -> Iterator[Live]:
+        """Stream the assistant's reply to ``messages`` (role/content dicts, system prompt included). ``continues``:
+        the reply so far (Continue: one cut at the token limit, stopped or interrupted), which the model goes on
+        from as llama-server continues a final assistant message; the Live yielded is that one, growing, its
+        figures counting both runs. The token limit is the new run's."""
         params = settings.generation()
+        live = continues if continues is not None else Live()
+        if continues is not None:
+            messages = [*messages, {"role": "assistant", "content": continues.text}]
         if (server := self.remote) is not None:  # the server applies its template; any drafter means "speculate"
-            live = Live()
             kwargs = _template_kwargs(settings)
             run = lambda c: server.generate(messages, params, settings.drafter != OFF, c, kwargs)  # noqa: E731
             for _ in _stream(run, cancel, interval, live):
@@ -215,10 +220,10 @@ class Runtime:
         engine = self._engine()
         drafter = self._drafter(settings.drafter)
         text_messages, images = image_messages(engine.model, messages, engine.projector)  # (image parts: bytes)
-        prompt = chat_prompt(engine.model, text_messages, enable_thinking=settings.enable_thinking)
-        live = Live()
-        if opens_thinking(prompt):  # the template opened a thinking block: the answer starts inside it
-            live.segments.append([OPEN + "\n", False])
+        prompt = chat_prompt(engine.model, text_messages, enable_thinking=settings.enable_thinking,
+                             continue_final_message=continues is not None)
+        if continues is None and opens_thinking(prompt):  # the template opened a thinking block: the answer
+            live.segments.append([OPEN + "\n", False])  # starts inside it
         ids = prompt_tokens(engine.model, prompt, engine.projector, images)
         for _ in _stream(lambda c: engine.generate(ids, params, drafter, c), cancel, interval, live):
             yield live

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..engine.gguf_file import read_info
 from ..models.loader import LoadSpec, load_engine, resolve
 from ..prompts import chat_tokens, plain_tokens
 from .bench import summary_line
-from .chat_input import LineReader, parse
+from .terminal_chat import converse
 from .flags import (Parser, drafter_name, gpu_layers, hub_refs, model_flags, ngram_settings, remote_flags,
                     sampling_flags, serving_flags)
 
@@ -354,48 +353,11 @@ def cmd_chat(args) -> int:
         params = _generation_params(args, dp)
         def answer(msgs, cancel):  # (after a crash, the next message waits for the pair to be loaded again)
             engine.wait_ready(RELOAD_WAIT_S)
-            return engine.generate(chat_tokens(engine.model, msgs, engine.projector), params, drafter, cancel)
+            ids = chat_tokens(engine.model, msgs, engine.projector,  # (a last answer of the assistant's: continued)
+                              continue_final_message=msgs[-1]["role"] == "assistant")
+            return engine.generate(ids, params, drafter, cancel)
         summary = summary_line
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    print("SpecChat — type a message, /help for commands, Ctrl-D to quit.", file=sys.stderr)
-    reader = LineReader()
-    while True:
-        try:
-            line = parse(reader.read("> "))
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        if line.command == "quit":
-            return 0
-        if line.command == "reset":
-            messages = messages[:1] if args.system else []
-        if line.reply:
-            print(line.reply, file=sys.stderr)
-        if not line.text:
-            continue
-        first = not any(m["role"] == "user" for m in messages)
-        messages.append({"role": "user", "content": with_images(line.text, images if first else [])})
-        cancel = threading.Event()
-        reply = ""
-        try:
-            for ev in answer(messages, cancel):
-                if isinstance(ev, TextDelta):
-                    reply += ev.text
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-                elif isinstance(ev, Done):
-                    print("\n" + summary(ev.stats), file=sys.stderr)
-                    if ev.stats.error:
-                        print(f"specchat: {ev.stats.error}; the partial answer is kept.", file=sys.stderr)
-        except KeyboardInterrupt:  # stop this answer, keep the conversation
-            cancel.set()
-            print("\n[stopped]", file=sys.stderr)
-        except EngineError as exc:
-            messages.pop()
-            print(f"\nspecchat: error: {exc}", file=sys.stderr)
-            continue
-        messages.append({"role": "assistant", "content": reply})
-
+    return converse(answer, summary, args.system, lambda text, first: with_images(text, images if first else []))
 
 def cmd_prompt(args) -> int:
     from ..engine import Model

@@ -1,7 +1,7 @@
 """Typed events the speculative loop emits; the CLI and the UI render these and nothing else."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .drafters.registry import OFF, label
 from .logprobs import TokenLogprob
@@ -67,6 +67,29 @@ class Stats:
     def reported(self, name: str) -> bool:
         derived = {"acceptance_rate": "n_drafted", "mean_accepted_per_round": "n_rounds"}
         return name not in self.unreported and derived.get(name, name) not in self.unreported
+
+    def then(self, later: Stats) -> Stats:
+        """One answer written in two runs (Continue): both runs' counts and times. Its speed runs from this run's
+        first token to the later run's last, the pause between the runs left out and the later run's reading of the
+        prompt kept in: tokens over time measured, as for one run. Where the runs drafted differently, each one's
+        share is kept per drafter."""
+        if not self.n_tokens:  # (the earlier run wrote nothing: the later one is the whole answer)
+            return later
+        summed = {f: getattr(self, f) + getattr(later, f) for f in (
+            "n_tokens", "n_drafted", "n_accepted", "n_forced", "n_forced_accepted", "n_rounds", "draft_seconds",
+            "verify_seconds", "grammar_seconds")}
+        gap = later.time_to_first_token_s + later.decode_seconds if later.n_tokens else 0.0
+        by: dict[str, tuple[int, int, int]] = {}
+        for part in (self, later):  # a chain's members, or each run's drafter where the two differ
+            shares = part.by_drafter or ({} if self.drafter == later.drafter else
+                                         {part.drafter: (part.n_rounds, part.n_drafted, part.n_accepted)})
+            for name, (r, d, a) in shares.items():
+                r0, d0, a0 = by.get(name, (0, 0, 0))
+                by[name] = (r0 + r, d0 + d, a0 + a)
+        return replace(later, **summed, prompt_tokens=self.prompt_tokens, prompt_cached=self.prompt_cached,
+                       time_to_first_token_s=self.time_to_first_token_s, decode_seconds=self.decode_seconds + gap,
+                       by_drafter=by, unreported=tuple(dict.fromkeys(self.unreported + later.unreported)),
+                       server_tokens_per_second=None)
 
     def as_dict(self) -> dict:
         d = asdict(self)

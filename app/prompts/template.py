@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Callable
 
 from ..engine.errors import EngineError
+from .thinking import continued
 
 # What llama.cpp (and llama-server) use for a model that ships no template at all.
 CHATML = (
@@ -84,8 +85,9 @@ def render_chat(template: str | None, messages: list[dict], bos_token: str = "",
         add_generation_prompt, prefill = True, last.get("content") or ""
     else:
         prefill = ""
-    return _render(template or CHATML, messages, builtin, model, add_generation_prompt,
-                   dict(today(), bos_token=bos_token, eos_token=eos_token, **variables)) + prefill
+    head = _render(template or CHATML, messages, builtin, model, add_generation_prompt,
+                   dict(today(), bos_token=bos_token, eos_token=eos_token, **variables))
+    return head + continued(head, prefill)
 
 
 def _render(template: str, messages: list[dict], builtin, model: str, add_generation_prompt: bool,

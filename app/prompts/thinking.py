@@ -36,3 +36,14 @@ def split(text: str) -> Parts:
 def opens_thinking(prompt: str) -> bool:
     """Whether a rendered prompt leaves the model inside a thinking block (as DeepSeek-R1's template does)."""
     return prompt.rstrip().endswith(OPEN)
+
+
+def continued(prompt: str, answer: str) -> str:
+    """What follows ``prompt`` when it continues ``answer`` (Continue, an assistant prefill): the answer's text,
+    without the ``<think>`` it begins with where the prompt opened the thinking block itself (the stored answer of a
+    DeepSeek-R1 distill keeps it; its template writes it again)."""
+    stripped = answer.lstrip()
+    if not (opens_thinking(prompt) and stripped.startswith(OPEN)):
+        return answer
+    rest = stripped[len(OPEN):]
+    return rest[1:] if prompt.endswith("\n") and rest.startswith("\n") else rest

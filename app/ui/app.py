@@ -1,6 +1,6 @@
 """The Gradio app: thin views over app.chat.runtime's snapshot streams. No llama_cpp here; HTML comes from render.py.
-The page is built here (the header, the tabs, the events) with the chat's handlers; each part's components and
-handlers stand beside it: chat_tab.py, conversations_view.py (the conversation list), compare_tab.py,
+The page is built here (the header, the tabs, the events); each part's components and handlers stand beside it:
+chat_tab.py and chat_view.py (the chat), conversations_view.py (the conversation list), compare_tab.py,
 models_tab.py, settings_panel.py and settings_view.py (the Settings tab: its components, its handlers).
 
 Every handler that touches the engine shares one concurrency slot ("engine"), so two tabs sending at once are
@@ -9,15 +9,13 @@ queued (Gradio shows the queue) rather than interleaved; Stop runs outside the q
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 
 import gradio as gr
 
-from ..chat.conversations import Conversations, for_model
+from ..chat.conversations import Conversations
 from ..chat.runtime import Runtime
 from ..chat.settings import Settings, load_settings, save_settings
-from ..chat.worker import WorkerDied
 from ..engine import EngineError
 from ..models import hardware
 from ..models.loader import LoadSpec
@@ -25,6 +23,7 @@ from ..paths import temp_folder
 from ..resources import resource
 from . import attachments, render
 from .chat_tab import ChatTab
+from .chat_view import ChatView
 from .compare_tab import CompareRuns, CompareTab
 from .conversations_view import ConversationsView
 from .models_tab import FILES, SERVER, ModelsView, ready_pairs
@@ -33,7 +32,8 @@ from .settings_view import SETTING_NAMES, SettingsView, collect
 
 ENGINE = dict(concurrency_id="engine", concurrency_limit=1)
 PUBLIC_API = ("submit", "chat", "compare", "new_chat")  # the app's Gradio API for gradio_client (docs/api.md)
-SAVE_EVERY = 1.0  # seconds between saves of an answer while it streams: a crash loses at most this much
+
+
 def api_panel(api_info, runtime: Runtime) -> str:
     """The API tab: where this app serves the OpenAI-compatible API (``api_info``: None where it does not)."""
     if not api_info:
@@ -63,6 +63,8 @@ class SpecChatUI:
         self.conversations = ConversationsView(self.store, self.busy, self._tab, self.exports)
         self.comparisons = CompareRuns(runtime, self._cancel_for, self._images, collect, self.exports)
         self.settings = SettingsView(runtime, self._save, self._header, self._hardware, self._image_note)
+        self.chat = ChatView(runtime, self.store, self.busy, self.cancels, self._tab, self._cancel_for, self._images,
+                             self._save, self.conversations.choices)
 
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
@@ -118,155 +120,10 @@ class SpecChatUI:
     def _image_note(self) -> str:
         return attachments.note(self.runtime.takes_images, self.runtime.remote is not None)
 
-    def submit(self, box, history: list, conv, show_draft: bool, request: gr.Request):
-        """Store the message (text and images) before anything else happens. Outputs: message box, history, conv,
-        chatbot, notice, conversation list, title, live panel (waiting for the engine, not the last answer's
-        state). A refused message stays in the box as it was."""
-        text, paths = attachments.box_parts(box)
-        text = text.strip()
-        if not text and not paths:
-            return (gr.skip(),) * 8
-
-        def refuse(msg: str, kind: str = "error"):  # the box, the history and the chat stay as they are
-            return (gr.skip(),) * 4 + (render.notice(msg, kind),) + (gr.skip(),) * 3
-        if self._tab(request) in self.busy:
-            return refuse("An answer is still being written: wait for it or press Stop (Esc).", "warning")
-        try:
-            images = self._images(paths)
-        except EngineError as exc:
-            return refuse(str(exc))
-        if conv is None or not self.store.exists(conv):
-            conv, history = self.store.create(), []
-        mid = self.store.add(conv, "user", text, images=images)
-        self._cancel_for(request)
-        self.busy.add(self._tab(request))
-        history = history + [{"id": mid, "role": "user", "content": text, **({"images": images} if images else {})}]
-        return (attachments.box_value("", []), history, conv, render.chat_messages(history, show_draft), "",
-                gr.Radio(choices=self.conversations.choices(), value=conv), self.store.title(conv),
-                render.live_panel(None, [], "queued"))
-
-    def respond(self, request: gr.Request, history: list, conv, *values):
-        """Stream the answer to the last user message, saving it as it goes. Outputs: history, chatbot, live
-        panel, notice, textbox."""
-        tab = self._tab(request)
-        try:
-            if not history or history[-1]["role"] != "user" or conv is None:
-                yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-                return
-            yield from self._respond(request, history, conv, values)
-        finally:
-            self.busy.discard(tab)
-
-    def _respond(self, request, history, conv, values):
-        cancel = self.cancels.get(self._tab(request)) or threading.Event()
-        show = bool(values[SETTING_NAMES.index("show_draft_tokens")])
-        live, mid, finished = None, None, False
-        try:
-            settings = collect(values)
-            messages = for_model(history, settings.system_prompt, images=self.runtime.takes_images)
-            stream = self.runtime.answer(messages, settings, cancel)
-            mid = self.store.add(conv, "assistant", "", state="streaming", drafter=settings.drafter,
-                                 pair=self.runtime.spec.describe() if self.runtime.spec else None)
-            saved = time.monotonic()
-            for live in stream:
-                if time.monotonic() - saved >= SAVE_EVERY:
-                    self.store.update(mid, live.text, segments=live.segments, stats=live.stats.as_dict(),
-                                      state="streaming")
-                    saved = time.monotonic()
-                yield (gr.skip(), render.chat_messages(history, show, live),
-                       render.live_panel(live.stats, live.points, "running", live.prompt), gr.skip(), gr.skip())
-        except WorkerDied as exc:  # the engine's process died mid-answer: keep what it wrote, say what happened
-            finished = True
-            if mid is None:
-                raise
-            text, segments, stats = (live.text, live.segments, live.stats.as_dict()) if live else ("", [], None)
-            self.store.update(mid, text, segments=segments, stats=stats, finish="interrupted")
-            history = history + [{"id": mid, "role": "assistant", "content": text, "segments": segments,
-                                  "stats": stats, "finish": "interrupted"}]
-            yield (history, render.chat_messages(history, show),
-                   render.live_panel(live.stats if live else None, live.points if live else [], "interrupted"),
-                   render.notice(str(exc)), gr.skip())
-            return
-        except EngineError as exc:
-            # Nothing is lost: the message goes back into the box, the conversation stays as it was.
-            finished = True
-            if mid is not None:
-                self.store.remove_message(mid)
-            self.store.remove_message(history[-1]["id"])
-            box, history = attachments.box_value(history[-1]["content"], history[-1].get("images", [])), history[:-1]
-            yield (history, render.chat_messages(history, show), render.live_panel(None, [], "error"),
-                   render.notice(str(exc)), box)
-            return
-        finally:
-            if not finished and mid is not None and (live is None or live.done is None):
-                # The viewer went away mid-answer (tab closed): keep what was written, marked as stopped.
-                self.store.update(mid, live.text if live else "", segments=live.segments if live else None,
-                                  stats=live.stats.as_dict() if live else None, finish="cancelled")
-        finished = True
-        done = live.done
-        answer = {"role": "assistant", "content": live.text, "segments": live.segments,
-                  "stats": done.stats.as_dict(), "finish": done.finish_reason}
-        notice = ""
-        try:
-            self.store.update(mid, live.text, segments=live.segments, stats=answer["stats"], finish=done.finish_reason)
-        except Exception as exc:  # the answer is still shown; say it was not saved
-            notice = render.notice(f"The answer could not be saved: {exc}", "warning")
-        history = history + [{"id": mid, **answer}]
-        self._save(settings)
-        state = "cancelled" if done.finish_reason == "cancelled" else "done"
-        yield (history, render.chat_messages(history, show), render.live_panel(live.stats, live.points, state),
-               notice, gr.skip())
-
     def stop(self, request: gr.Request):
         ev = self.cancels.get(self._tab(request))
         if ev:
             ev.set()
-
-    def regenerate(self, history: list, show_draft: bool, request: gr.Request):
-        if self._tab(request) in self.busy:
-            return gr.skip(), gr.skip()
-        if history and history[-1]["role"] == "assistant":
-            self.store.remove_message(history[-1]["id"])
-            history = history[:-1]
-        self._cancel_for(request)
-        if history:
-            self.busy.add(self._tab(request))
-        return history, render.chat_messages(history, show_draft)
-
-    def edit(self, history: list, conv, show_draft: bool, evt: gr.EditData, request: gr.Request):
-        """A sent message edited in the chat (its pencil), then answered again. The last one changes in place (its
-        answer goes, as Regenerate's does); an earlier one continues in a copy of the chat up to it, so the turns
-        after it stay where they were. Outputs: history, conv, chatbot, notice, conversation list, title, live
-        panel. Refused (the chat shows the message as it was) while this tab's answer is being written."""
-        def refuse(msg: str, kind: str = "warning"):
-            return (gr.skip(), gr.skip(), render.chat_messages(history, show_draft), render.notice(msg, kind),
-                    gr.skip(), gr.skip(), gr.skip())
-        if self._tab(request) in self.busy:
-            return refuse("An answer is being written: stop it (Stop or Esc) or let it finish, then edit.")
-        k = render.history_index(history, evt.index, show_draft)
-        text = evt.value.strip() if isinstance(evt.value, str) else ""  # (the edited text row's: a string)
-        if k is None or conv is None or history[k]["role"] != "user":
-            return refuse("Only your own messages can be edited.")
-        if not text:
-            return refuse("An edited message needs some text: press Cancel to keep it as it was.")
-        message = history[k]
-        if any(m["role"] == "user" for m in history[k + 1:]):  # the list shows both: "… (edited)" on top
-            conv = self.store.branch(conv, message["id"], f"{self.store.title(conv)} (edited)")
-            self.store.add(conv, "user", text, images=message.get("images", ()))
-            history = self.store.messages(conv)
-        else:
-            for m in history[k + 1:]:
-                self.store.remove_message(m["id"])
-            self.store.edit(message["id"], text)
-            history = history[:k] + [{**message, "content": text}]
-        self._cancel_for(request)
-        self.busy.add(self._tab(request))
-        return (history, conv, render.chat_messages(history, show_draft), "",
-                gr.Radio(choices=self.conversations.choices(), value=conv), self.store.title(conv),
-                render.live_panel(None, [], "queued"))
-
-    def redraw(self, history: list, show_draft: bool):
-        return render.chat_messages(history, show_draft)
 
     # --- layout ---------------------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -307,7 +164,7 @@ class SpecChatUI:
             view = [history, conv, chat.chatbot, chat.live, chat.notice, chat.conv_list, chat.title, chat.undo]
             demo.load(self.page_load, None, [*view[:-1], header, hw, *to_load, *values, self.models.table,
                                              chat.images])
-            self._wire_chat(chat, history, conv, values)
+            self.chat.wire(chat, history, conv, values, self.stop, ENGINE)
             self.conversations.wire(chat, view, deleted)
             self.comparisons.wire(cmp, rows, values, self.stop, ENGINE)
             demo.load(self.comparisons.restore, None, [rows, cmp.table, cmp.chart, cmp.export_csv, cmp.export_json],
@@ -321,26 +178,6 @@ class SpecChatUI:
             if fn.api_visibility == "public" and fn.api_name not in PUBLIC_API:
                 fn.api_visibility = "undocumented"
         return demo
-
-    def _wire_chat(self, chat: ChatTab, history: gr.State, conv: gr.State, values: list) -> None:
-        """Send (or Enter) stores the message, then the answer streams; Stop, Regenerate, a sent message edited, the
-        draft colouring."""
-        respond_out = [history, chat.chatbot, chat.live, chat.notice, chat.msg]
-        submit_out = [chat.msg, history, conv, chat.chatbot, chat.notice, chat.conv_list, chat.title, chat.live]
-        # API (gradio_client): /submit adds a message to the session's conversation, /chat streams the answer.
-        for trigger, api in ((chat.send.click, "public"), (chat.msg.submit, "undocumented")):
-            trigger(self.submit, [chat.msg, history, conv, chat.show_draft], submit_out, queue=False,
-                    api_name="submit" if api == "public" else None, api_visibility=api) \
-                .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden",
-                      api_name="chat" if api == "public" else None, api_visibility=api, **ENGINE)
-        chat.stop.click(self.stop, None, None, queue=False)
-        chat.regen.click(self.regenerate, [history, chat.show_draft], [history, chat.chatbot], queue=False) \
-            .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
-        chat.chatbot.edit(self.edit, [history, conv, chat.show_draft],
-                          [history, conv, chat.chatbot, chat.notice, chat.conv_list, chat.title, chat.live],
-                          queue=False) \
-            .then(self.respond, [history, conv, *values], respond_out, show_progress="hidden", **ENGINE)
-        chat.show_draft.change(self.redraw, [history, chat.show_draft], chat.chatbot, queue=False)
 
 
 def theme() -> gr.themes.Base:

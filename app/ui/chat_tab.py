@@ -1,6 +1,6 @@
 """The Chat tab's layout: the conversation list (new, search, title, delete and undo, export), the chat with its
-message box and buttons, and the live panel with the system prompt. Components only: SpecChatUI (app.py) holds the
-handlers and wires the events."""
+message box and buttons, and the live panel with the system prompt. Components only: ChatView (chat_view.py) and
+ConversationsView hold the handlers, SpecChatUI (app.py) builds the page."""
 from __future__ import annotations
 
 import gradio as gr
@@ -65,6 +65,7 @@ class ChatTab:
         self.images = gr.HTML(elem_id="image-note")  # whether the loaded model takes images, in words
         with gr.Row():  # the legend takes the room the two controls leave: in a third of it, it ran to 7 lines
             self.regen = gr.Button("Regenerate", size="sm", elem_id="regen", scale=0, min_width=130)
+            self.go_on = gr.Button("Continue", size="sm", elem_id="continue", scale=0, min_width=110)
             self.show_draft = gr.Checkbox(s.show_draft_tokens, label="Colour draft tokens", elem_id="show-draft",
                                           scale=0, min_width=200)
             gr.HTML(draft_colours.legend(), elem_id="draft-legend", scale=1)

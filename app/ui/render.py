@@ -113,7 +113,7 @@ def _answer(content: str, segments: list[list], show_draft: bool, streaming: boo
     body = answer_html(answer, show_draft)
     if finish == "interrupted":
         body += ('\n\n<span class="interrupted">⚠ Interrupted: the app or its engine stopped while this answer was '
-                 'written. Regenerate to answer again.</span>')
+                 'written. Continue goes on from here; Regenerate answers again.</span>')
     if body != text:  # drawn with HTML of ours: the page's script gives Copy the answer's Markdown, kept here
         body += f'<span class="spec-source" title="{_attribute(text)}"></span>'
     if body or not out:
