@@ -311,6 +311,7 @@ def test_continue_goes_on_from_the_answer_in_the_same_message_counting_both_runs
     assert more.stats.n_tokens == 8 + more.done.stats.n_tokens and more.done.finish_reason == "length"
     assert more.stats.n_drafted == first.stats.n_drafted + more.done.stats.n_drafted
     assert more.stats.time_to_first_token_s == first.stats.time_to_first_token_s  # the answer's first token
+    assert more.points[-1][0] == more.stats.n_tokens  # the chart plots the figures the panel shows: both runs
     assert more.done.stats.prompt_cached >= len(chat_tokens(runtime.engine.model, msgs))  # not read again
     cancel = threading.Event()
     kept = Live.going_on(more.text, more.segments, more.stats.as_dict())

@@ -43,9 +43,9 @@ class Live:
             else:
                 self.segments.append([ev.text, origin])
         elif isinstance(ev, (Round, Done)):
-            self.stats = self.earlier.then(ev.stats) if self.earlier else ev.stats
-            if ev.stats.rate_measured:
-                self.points.append((ev.stats.n_tokens, ev.stats.tokens_per_second, ev.stats.acceptance_rate))
+            s = self.stats = self.earlier.then(ev.stats) if self.earlier is not None else ev.stats
+            if s.rate_measured:  # (the chart plots what the panel shows: a continued answer's figures, both runs)
+                self.points.append((s.n_tokens, s.tokens_per_second, s.acceptance_rate))
                 if len(self.points) > MAX_POINTS:  # keep the chart light on long answers: every other point
                     self.points = self.points[::2]
             if isinstance(ev, Done):
